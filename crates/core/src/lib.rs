@@ -1,0 +1,230 @@
+//! Domain types shared by several keypool crates.
+//!
+//! keypool's policy crates (`keypool-selector`, `keypool-cooldown`) and its I/O crates
+//! (`keypool-store`, `keypool-proxy`) must agree on a handful of small types without
+//! depending on each other. They live here, and only here:
+//!
+//! - [`AccountId`]: the id of one upstream account, cheap to clone.
+//! - [`Provider`] and [`AuthType`]: which wire format and credential an account uses.
+//! - [`Window`]: the two subscription usage windows (`5h`, `weekly`).
+//! - [`Strategy`]: the name of a group's selection strategy.
+//! - [`UnixMs`]: absolute time in unix milliseconds. Policy code never reads the clock:
+//!   `now: UnixMs` is always an argument.
+//!
+//! This crate has no I/O and no runtime; it depends only on `serde` and `thiserror`.
+//!
+//! ```
+//! use keypool_core::{AccountId, AuthType, Provider, Strategy};
+//! let id = AccountId::from("acct-1");
+//! assert_eq!(id.as_str(), "acct-1");
+//! assert_eq!("oauth".parse::<AuthType>().unwrap(), AuthType::OAuth);
+//! assert_eq!("anthropic".parse::<Provider>().unwrap(), Provider::Anthropic);
+//! assert_eq!(Strategy::default(), Strategy::RoundRobin);
+//! ```
+//!
+//! # Layout
+//! Everything is in `lib.rs`: the types are small and belong together.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// Absolute time in milliseconds since the unix epoch.
+pub type UnixMs = u64;
+
+/// The id of one upstream account, as written in the configuration.
+///
+/// Backed by an `Arc<str>` so that cloning it on the request path is a reference-count
+/// increment, not an allocation.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AccountId(Arc<str>);
+
+impl AccountId {
+    /// Creates an id from any string.
+    pub fn new(id: impl Into<Arc<str>>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for AccountId {
+    fn from(s: &str) -> Self {
+        Self(Arc::from(s))
+    }
+}
+
+impl From<String> for AccountId {
+    fn from(s: String) -> Self {
+        Self(Arc::from(s))
+    }
+}
+
+impl std::borrow::Borrow<str> for AccountId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for AccountId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for AccountId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A value that is not one of the names an enum accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {value:?}: expected one of {expected}")]
+pub struct UnknownName {
+    /// What kind of name was expected (`provider`, `auth type`, ...).
+    pub what: &'static str,
+    /// The value that was given.
+    pub value: String,
+    /// The accepted names, comma separated.
+    pub expected: &'static str,
+}
+
+macro_rules! named_enum {
+    (
+        $(#[$meta:meta])*
+        $name:ident, $what:literal {
+            $( $(#[$vmeta:meta])* $variant:ident = $text:literal ),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The name used in configuration, metrics and logs.
+            pub const fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text,)+ }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownName;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(UnknownName {
+                        what: $what,
+                        value: s.to_owned(),
+                        expected: concat!($("`", $text, "` "),+),
+                    }),
+                }
+            }
+        }
+    };
+}
+
+named_enum! {
+    /// The upstream provider of an account: decides the wire format and headers.
+    Provider, "provider" {
+        /// Anthropic's own API (`api.anthropic.com`).
+        Anthropic = "anthropic",
+        /// A third party that exposes the Anthropic Messages API at its own `base_url`.
+        AnthropicCompatible = "anthropic_compatible",
+    }
+}
+
+named_enum! {
+    /// How an account authenticates upstream.
+    AuthType, "auth type" {
+        /// `x-api-key: <secret>`.
+        ApiKey = "api_key",
+        /// `Authorization: Bearer <secret>` plus the OAuth beta flag (subscription accounts).
+        OAuth = "oauth",
+        /// `Authorization: Bearer <secret>` for compatible third parties.
+        Bearer = "bearer",
+    }
+}
+
+named_enum! {
+    /// One of the two subscription usage windows (SPEC 5).
+    Window, "window" {
+        /// The rolling 5-hour window.
+        FiveHour = "5h",
+        /// The weekly (7-day) window.
+        Weekly = "weekly",
+    }
+}
+
+named_enum! {
+    /// A group's selection strategy (SPEC 4). The default is `round_robin`.
+    #[derive(Default)]
+    Strategy, "strategy" {
+        /// Rotate the snapshot by a per-group counter.
+        #[default]
+        RoundRobin = "round_robin",
+        /// Snapshot order: lowest priority first, then least recently used.
+        Priority = "priority",
+        /// Each account owns `weight` consecutive slots of a per-group counter.
+        Weighted = "weighted",
+        /// Ascending rating score (TTFT, latency, errors).
+        Rated = "rated",
+        /// `rated`, plus one backup fired after the hedge delay.
+        Hedge = "hedge",
+        /// `rated`, plus one backup fired at once.
+        Race = "race",
+        /// Prefer the account whose 5-hour window resets soonest, ties by rating.
+        ResetAware = "reset_aware",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_through_fromstr_and_serde() {
+        for s in Strategy::ALL {
+            assert_eq!(s.as_str().parse::<Strategy>().unwrap(), *s);
+            let json = serde_json::to_string(s).unwrap();
+            assert_eq!(json, format!("\"{}\"", s.as_str()));
+        }
+        for w in Window::ALL {
+            assert_eq!(w.as_str().parse::<Window>().unwrap(), *w);
+        }
+        assert_eq!(Window::FiveHour.to_string(), "5h");
+    }
+
+    #[test]
+    fn unknown_name_lists_the_accepted_ones() {
+        let err = "fastest".parse::<Strategy>().unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("unknown strategy \"fastest\""), "{msg}");
+        assert!(msg.contains("`round_robin`"), "{msg}");
+    }
+
+    #[test]
+    fn account_id_is_transparent_in_serde_and_debug() {
+        let id = AccountId::from("a-1");
+        assert_eq!(serde_json::to_string(&id).unwrap(), "\"a-1\"");
+        assert_eq!(format!("{id:?}"), "\"a-1\"");
+        assert_eq!(id.clone(), AccountId::new("a-1"));
+    }
+}

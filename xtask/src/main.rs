@@ -1,0 +1,73 @@
+//! `cargo xtask`: project automation that would otherwise live in shell scripts.
+//!
+//! - `cargo xtask ci`: formatting check, clippy with warnings denied, the whole test
+//!   suite. This is the README's test command and what `.ci/run` calls.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = project_root();
+    match args.first().map(String::as_str) {
+        Some("ci") => ci(&root),
+        Some("help") | Some("--help") | Some("-h") | None => {
+            print_help();
+            Ok(())
+        }
+        Some(other) => {
+            print_help();
+            bail!("unknown xtask command {other:?}")
+        }
+    }
+}
+
+fn print_help() {
+    eprintln!(
+        "cargo xtask <command>\n\n\
+         commands:\n  \
+         ci     cargo fmt --check, cargo clippy -D warnings, and the whole test suite"
+    );
+}
+
+fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Runs `cargo` with `args` in the project root and fails if it fails.
+fn cargo(root: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    eprintln!("$ cargo {}", args.join(" "));
+    let status = Command::new(&cargo)
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("could not start {cargo}"))?;
+    if !status.success() {
+        bail!("`cargo {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+fn ci(root: &Path) -> anyhow::Result<()> {
+    cargo(root, &["fmt", "--all", "--", "--check"])?;
+    cargo(
+        root,
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+    cargo(root, &["test", "--workspace", "--no-fail-fast"])?;
+    eprintln!("xtask ci: all checks passed");
+    Ok(())
+}
