@@ -1,4 +1,11 @@
-//! Failure classes, cooldown and backoff, disabling, usage windows and the circuit breaker for upstream accounts. Pure policy: no I/O, no clock reads.
+//! Failure classes, cooldown and backoff, disabling, usage windows and the circuit
+//! breaker for upstream accounts (SPEC 5 and 6).
 //!
-//! This crate is a placeholder laid down by the workspace foundation; its issue fills it.
-//! See `docs/ARCHITECTURE.md` for what it will own.
+//! Pure policy: no I/O, no runtime, no clock reads. Time (`now`, unix ms) is an
+//! argument everywhere.
+//!
+//! # Layout
+//! - [`headers`]: parsers for `retry-after`, `retry-after-ms` and the Anthropic
+//!   rate-limit headers, gathered into [`headers::RateLimitInfo`].
+
+pub mod headers;

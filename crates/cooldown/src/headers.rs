@@ -1,0 +1,656 @@
+//! Parsers for the rate-limit headers of an upstream response (SPEC 5, 6 and 8).
+//!
+//! Every function here is pure: it reads an [`http::HeaderMap`] or one
+//! [`http::HeaderValue`] and, where a header is relative to "now" (`retry-after` as an
+//! HTTP date), takes `now` as an argument. A value that does not parse is ignored
+//! (`None`), never an error and never a panic: upstream headers are untrusted input.
+//!
+//! [`RateLimitInfo::from_headers`] gathers everything keypool reads from one response.
+//! The provider adapters call it once per response and hand the result to the
+//! classifier ([`crate::classify`]) and to the [`crate::WindowBook`].
+//!
+//! ```
+//! use http::HeaderMap;
+//! use keypool_cooldown::headers::{RateLimitInfo, UnifiedStatus};
+//!
+//! let mut h = HeaderMap::new();
+//! h.insert("retry-after", "30".parse().unwrap());
+//! h.insert("anthropic-ratelimit-unified-status", "rejected".parse().unwrap());
+//! h.insert("anthropic-ratelimit-unified-reset", "1700003600".parse().unwrap());
+//! h.insert("anthropic-ratelimit-unified-5h-utilization", "0.97".parse().unwrap());
+//! h.insert("anthropic-ratelimit-unified-5h-reset", "bogus".parse().unwrap());
+//!
+//! let info = RateLimitInfo::from_headers(&h, 1_700_000_000_000);
+//! assert_eq!(info.retry_after_ms, Some(30_000));
+//! assert_eq!(info.unified_status, Some(UnifiedStatus::Rejected));
+//! assert_eq!(info.unified_reset, Some(1_700_003_600_000));
+//! assert_eq!(info.five_hour.utilization, Some(0.97));
+//! assert_eq!(info.five_hour.reset, None); // malformed: ignored
+//! ```
+
+use std::time::UNIX_EPOCH;
+
+use http::{HeaderMap, HeaderValue};
+use keypool_core::{UnixMs, Window};
+use serde::{Deserialize, Serialize};
+
+/// `retry-after`: delay in seconds, or an HTTP date.
+pub const RETRY_AFTER: &str = "retry-after";
+/// `retry-after-ms`: delay in milliseconds (Anthropic, OpenAI).
+pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+/// Overall unified status: `allowed`, `allowed_warning` or `rejected`.
+pub const UNIFIED_STATUS: &str = "anthropic-ratelimit-unified-status";
+/// Overall unified reset, unix seconds.
+pub const UNIFIED_RESET: &str = "anthropic-ratelimit-unified-reset";
+/// Which window the overall status stands for (`five_hour`, `seven_day`, ...).
+pub const UNIFIED_REPRESENTATIVE_CLAIM: &str = "anthropic-ratelimit-unified-representative-claim";
+/// 5-hour window utilisation, a fraction (0–1).
+pub const UNIFIED_5H_UTILIZATION: &str = "anthropic-ratelimit-unified-5h-utilization";
+/// 5-hour window reset, unix seconds.
+pub const UNIFIED_5H_RESET: &str = "anthropic-ratelimit-unified-5h-reset";
+/// 5-hour window status.
+pub const UNIFIED_5H_STATUS: &str = "anthropic-ratelimit-unified-5h-status";
+/// Weekly window utilisation, a fraction (0–1).
+pub const UNIFIED_7D_UTILIZATION: &str = "anthropic-ratelimit-unified-7d-utilization";
+/// Weekly window reset, unix seconds.
+pub const UNIFIED_7D_RESET: &str = "anthropic-ratelimit-unified-7d-reset";
+/// Weekly window status.
+pub const UNIFIED_7D_STATUS: &str = "anthropic-ratelimit-unified-7d-status";
+/// API-key accounts: requests left in the current rate-limit period.
+pub const REQUESTS_REMAINING: &str = "anthropic-ratelimit-requests-remaining";
+/// API-key accounts: when the request limit refills (RFC 3339, or unix seconds).
+pub const REQUESTS_RESET: &str = "anthropic-ratelimit-requests-reset";
+
+/// Longest accepted representative-claim value; longer ones are ignored.
+const MAX_CLAIM_LEN: usize = 64;
+
+/// A unified rate-limit status (`-status`, `-5h-status`, `-7d-status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnifiedStatus {
+    /// Requests are allowed.
+    Allowed,
+    /// Requests are allowed, but the limit is close.
+    AllowedWarning,
+    /// Requests are rejected until the reset.
+    Rejected,
+}
+
+impl UnifiedStatus {
+    /// The header spelling (`allowed`, `allowed_warning`, `rejected`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::AllowedWarning => "allowed_warning",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+/// The unified headers of one usage window (5-hour or weekly).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct WindowUsage {
+    /// Fraction of the window used; finite and `>= 0` (may exceed 1).
+    pub utilization: Option<f64>,
+    /// When the window resets, unix ms (the header carries unix seconds).
+    pub reset: Option<UnixMs>,
+    /// The window's own status.
+    pub status: Option<UnifiedStatus>,
+}
+
+impl WindowUsage {
+    /// True when no field was present.
+    pub fn is_empty(&self) -> bool {
+        self.utilization.is_none() && self.reset.is_none() && self.status.is_none()
+    }
+}
+
+/// Everything keypool reads from one upstream response's rate-limit headers.
+///
+/// Every field is optional: absent or malformed headers leave it `None`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RateLimitInfo {
+    /// How long the upstream asked to wait, in ms: `retry-after-ms` when it parses,
+    /// else `retry-after` (seconds, or an HTTP date relative to `now`; a date in the
+    /// past gives 0). Not clamped here; the cooldown book clamps it.
+    pub retry_after_ms: Option<u64>,
+    /// `anthropic-ratelimit-unified-status`.
+    pub unified_status: Option<UnifiedStatus>,
+    /// `anthropic-ratelimit-unified-reset`, unix ms.
+    pub unified_reset: Option<UnixMs>,
+    /// `anthropic-ratelimit-unified-representative-claim`, e.g. `five_hour`.
+    pub representative_claim: Option<String>,
+    /// The `-5h-*` headers.
+    pub five_hour: WindowUsage,
+    /// The `-7d-*` headers.
+    pub seven_day: WindowUsage,
+    /// `anthropic-ratelimit-requests-remaining`.
+    pub requests_remaining: Option<u64>,
+    /// `anthropic-ratelimit-requests-reset`, unix ms.
+    pub requests_reset: Option<UnixMs>,
+}
+
+impl RateLimitInfo {
+    /// Parses every rate-limit header keypool knows from `headers`. `now` is only used
+    /// to turn an HTTP-date `retry-after` into a delay.
+    pub fn from_headers(headers: &HeaderMap, now: UnixMs) -> Self {
+        let get = |name: &str| headers.get(name);
+        let retry_after_ms = get(RETRY_AFTER_MS)
+            .and_then(parse_retry_after_ms)
+            .or_else(|| get(RETRY_AFTER).and_then(|v| parse_retry_after(v, now)));
+        let window = |util: &str, reset: &str, status: &str| WindowUsage {
+            utilization: get(util).and_then(parse_utilization),
+            reset: get(reset).and_then(parse_unix_seconds),
+            status: get(status).and_then(parse_unified_status),
+        };
+        Self {
+            retry_after_ms,
+            unified_status: get(UNIFIED_STATUS).and_then(parse_unified_status),
+            unified_reset: get(UNIFIED_RESET).and_then(parse_unix_seconds),
+            representative_claim: get(UNIFIED_REPRESENTATIVE_CLAIM).and_then(parse_claim),
+            five_hour: window(UNIFIED_5H_UTILIZATION, UNIFIED_5H_RESET, UNIFIED_5H_STATUS),
+            seven_day: window(UNIFIED_7D_UTILIZATION, UNIFIED_7D_RESET, UNIFIED_7D_STATUS),
+            requests_remaining: get(REQUESTS_REMAINING).and_then(parse_u64),
+            requests_reset: get(REQUESTS_RESET).and_then(parse_timestamp),
+        }
+    }
+
+    /// The headers of one usage window.
+    pub fn window(&self, window: Window) -> &WindowUsage {
+        match window {
+            Window::FiveHour => &self.five_hour,
+            Window::Weekly => &self.seven_day,
+        }
+    }
+
+    /// The window the representative claim names, if it names one
+    /// (`five_hour` → 5h; `seven_day`, `seven_day_opus`, ... → weekly).
+    pub fn claimed_window(&self) -> Option<Window> {
+        claim_window(self.representative_claim.as_deref()?)
+    }
+
+    /// True when no rate-limit header was present (or none parsed).
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// The window a representative-claim value names, if any.
+pub fn claim_window(claim: &str) -> Option<Window> {
+    if claim == "five_hour" || claim.starts_with("five_hour_") || claim == "5h" {
+        Some(Window::FiveHour)
+    } else if claim == "seven_day" || claim.starts_with("seven_day_") || claim == "7d" {
+        Some(Window::Weekly)
+    } else {
+        None
+    }
+}
+
+fn value_str(value: &HeaderValue) -> Option<&str> {
+    value.to_str().ok().map(str::trim)
+}
+
+/// A non-negative decimal number (`12`, `1.5`, `.5`) as an integer count of
+/// `1/scale` units, rounded down; saturates at `u64::MAX`. Rejects signs, exponents,
+/// empty parts and anything that is not ASCII digits and one dot.
+fn parse_decimal_scaled(s: &str, scale: u64) -> Option<u64> {
+    let (int, frac) = match s.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (s, None),
+    };
+    let all_digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits(int) || !frac.is_none_or(all_digits) {
+        return None;
+    }
+    if int.is_empty() && frac.is_none_or(str::is_empty) {
+        return None;
+    }
+    let mut whole: u64 = 0;
+    for b in int.bytes() {
+        whole = whole.saturating_mul(10).saturating_add(u64::from(b - b'0'));
+    }
+    let mut total = whole.saturating_mul(scale);
+    // Fractional part: digit by digit, scale / 10, scale / 100, ...
+    let mut unit = scale;
+    for b in frac.unwrap_or("").bytes() {
+        unit /= 10;
+        if unit == 0 {
+            break;
+        }
+        total = total.saturating_add(u64::from(b - b'0') * unit);
+    }
+    Some(total)
+}
+
+/// Parses `retry-after`: delay-seconds (`120`; a fraction like `1.5` is accepted) or an
+/// HTTP date (`Wed, 21 Oct 2015 07:28:00 GMT`), returned as a delay in ms from `now`.
+/// A date at or before `now` gives `Some(0)`.
+pub fn parse_retry_after(value: &HeaderValue, now: UnixMs) -> Option<u64> {
+    let s = value_str(value)?;
+    if let Some(ms) = parse_decimal_scaled(s, 1000) {
+        return Some(ms);
+    }
+    let at = httpdate::parse_http_date(s).ok()?;
+    let at_ms = u64::try_from(at.duration_since(UNIX_EPOCH).ok()?.as_millis()).ok()?;
+    Some(at_ms.saturating_sub(now))
+}
+
+/// Parses `retry-after-ms`: a non-negative number of milliseconds (fractions are
+/// rounded down).
+pub fn parse_retry_after_ms(value: &HeaderValue) -> Option<u64> {
+    parse_decimal_scaled(value_str(value)?, 1)
+}
+
+/// Parses a unix-seconds timestamp (`1700000000`, fractions accepted) into unix ms.
+pub fn parse_unix_seconds(value: &HeaderValue) -> Option<UnixMs> {
+    parse_decimal_scaled(value_str(value)?, 1000)
+}
+
+/// Parses a timestamp given either as RFC 3339 (Anthropic's `-requests-reset`) or as
+/// unix seconds, into unix ms.
+pub fn parse_timestamp(value: &HeaderValue) -> Option<UnixMs> {
+    let s = value_str(value)?;
+    parse_decimal_scaled(s, 1000).or_else(|| parse_rfc3339(s))
+}
+
+/// Parses a utilisation fraction: a finite, non-negative decimal (`0.97`, `1`, `1.2`).
+pub fn parse_utilization(value: &HeaderValue) -> Option<f64> {
+    let s = value_str(value)?;
+    // Reject what `f64::from_str` accepts but no upstream sends: inf, nan, exponents, signs.
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return None;
+    }
+    let v: f64 = s.parse().ok()?;
+    (v.is_finite() && v >= 0.0).then_some(v)
+}
+
+/// Parses a unified status (`allowed`, `allowed_warning`, `rejected`; ASCII case
+/// ignored). Unknown values are ignored.
+pub fn parse_unified_status(value: &HeaderValue) -> Option<UnifiedStatus> {
+    let s = value_str(value)?;
+    [
+        UnifiedStatus::Allowed,
+        UnifiedStatus::AllowedWarning,
+        UnifiedStatus::Rejected,
+    ]
+    .into_iter()
+    .find(|st| st.as_str().eq_ignore_ascii_case(s))
+}
+
+/// Parses a non-negative integer (`anthropic-ratelimit-requests-remaining`).
+pub fn parse_u64(value: &HeaderValue) -> Option<u64> {
+    let s = value_str(value)?;
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn parse_claim(value: &HeaderValue) -> Option<String> {
+    let s = value_str(value)?;
+    let ok = !s.is_empty()
+        && s.len() <= MAX_CLAIM_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    ok.then(|| s.to_owned())
+}
+
+/// Strict RFC 3339 parser: `YYYY-MM-DDTHH:MM:SS[.frac](Z|+HH:MM|-HH:MM)`, into unix ms.
+///
+/// `T` and `Z` may be lower case (RFC 3339 §5.6). Fractions beyond milliseconds are
+/// truncated. A leap second (`:60`) lands on the first second of the next minute, as
+/// unix time has no leap seconds. Dates before 1970 (after the offset) return `None`.
+pub fn parse_rfc3339(s: &str) -> Option<UnixMs> {
+    let b = s.as_bytes();
+    if b.len() < 20 {
+        return None;
+    }
+    let num = |range: std::ops::Range<usize>| -> Option<i64> {
+        let part = b.get(range)?;
+        if !part.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        Some(
+            part.iter()
+                .fold(0i64, |acc, d| acc * 10 + i64::from(d - b'0')),
+        )
+    };
+    let sep = |i: usize, chars: &[u8]| b.get(i).is_some_and(|c| chars.contains(c));
+    if !(sep(4, b"-") && sep(7, b"-") && sep(10, b"Tt") && sep(13, b":") && sep(16, b":")) {
+        return None;
+    }
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month)
+        || day < 1
+        || day > days_in_month(year, month)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let mut i = 19;
+    let mut millis = 0i64;
+    if b[i] == b'.' {
+        i += 1;
+        let start = i;
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            if i - start < 3 {
+                millis = millis * 10 + i64::from(b[i] - b'0');
+            }
+            i += 1;
+        }
+        let digits = i - start;
+        if digits == 0 {
+            return None;
+        }
+        for _ in digits..3 {
+            millis *= 10;
+        }
+    }
+    let offset_minutes = match b.get(i..)? {
+        [b'Z' | b'z'] => 0,
+        [sign @ (b'+' | b'-'), _, _, b':', _, _] => {
+            let (oh, om) = (num(i + 1..i + 3)?, num(i + 4..i + 6)?);
+            if oh > 23 || om > 59 {
+                return None;
+            }
+            let m = oh * 60 + om;
+            if *sign == b'-' { -m } else { m }
+        }
+        _ => return None,
+    };
+    let days = days_from_civil(year, month, day);
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset_minutes * 60;
+    let ms = secs.checked_mul(1000)?.checked_add(millis)?;
+    u64::try_from(ms).ok()
+}
+
+fn is_leap_year(y: i64) -> bool {
+    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+}
+
+fn days_in_month(y: i64, m: i64) -> i64 {
+    match m {
+        2 if is_leap_year(y) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (valid for years 0..=9999).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    // Count days in whole years, then whole months, then days.
+    let y0 = y - 1;
+    let leap_days = |yr: i64| yr / 4 - yr / 100 + yr / 400;
+    let days_before_year = 365 * (y - 1970) + (leap_days(y0) - leap_days(1969));
+    let days_before_month: i64 = (1..m).map(|mm| days_in_month(y, mm)).sum();
+    days_before_year + days_before_month + (d - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn hv(s: &str) -> HeaderValue {
+        HeaderValue::from_str(s).unwrap()
+    }
+
+    fn map(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, hv(v));
+        }
+        h
+    }
+
+    const NOW: UnixMs = 1_700_000_000_000;
+
+    #[test]
+    fn retry_after_seconds() {
+        assert_eq!(parse_retry_after(&hv("120"), NOW), Some(120_000));
+        assert_eq!(parse_retry_after(&hv("0"), NOW), Some(0));
+        assert_eq!(parse_retry_after(&hv(" 7 "), NOW), Some(7_000));
+        assert_eq!(parse_retry_after(&hv("1.5"), NOW), Some(1_500));
+        assert_eq!(parse_retry_after(&hv("-5"), NOW), None);
+        assert_eq!(parse_retry_after(&hv("5s"), NOW), None);
+        assert_eq!(parse_retry_after(&hv(""), NOW), None);
+        assert_eq!(parse_retry_after(&hv("1e3"), NOW), None);
+        assert_eq!(
+            parse_retry_after(&hv("99999999999999999999999"), NOW),
+            Some(u64::MAX)
+        );
+    }
+
+    #[test]
+    fn retry_after_http_date_is_relative_to_now() {
+        // 1445412480 = Wed, 21 Oct 2015 07:28:00 GMT
+        let date = hv("Wed, 21 Oct 2015 07:28:00 GMT");
+        let at = 1_445_412_480_000;
+        assert_eq!(parse_retry_after(&date, at - 90_000), Some(90_000));
+        assert_eq!(parse_retry_after(&date, at), Some(0));
+        assert_eq!(parse_retry_after(&date, at + 5_000), Some(0));
+        assert_eq!(
+            parse_retry_after(&hv("Wed, 21 Oct 2015 25:28:00 GMT"), 0),
+            None
+        );
+    }
+
+    #[test]
+    fn retry_after_ms() {
+        assert_eq!(parse_retry_after_ms(&hv("1500")), Some(1500));
+        assert_eq!(parse_retry_after_ms(&hv("1500.9")), Some(1500));
+        assert_eq!(parse_retry_after_ms(&hv("abc")), None);
+        assert_eq!(parse_retry_after_ms(&hv("-1")), None);
+        assert_eq!(parse_retry_after_ms(&hv(".")), None);
+    }
+
+    #[test]
+    fn retry_after_ms_wins_over_retry_after() {
+        let h = map(&[(RETRY_AFTER, "30"), (RETRY_AFTER_MS, "2500")]);
+        assert_eq!(
+            RateLimitInfo::from_headers(&h, NOW).retry_after_ms,
+            Some(2500)
+        );
+        let h = map(&[(RETRY_AFTER, "30"), (RETRY_AFTER_MS, "soon")]);
+        assert_eq!(
+            RateLimitInfo::from_headers(&h, NOW).retry_after_ms,
+            Some(30_000)
+        );
+    }
+
+    #[test]
+    fn unified_headers_all_fields() {
+        let h = map(&[
+            (UNIFIED_STATUS, "allowed_warning"),
+            (UNIFIED_RESET, "1700018000"),
+            (UNIFIED_REPRESENTATIVE_CLAIM, "five_hour"),
+            (UNIFIED_5H_UTILIZATION, "0.91"),
+            (UNIFIED_5H_RESET, "1700018000"),
+            (UNIFIED_5H_STATUS, "allowed_warning"),
+            (UNIFIED_7D_UTILIZATION, "0.4"),
+            (UNIFIED_7D_RESET, "1700500000"),
+            (UNIFIED_7D_STATUS, "allowed"),
+        ]);
+        let info = RateLimitInfo::from_headers(&h, NOW);
+        assert_eq!(
+            info,
+            RateLimitInfo {
+                retry_after_ms: None,
+                unified_status: Some(UnifiedStatus::AllowedWarning),
+                unified_reset: Some(1_700_018_000_000),
+                representative_claim: Some("five_hour".into()),
+                five_hour: WindowUsage {
+                    utilization: Some(0.91),
+                    reset: Some(1_700_018_000_000),
+                    status: Some(UnifiedStatus::AllowedWarning),
+                },
+                seven_day: WindowUsage {
+                    utilization: Some(0.4),
+                    reset: Some(1_700_500_000_000),
+                    status: Some(UnifiedStatus::Allowed),
+                },
+                requests_remaining: None,
+                requests_reset: None,
+            }
+        );
+        assert_eq!(info.claimed_window(), Some(Window::FiveHour));
+        assert_eq!(info.window(Window::Weekly).utilization, Some(0.4));
+        assert!(!info.is_empty());
+        assert!(RateLimitInfo::from_headers(&HeaderMap::new(), NOW).is_empty());
+    }
+
+    #[test]
+    fn malformed_unified_values_are_ignored() {
+        let h = map(&[
+            (UNIFIED_STATUS, "blocked"),
+            (UNIFIED_RESET, "tomorrow"),
+            (UNIFIED_REPRESENTATIVE_CLAIM, "has space"),
+            (UNIFIED_5H_UTILIZATION, "NaN"),
+            (UNIFIED_7D_UTILIZATION, "-0.5"),
+            (UNIFIED_7D_RESET, "-1"),
+            (REQUESTS_REMAINING, "-3"),
+            (REQUESTS_RESET, "2025-13-01T00:00:00Z"),
+        ]);
+        assert!(RateLimitInfo::from_headers(&h, NOW).is_empty());
+        assert_eq!(parse_utilization(&hv("inf")), None);
+        assert_eq!(parse_utilization(&hv("1e-2")), None);
+        assert_eq!(parse_utilization(&hv("1.2")), Some(1.2));
+        assert_eq!(
+            parse_unified_status(&hv("Rejected")),
+            Some(UnifiedStatus::Rejected)
+        );
+    }
+
+    #[test]
+    fn requests_headers_rfc3339_and_unix_seconds() {
+        let h = map(&[
+            (REQUESTS_REMAINING, "0"),
+            (REQUESTS_RESET, "2023-11-14T22:14:20Z"),
+        ]);
+        let info = RateLimitInfo::from_headers(&h, NOW);
+        assert_eq!(info.requests_remaining, Some(0));
+        assert_eq!(info.requests_reset, Some(1_700_000_060_000));
+        let h = map(&[(REQUESTS_RESET, "1700000060")]);
+        let info = RateLimitInfo::from_headers(&h, NOW);
+        assert_eq!(info.requests_reset, Some(1_700_000_060_000));
+    }
+
+    #[test]
+    fn rfc3339_strict() {
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(parse_rfc3339("1970-01-01t00:00:01z"), Some(1000));
+        assert_eq!(parse_rfc3339("2023-11-14T22:13:20Z"), Some(NOW));
+        assert_eq!(parse_rfc3339("2023-11-14T22:13:20.5Z"), Some(NOW + 500));
+        assert_eq!(
+            parse_rfc3339("2023-11-14T22:13:20.123456Z"),
+            Some(NOW + 123)
+        );
+        assert_eq!(parse_rfc3339("2023-11-14T23:13:20+01:00"), Some(NOW));
+        assert_eq!(parse_rfc3339("2023-11-14T21:43:20-00:30"), Some(NOW));
+        assert_eq!(
+            parse_rfc3339("2024-02-29T00:00:00Z"),
+            Some(1_709_164_800_000)
+        );
+        assert_eq!(parse_rfc3339("2000-03-01T00:00:00Z"), Some(951_868_800_000));
+        assert_eq!(
+            parse_rfc3339("2016-12-31T23:59:60Z"),
+            Some(1_483_228_800_000)
+        );
+        for bad in [
+            "",
+            "2023-11-14",
+            "2023-11-14T22:13:20",
+            "2023-11-14 22:13:20Z",
+            "2023-02-29T00:00:00Z",
+            "1900-02-29T00:00:00Z",
+            "2023-04-31T00:00:00Z",
+            "2023-00-10T00:00:00Z",
+            "2023-11-14T24:00:00Z",
+            "2023-11-14T22:60:00Z",
+            "2023-11-14T22:13:61Z",
+            "2023-11-14T22:13:20.Z",
+            "2023-11-14T22:13:20+0100",
+            "2023-11-14T22:13:20+24:00",
+            "2023-11-14T22:13:20Zjunk",
+            "+023-11-14T22:13:20Z",
+            "1969-12-31T23:59:59Z",
+            "1970-01-01T00:00:00+00:01",
+            "2023-11-14T22:13:20\u{e9}Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn claim_names_map_to_windows() {
+        assert_eq!(claim_window("five_hour"), Some(Window::FiveHour));
+        assert_eq!(claim_window("seven_day"), Some(Window::Weekly));
+        assert_eq!(claim_window("seven_day_opus"), Some(Window::Weekly));
+        assert_eq!(claim_window("overage"), None);
+    }
+
+    /// Days since the epoch, counted one day at a time: a slow oracle for the formula.
+    fn days_by_counting(y: i64, m: i64, d: i64) -> i64 {
+        let mut days = 0;
+        for yy in 1970..y {
+            days += if is_leap_year(yy) { 366 } else { 365 };
+        }
+        for mm in 1..m {
+            days += days_in_month(y, mm);
+        }
+        days + d - 1
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_header_values_never_panic(
+            values in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 12),
+            now in any::<u64>(),
+        ) {
+            let names = [
+                RETRY_AFTER, RETRY_AFTER_MS, UNIFIED_STATUS, UNIFIED_RESET,
+                UNIFIED_REPRESENTATIVE_CLAIM, UNIFIED_5H_UTILIZATION, UNIFIED_5H_RESET,
+                UNIFIED_5H_STATUS, UNIFIED_7D_UTILIZATION, UNIFIED_7D_RESET,
+                UNIFIED_7D_STATUS, REQUESTS_REMAINING,
+            ];
+            let mut h = HeaderMap::new();
+            for (name, bytes) in names.iter().zip(&values) {
+                if let Ok(v) = HeaderValue::from_bytes(bytes) {
+                    h.insert(*name, v.clone());
+                    h.insert(REQUESTS_RESET, v);
+                }
+            }
+            let info = RateLimitInfo::from_headers(&h, now);
+            if let Some(u) = info.five_hour.utilization {
+                prop_assert!(u.is_finite() && u >= 0.0);
+            }
+        }
+
+        #[test]
+        fn arbitrary_strings_never_panic_the_rfc3339_parser(s in "\\PC{0,40}") {
+            let _ = parse_rfc3339(&s);
+        }
+
+        #[test]
+        fn rfc3339_agrees_with_day_counting(
+            y in 1970i64..2200, m in 1i64..=12, d in 1i64..=31,
+            hh in 0i64..24, mi in 0i64..60, ss in 0i64..60, ms in 0i64..1000,
+        ) {
+            prop_assume!(d <= days_in_month(y, m));
+            let s = format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mi:02}:{ss:02}.{ms:03}Z");
+            let expected = (days_by_counting(y, m, d) * 86_400 + hh * 3600 + mi * 60 + ss) * 1000 + ms;
+            prop_assert_eq!(parse_rfc3339(&s), Some(u64::try_from(expected).unwrap()));
+        }
+
+        #[test]
+        fn integer_seconds_round_trip(secs in 0u64..10_000_000_000) {
+            let v = HeaderValue::from_str(&secs.to_string()).unwrap();
+            prop_assert_eq!(parse_unix_seconds(&v), Some(secs * 1000));
+            prop_assert_eq!(parse_retry_after(&v, NOW), Some(secs * 1000));
+        }
+    }
+}
