@@ -1,0 +1,2 @@
+//! Shared test data.
+pub mod anthropic_stream;
