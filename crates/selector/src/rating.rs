@@ -1,0 +1,788 @@
+//! The key-rating engine (SPEC 4, "Rating").
+//!
+//! Per account it keeps exponentially weighted moving averages (EWMA) of TTFT, total
+//! latency and error rate, plus a small ring of recent TTFT samples for the p90 that
+//! sets the hedge delay. The proxy reports every attempt's outcome as a [`Sample`]; the
+//! planner reads the averages to rank a group.
+//!
+//! Rules:
+//! - [`Sample::RequestError`] (400, 404, 413, 422: the request's fault) is ignored: it
+//!   counts neither as an error nor as a latency.
+//! - Samples older than [`RatingConfig::max_sample_age_ms`] (10 minutes) no longer count:
+//!   an average whose newest sample is older than that reads as "no sample", and the
+//!   next sample starts it afresh instead of blending into the stale value.
+//! - `score = w_ttft·ttft + w_total·total + w_error·error_rate` ([`RatingWeights`],
+//!   defaults 1, 0.1, 10 000); lower is better.
+//! - An account without a TTFT (or total) sample scores with the group's median TTFT
+//!   (median total); without an error sample its error rate is 0. The *group* is the
+//!   set of accounts being ranked: the survivors of the filters. The median of an even
+//!   count is the mean of the two middle values.
+//! - If no account of the group has a TTFT sample, every score is 0 (errors included),
+//!   so the stable order keeps the snapshot order.
+//!
+//! The engine is thread-safe: one `RwLock` over a table of accounts; ranking takes the
+//! read lock once per plan, recording takes the write lock for a few field updates.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+
+use keypool_core::{AccountId, UnixMs};
+use serde::{Deserialize, Serialize};
+
+use crate::candidate::Candidate;
+use crate::error::SelectError;
+use crate::hash::IdHasher;
+
+/// Samples older than this (10 minutes) no longer count.
+pub const DEFAULT_MAX_SAMPLE_AGE_MS: u64 = 10 * 60 * 1000;
+/// How many recent TTFT samples each account keeps for its p90.
+pub const RECENT_TTFT_SAMPLES: usize = 16;
+/// The default EWMA factor: the weight of a new sample.
+pub const DEFAULT_EWMA_ALPHA: f64 = 0.25;
+
+/// The weights of the score formula.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RatingWeights {
+    /// Weight of the TTFT average, ms (default 1).
+    pub ttft: f64,
+    /// Weight of the total latency average, ms (default 0.1).
+    pub total: f64,
+    /// Weight of the error rate, 0..=1 (default 10 000: 10 % errors cost as much as a
+    /// second of TTFT).
+    pub error: f64,
+}
+
+impl Default for RatingWeights {
+    fn default() -> Self {
+        Self {
+            ttft: 1.0,
+            total: 0.1,
+            error: 10_000.0,
+        }
+    }
+}
+
+impl RatingWeights {
+    /// `ttft·ttft_ms + total·total_ms + error·error_rate`.
+    pub fn score(&self, ttft_ms: f64, total_ms: f64, error_rate: f64) -> f64 {
+        self.ttft * ttft_ms + self.total * total_ms + self.error * error_rate
+    }
+}
+
+/// The rating engine's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RatingConfig {
+    /// The score formula's weights.
+    pub weights: RatingWeights,
+    /// The weight of a new sample in each average, in `(0, 1]` (default 0.25).
+    pub ewma_alpha: f64,
+    /// Samples older than this no longer count (default 10 minutes).
+    pub max_sample_age_ms: u64,
+}
+
+impl Default for RatingConfig {
+    fn default() -> Self {
+        Self {
+            weights: RatingWeights::default(),
+            ewma_alpha: DEFAULT_EWMA_ALPHA,
+            max_sample_age_ms: DEFAULT_MAX_SAMPLE_AGE_MS,
+        }
+    }
+}
+
+impl RatingConfig {
+    /// Checks that the weights are finite and non-negative and the EWMA factor is in
+    /// `(0, 1]`.
+    pub fn validate(&self) -> Result<(), SelectError> {
+        let w = self.weights;
+        for (value, what) in [
+            (w.ttft, "the TTFT weight"),
+            (w.total, "the total latency weight"),
+            (w.error, "the error weight"),
+        ] {
+            if !value.is_finite() || value < 0.0 {
+                return Err(SelectError::InvalidRatingConfig(what));
+            }
+        }
+        if !(self.ewma_alpha > 0.0 && self.ewma_alpha <= 1.0) {
+            return Err(SelectError::InvalidRatingConfig("the EWMA factor"));
+        }
+        Ok(())
+    }
+}
+
+/// The outcome of one attempt, as the rating engine counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sample {
+    /// The attempt succeeded: TTFT (ms to the first valid frame, or to the response
+    /// headers when not streaming) and total latency (ms).
+    Success {
+        /// Time to first token, ms.
+        ttft_ms: u64,
+        /// Total latency, ms.
+        total_ms: u64,
+    },
+    /// The attempt failed for a reason that is the account's (or upstream's): 429,
+    /// 5xx, 401/403/402, timeout, connection error, no valid first frame. Counts as an
+    /// error (1) in the error rate. An attempt aborted because its partner won a
+    /// hedge/race is not a failure: report nothing for it.
+    Failure,
+    /// The request's own fault (400, 404, 413, 422): not recorded at all.
+    RequestError,
+}
+
+/// What the engine knows about one account now; `None` where it has no fresh sample.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct AccountRating {
+    /// TTFT average, ms.
+    pub ttft_ms: Option<f64>,
+    /// Total latency average, ms.
+    pub total_ms: Option<f64>,
+    /// Error rate average, 0..=1.
+    pub error_rate: Option<f64>,
+}
+
+/// One exported average.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EwmaState {
+    /// The average.
+    pub value: f64,
+    /// When its newest sample was taken (unix ms).
+    pub updated_at: UnixMs,
+}
+
+/// One exported TTFT sample.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TtftSample {
+    /// When it was taken (unix ms).
+    pub at: UnixMs,
+    /// TTFT, ms.
+    pub ttft_ms: u32,
+}
+
+/// The exported rating state of one account.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccountRatingState {
+    /// The account.
+    pub id: AccountId,
+    /// TTFT average.
+    pub ttft: Option<EwmaState>,
+    /// Total latency average.
+    pub total: Option<EwmaState>,
+    /// Error rate average.
+    pub error: Option<EwmaState>,
+    /// Recent TTFT samples, oldest first (at most [`RECENT_TTFT_SAMPLES`]).
+    pub recent_ttft: Vec<TtftSample>,
+}
+
+/// The exported rating state of every account: what the store mirrors (best-effort)
+/// to Redis or a state file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RatingState {
+    /// One entry per account with at least one fresh sample.
+    pub accounts: Vec<AccountRatingState>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Ewma {
+    value: f64,
+    at: UnixMs,
+    seen: bool,
+}
+
+impl Ewma {
+    fn is_fresh(&self, now: UnixMs, max_age: u64) -> bool {
+        self.seen && now.saturating_sub(self.at) <= max_age
+    }
+
+    fn get(&self, now: UnixMs, max_age: u64) -> Option<f64> {
+        self.is_fresh(now, max_age).then_some(self.value)
+    }
+
+    fn observe(&mut self, x: f64, now: UnixMs, alpha: f64, max_age: u64) {
+        self.value = if self.is_fresh(now, max_age) {
+            alpha * x + (1.0 - alpha) * self.value
+        } else {
+            x
+        };
+        self.at = self.at.max(now);
+        self.seen = true;
+    }
+
+    fn export(&self, now: UnixMs, max_age: u64) -> Option<EwmaState> {
+        self.is_fresh(now, max_age).then_some(EwmaState {
+            value: self.value,
+            updated_at: self.at,
+        })
+    }
+
+    /// Takes `other` when it is newer and sane.
+    fn merge(&mut self, other: Option<EwmaState>) {
+        let Some(o) = other else { return };
+        if o.value.is_finite() && o.value >= 0.0 && (!self.seen || o.updated_at > self.at) {
+            *self = Ewma {
+                value: o.value,
+                at: o.updated_at,
+                seen: true,
+            };
+        }
+    }
+}
+
+/// A ring of the most recent TTFT samples.
+#[derive(Debug, Clone, Copy, Default)]
+struct RecentTtft {
+    samples: [TtftSample; RECENT_TTFT_SAMPLES],
+    len: usize,
+    next: usize,
+}
+
+impl RecentTtft {
+    fn push(&mut self, sample: TtftSample) {
+        self.samples[self.next] = sample;
+        self.next = (self.next + 1) % RECENT_TTFT_SAMPLES;
+        self.len = (self.len + 1).min(RECENT_TTFT_SAMPLES);
+    }
+
+    /// Oldest first.
+    fn iter(&self) -> impl Iterator<Item = TtftSample> + '_ {
+        let start = (self.next + RECENT_TTFT_SAMPLES - self.len) % RECENT_TTFT_SAMPLES;
+        (0..self.len).map(move |i| self.samples[(start + i) % RECENT_TTFT_SAMPLES])
+    }
+
+    fn newest_at(&self) -> Option<UnixMs> {
+        self.iter().map(|s| s.at).max()
+    }
+
+    /// Nearest-rank p90 of the fresh samples.
+    fn p90(&self, now: UnixMs, max_age: u64) -> Option<u64> {
+        let mut fresh = [0u32; RECENT_TTFT_SAMPLES];
+        let mut n = 0;
+        for s in self.iter().filter(|s| now.saturating_sub(s.at) <= max_age) {
+            fresh[n] = s.ttft_ms;
+            n += 1;
+        }
+        if n == 0 {
+            return None;
+        }
+        let fresh = &mut fresh[..n];
+        fresh.sort_unstable();
+        // Nearest rank: ceil(0.9·n), 1-based.
+        let rank = (9 * n).div_ceil(10);
+        Some(u64::from(fresh[rank - 1]))
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct AccountStats {
+    ttft: Ewma,
+    total: Ewma,
+    error: Ewma,
+    recent: RecentTtft,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    slots: HashMap<AccountId, usize, BuildHasherDefault<IdHasher>>,
+    stats: Vec<AccountStats>,
+}
+
+impl Table {
+    fn get(&self, id: &AccountId) -> Option<&AccountStats> {
+        self.slots.get(id).map(|&slot| &self.stats[slot])
+    }
+
+    fn get_or_insert(&mut self, id: &AccountId) -> &mut AccountStats {
+        let next = self.stats.len();
+        let slot = *self.slots.entry(id.clone()).or_insert(next);
+        if slot == next {
+            self.stats.push(AccountStats::default());
+        }
+        &mut self.stats[slot]
+    }
+}
+
+/// Per-account metrics as read for one ranking (`NaN` = no fresh sample).
+#[derive(Debug, Clone, Copy)]
+struct Metrics {
+    ttft: f64,
+    total: f64,
+    error: f64,
+}
+
+/// What ranking learnt about the group.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct GroupSummary {
+    /// At least one ranked account had a fresh TTFT.
+    pub has_ttft: bool,
+    /// The group's median TTFT, when it has one.
+    pub median_ttft: Option<f64>,
+}
+
+#[derive(Default)]
+struct Scratch {
+    metrics: Vec<Metrics>,
+    values: Vec<f64>,
+    scores: Vec<f64>,
+    keys: Vec<u128>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// The key-rating engine, shared by every request (see the module docs for the rules).
+#[derive(Debug, Default)]
+pub struct RatingEngine {
+    config: RatingConfig,
+    table: RwLock<Table>,
+}
+
+impl RatingEngine {
+    /// An engine with the default configuration.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An engine with `config`, once [`RatingConfig::validate`] accepts it.
+    pub fn try_new(config: RatingConfig) -> Result<Self, SelectError> {
+        config.validate()?;
+        Ok(Self {
+            config,
+            table: RwLock::default(),
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &RatingConfig {
+        &self.config
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Table> {
+        self.table.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records the outcome of one attempt by `id`, taken at `now`.
+    pub fn record(&self, id: &AccountId, sample: Sample, now: UnixMs) {
+        let (alpha, max_age) = (self.config.ewma_alpha, self.config.max_sample_age_ms);
+        let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
+        match sample {
+            Sample::Success { ttft_ms, total_ms } => {
+                let stats = table.get_or_insert(id);
+                stats.ttft.observe(ttft_ms as f64, now, alpha, max_age);
+                stats.total.observe(total_ms as f64, now, alpha, max_age);
+                stats.error.observe(0.0, now, alpha, max_age);
+                stats.recent.push(TtftSample {
+                    at: now,
+                    ttft_ms: u32::try_from(ttft_ms).unwrap_or(u32::MAX),
+                });
+            }
+            Sample::Failure => table
+                .get_or_insert(id)
+                .error
+                .observe(1.0, now, alpha, max_age),
+            Sample::RequestError => {}
+        }
+    }
+
+    /// The fresh averages of `id` at `now`.
+    pub fn rating(&self, id: &AccountId, now: UnixMs) -> AccountRating {
+        let max_age = self.config.max_sample_age_ms;
+        self.read()
+            .get(id)
+            .map(|s| AccountRating {
+                ttft_ms: s.ttft.get(now, max_age),
+                total_ms: s.total.get(now, max_age),
+                error_rate: s.error.get(now, max_age),
+            })
+            .unwrap_or_default()
+    }
+
+    /// The nearest-rank p90 of `id`'s fresh recent TTFT samples.
+    pub fn p90_ttft_ms(&self, id: &AccountId, now: UnixMs) -> Option<u64> {
+        self.read()
+            .get(id)
+            .and_then(|s| s.recent.p90(now, self.config.max_sample_age_ms))
+    }
+
+    /// The score of each of `candidates` at `now`, taking them as one group (for the
+    /// admin page and tests; the planner uses the same computation).
+    pub fn scores(&self, candidates: &[Candidate], now: UnixMs) -> Vec<f64> {
+        let mut scratch = Scratch::default();
+        let table = self.read();
+        self.score_group(&table, candidates.iter().map(|c| &c.id), now, &mut scratch);
+        scratch.scores
+    }
+
+    /// Reads every account's metrics, fills the gaps with the group medians and writes
+    /// one score per account into `scratch.scores`.
+    fn score_group<'a>(
+        &self,
+        table: &Table,
+        ids: impl Iterator<Item = &'a AccountId>,
+        now: UnixMs,
+        scratch: &mut Scratch,
+    ) -> GroupSummary {
+        let max_age = self.config.max_sample_age_ms;
+        let Scratch {
+            metrics,
+            values,
+            scores,
+            ..
+        } = scratch;
+        metrics.clear();
+        scores.clear();
+        for id in ids {
+            let m = match table.get(id) {
+                Some(s) => Metrics {
+                    ttft: s.ttft.get(now, max_age).unwrap_or(f64::NAN),
+                    total: s.total.get(now, max_age).unwrap_or(f64::NAN),
+                    error: s.error.get(now, max_age).unwrap_or(0.0),
+                },
+                None => Metrics {
+                    ttft: f64::NAN,
+                    total: f64::NAN,
+                    error: 0.0,
+                },
+            };
+            metrics.push(m);
+        }
+        values.clear();
+        values.extend(metrics.iter().map(|m| m.ttft).filter(|v| !v.is_nan()));
+        let median_ttft = median(values);
+        let Some(fill_ttft) = median_ttft else {
+            // No TTFT anywhere in the group: all scores equal.
+            scores.resize(metrics.len(), 0.0);
+            return GroupSummary {
+                has_ttft: false,
+                median_ttft: None,
+            };
+        };
+        values.clear();
+        values.extend(metrics.iter().map(|m| m.total).filter(|v| !v.is_nan()));
+        let fill_total = median(values).unwrap_or(0.0);
+        let w = self.config.weights;
+        scores.extend(metrics.iter().map(|m| {
+            let ttft = if m.ttft.is_nan() { fill_ttft } else { m.ttft };
+            let total = if m.total.is_nan() {
+                fill_total
+            } else {
+                m.total
+            };
+            // `+ 0.0` turns a -0.0 into 0.0 so that the bit order below is numeric.
+            w.score(ttft, total, m.error) + 0.0
+        }));
+        GroupSummary {
+            has_ttft: true,
+            median_ttft,
+        }
+    }
+
+    /// Reorders `indices` (snapshot indices, in snapshot order) by ascending score,
+    /// stable: equal scores keep their order.
+    pub(crate) fn rank(
+        &self,
+        snapshot: &[Candidate],
+        indices: &mut [usize],
+        now: UnixMs,
+    ) -> GroupSummary {
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            let scratch = &mut *scratch;
+            let summary = {
+                let table = self.read();
+                self.score_group(
+                    &table,
+                    indices.iter().map(|&i| &snapshot[i].id),
+                    now,
+                    scratch,
+                )
+            };
+            if !summary.has_ttft {
+                return summary;
+            }
+            // Scores are finite and >= 0, so their bit patterns sort like the numbers;
+            // the low half (the position) makes equal scores keep their order.
+            scratch.keys.clear();
+            scratch.keys.extend(
+                scratch
+                    .scores
+                    .iter()
+                    .zip(indices.iter())
+                    .map(|(s, &i)| (u128::from(s.to_bits()) << 64) | i as u128),
+            );
+            scratch.keys.sort_unstable();
+            for (slot, key) in indices.iter_mut().zip(&scratch.keys) {
+                *slot = (*key as u64) as usize;
+            }
+            summary
+        })
+    }
+
+    /// The fresh state of `id`, for mirroring after a sample.
+    pub fn export_account(&self, id: &AccountId, now: UnixMs) -> Option<AccountRatingState> {
+        let table = self.read();
+        let stats = table.get(id)?;
+        self.export_stats(id, stats, now)
+    }
+
+    fn export_stats(
+        &self,
+        id: &AccountId,
+        s: &AccountStats,
+        now: UnixMs,
+    ) -> Option<AccountRatingState> {
+        let max_age = self.config.max_sample_age_ms;
+        let state = AccountRatingState {
+            id: id.clone(),
+            ttft: s.ttft.export(now, max_age),
+            total: s.total.export(now, max_age),
+            error: s.error.export(now, max_age),
+            recent_ttft: s
+                .recent
+                .iter()
+                .filter(|t| now.saturating_sub(t.at) <= max_age)
+                .collect(),
+        };
+        let empty = state.ttft.is_none()
+            && state.total.is_none()
+            && state.error.is_none()
+            && state.recent_ttft.is_empty();
+        (!empty).then_some(state)
+    }
+
+    /// The fresh state of every account.
+    pub fn export(&self, now: UnixMs) -> RatingState {
+        let table = self.read();
+        let mut accounts: Vec<AccountRatingState> = table
+            .slots
+            .iter()
+            .filter_map(|(id, &slot)| self.export_stats(id, &table.stats[slot], now))
+            .collect();
+        accounts.sort_by(|a, b| a.id.cmp(&b.id));
+        RatingState { accounts }
+    }
+
+    /// Merges `state` in: per average, the newer one wins; the recent TTFT ring is
+    /// replaced when the imported one has a newer sample. Non-finite or negative values
+    /// are ignored.
+    pub fn import(&self, state: &RatingState) {
+        let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
+        for account in &state.accounts {
+            let stats = table.get_or_insert(&account.id);
+            stats.ttft.merge(account.ttft);
+            stats.total.merge(account.total);
+            stats.error.merge(account.error);
+            let imported_newest = account.recent_ttft.iter().map(|s| s.at).max();
+            if imported_newest > stats.recent.newest_at() {
+                let mut recent = RecentTtft::default();
+                let skip = account
+                    .recent_ttft
+                    .len()
+                    .saturating_sub(RECENT_TTFT_SAMPLES);
+                account.recent_ttft[skip..]
+                    .iter()
+                    .for_each(|&s| recent.push(s));
+                stats.recent = recent;
+            }
+        }
+    }
+}
+
+/// The median of `values` (reordered); the mean of the two middle values for an even
+/// count; `None` when empty.
+fn median(values: &mut [f64]) -> Option<f64> {
+    let n = values.len();
+    if n == 0 {
+        return None;
+    }
+    let (lower, upper, _) = values.select_nth_unstable_by(n / 2, f64::total_cmp);
+    let upper = *upper;
+    if n % 2 == 1 {
+        return Some(upper);
+    }
+    let below = lower.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Some((below + upper) / 2.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use keypool_core::{AuthType, Provider};
+
+    use super::*;
+
+    fn id(s: &str) -> AccountId {
+        AccountId::from(s)
+    }
+
+    fn ok(ttft_ms: u64, total_ms: u64) -> Sample {
+        Sample::Success { ttft_ms, total_ms }
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&mut []), None);
+        assert_eq!(median(&mut [5.0]), Some(5.0));
+        assert_eq!(median(&mut [9.0, 1.0, 5.0]), Some(5.0));
+        assert_eq!(median(&mut [9.0, 1.0, 5.0, 3.0]), Some(4.0));
+    }
+
+    #[test]
+    fn ewma_blends_with_alpha_and_restarts_after_ten_minutes() {
+        let e = RatingEngine::new();
+        let a = id("a");
+        e.record(&a, ok(100, 1000), 0);
+        assert_eq!(e.rating(&a, 0).ttft_ms, Some(100.0));
+        e.record(&a, ok(500, 1000), 1_000);
+        // 0.25·500 + 0.75·100
+        assert_eq!(e.rating(&a, 1_000).ttft_ms, Some(200.0));
+        // Exactly 10 minutes after the newest sample it still counts; 1 ms later not.
+        assert_eq!(e.rating(&a, 601_000).ttft_ms, Some(200.0));
+        assert_eq!(e.rating(&a, 601_001), AccountRating::default());
+        // The next sample starts afresh.
+        e.record(&a, ok(40, 80), 601_001);
+        assert_eq!(e.rating(&a, 601_001).ttft_ms, Some(40.0));
+        assert_eq!(e.rating(&a, 601_001).total_ms, Some(80.0));
+    }
+
+    #[test]
+    fn request_errors_are_not_errors_and_failures_are() {
+        let e = RatingEngine::new();
+        let a = id("a");
+        e.record(&a, Sample::RequestError, 0);
+        assert_eq!(e.rating(&a, 0), AccountRating::default());
+        e.record(&a, Sample::Failure, 0);
+        let r = e.rating(&a, 0);
+        assert_eq!(r.error_rate, Some(1.0));
+        assert_eq!(r.ttft_ms, None);
+        e.record(&a, ok(10, 10), 1);
+        assert_eq!(e.rating(&a, 1).error_rate, Some(0.75));
+    }
+
+    #[test]
+    fn scores_use_the_formula_and_the_group_median() {
+        let e = RatingEngine::new();
+        let c = |s: &str| Candidate::new(s, Provider::Anthropic, AuthType::ApiKey);
+        let pool = [c("a"), c("b"), c("c"), c("new")];
+        e.record(&pool[0].id, ok(100, 1000), 0);
+        e.record(&pool[1].id, ok(300, 2000), 0);
+        e.record(&pool[2].id, ok(200, 4000), 0);
+        e.record(&pool[2].id, Sample::Failure, 0);
+        let s = e.scores(&pool, 0);
+        assert_eq!(s[0], 100.0 + 100.0);
+        assert_eq!(s[1], 300.0 + 200.0);
+        // error rate 0.25 after one failure on top of a success.
+        assert_eq!(s[2], 200.0 + 400.0 + 2_500.0);
+        // no sample: median TTFT 200, median total 2000, no errors.
+        assert_eq!(s[3], 200.0 + 200.0);
+    }
+
+    #[test]
+    fn no_ttft_in_the_group_makes_every_score_equal() {
+        let e = RatingEngine::new();
+        let c = |s: &str| Candidate::new(s, Provider::Anthropic, AuthType::ApiKey);
+        let pool = [c("a"), c("b")];
+        e.record(&pool[1].id, Sample::Failure, 0);
+        assert_eq!(e.scores(&pool, 0), vec![0.0, 0.0]);
+    }
+
+    #[test]
+    fn p90_uses_the_fresh_recent_samples() {
+        let e = RatingEngine::new();
+        let a = id("a");
+        assert_eq!(e.p90_ttft_ms(&a, 0), None);
+        for (i, ttft) in (1..=10u64).enumerate() {
+            e.record(&a, ok(ttft * 100, 0), i as u64);
+        }
+        // ceil(0.9·10) = 9th smallest.
+        assert_eq!(e.p90_ttft_ms(&a, 10), Some(900));
+        // The ring keeps the last 16 samples only.
+        for i in 0..16 {
+            e.record(&a, ok(50, 0), 100 + i);
+        }
+        assert_eq!(e.p90_ttft_ms(&a, 200), Some(50));
+        assert_eq!(
+            e.p90_ttft_ms(&a, 100 + 15 + DEFAULT_MAX_SAMPLE_AGE_MS + 1),
+            None
+        );
+    }
+
+    #[test]
+    fn export_import_round_trips_through_json_and_newer_wins() {
+        let e = RatingEngine::new();
+        let (a, b) = (id("a"), id("b"));
+        e.record(&a, ok(120, 900), 1_000);
+        e.record(&b, Sample::Failure, 1_000);
+        let state = e.export(2_000);
+        let json = serde_json::to_string(&state).unwrap();
+        let back: RatingState = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, state);
+
+        let other = RatingEngine::new();
+        other.record(&a, ok(999, 999), 5_000);
+        other.import(&back);
+        // Local is newer for `a`: kept.
+        assert_eq!(other.rating(&a, 5_000).ttft_ms, Some(999.0));
+        assert_eq!(other.rating(&b, 5_000).error_rate, Some(1.0));
+
+        let fresh = RatingEngine::new();
+        fresh.import(&back);
+        assert_eq!(fresh.rating(&a, 2_000), e.rating(&a, 2_000));
+        assert_eq!(fresh.p90_ttft_ms(&a, 2_000), Some(120));
+        assert_eq!(fresh.export_account(&a, 2_000), e.export_account(&a, 2_000));
+        // Stale accounts are not exported.
+        assert_eq!(
+            e.export(1_000 + DEFAULT_MAX_SAMPLE_AGE_MS + 1),
+            RatingState::default()
+        );
+    }
+
+    #[test]
+    fn import_ignores_insane_values() {
+        let e = RatingEngine::new();
+        let a = id("a");
+        let state = RatingState {
+            accounts: vec![AccountRatingState {
+                id: a.clone(),
+                ttft: Some(EwmaState {
+                    value: f64::NAN,
+                    updated_at: 1,
+                }),
+                total: Some(EwmaState {
+                    value: -5.0,
+                    updated_at: 1,
+                }),
+                error: None,
+                recent_ttft: vec![],
+            }],
+        };
+        e.import(&state);
+        assert_eq!(e.rating(&a, 1), AccountRating::default());
+    }
+
+    #[test]
+    fn invalid_configs_are_refused() {
+        let mut cfg = RatingConfig::default();
+        cfg.weights.error = -1.0;
+        assert!(matches!(
+            RatingEngine::try_new(cfg),
+            Err(SelectError::InvalidRatingConfig("the error weight"))
+        ));
+        let cfg = RatingConfig {
+            ewma_alpha: 0.0,
+            ..RatingConfig::default()
+        };
+        assert!(RatingEngine::try_new(cfg).is_err());
+        let cfg = RatingConfig {
+            weights: RatingWeights {
+                ttft: f64::INFINITY,
+                ..RatingWeights::default()
+            },
+            ..RatingConfig::default()
+        };
+        assert!(RatingEngine::try_new(cfg).is_err());
+        assert!(RatingEngine::try_new(RatingConfig::default()).is_ok());
+    }
+}
