@@ -1,4 +1,39 @@
-//! Configuration, org/URL/LB-key resolution and shared runtime state (memory, state file, Redis).
+//! Configuration, org/URL/LB-key resolution and shared runtime state.
 //!
-//! This crate is a placeholder laid down by the workspace foundation; its issue fills it.
-//! See `docs/ARCHITECTURE.md` for what it will own.
+//! `keypool-store` is the only crate that reads configuration files and the only crate
+//! that talks to Redis. It turns `keypool.toml` into checked types ([`config`]), answers
+//! the first questions of every request (which org and URL config, which caller, which
+//! candidate accounts: [`resolve`]), and keeps the runtime state the policy crates need
+//! alive across restarts and replicas.
+//!
+//! ```
+//! use keypool_store::config::Config;
+//! let toml = r#"
+//!     [[orgs]]
+//!     slug = "acme"
+//!     [[accounts]]
+//!     id = "a1"
+//!     org = "acme"
+//!     provider = "anthropic"
+//!     auth = "api_key"
+//!     secret = "$ACME_KEY"
+//!     [[urls]]
+//!     custom_url = "team"
+//!     org = "acme"
+//! "#;
+//! let env = |name: &str| (name == "ACME_KEY").then(|| "sk-ant-xyz".to_owned());
+//! let config = Config::from_toml_str(toml, None, &env).unwrap();
+//! let account = config.account("a1").unwrap();
+//! assert_eq!(format!("{:?}", account.secret()), "[redacted]");
+//! assert_eq!(account.weight().get(), 1);
+//! ```
+//!
+//! # Layout
+//! - [`config`]: the TOML schema, validation with located errors, env overrides,
+//!   [`config::Secret`].
+//! - [`error`]: [`StoreError`].
+
+pub mod config;
+pub mod error;
+
+pub use error::StoreError;

@@ -1,0 +1,614 @@
+//! The validated configuration: types that cannot hold invalid values.
+//!
+//! [`Config::from_toml_str`] (or [`Config::load`]) parses the TOML file of SPEC 9,
+//! applies the environment overrides ([`env`]), resolves `$ENV_NAME` secrets and checks
+//! every rule at once. On failure it returns [`ConfigErrors`]: every problem found, each
+//! with its location (`accounts[3].weight`), none of them quoting a secret.
+//!
+//! The checked types expose their fields through accessors only; the only way to build
+//! them is validation, so a `Weight` is always 1–100, a key hash is always 32 bytes, a
+//! group always names accounts of its own org, and so on.
+
+mod env;
+mod raw;
+mod secret;
+mod validate;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use keypool_core::{AccountId, AuthType, Provider, Strategy, UnixMs};
+
+pub use env::ENV_OVERRIDES;
+pub use secret::Secret;
+
+use crate::StoreError;
+
+/// The default `[server] max_body_bytes`: 32 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
+
+/// Every server setting, with SPEC defaults filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerSettings {
+    /// Address the proxy listens on (`listen`, `KEYPOOL_LISTEN`).
+    pub listen: SocketAddr,
+    /// Largest request body accepted; larger is `413` (`max_body_bytes`).
+    pub max_body_bytes: u64,
+    /// Time a client has to send its request headers (`header_read_timeout_secs`).
+    pub header_read_timeout_ms: u64,
+    /// Time each attempt has to produce response headers (`upstream_timeout_secs`,
+    /// `UPSTREAM_TIMEOUT`).
+    pub upstream_timeout_ms: u64,
+    /// Time a stream has to produce its first valid frame (`first_frame_timeout_ms`).
+    pub first_frame_timeout_ms: u64,
+    /// Longest silence tolerated inside a committed stream (`stream_idle_timeout_secs`).
+    pub stream_idle_timeout_ms: u64,
+    /// Where a stream's point of no return is (`stream_commit`).
+    pub stream_commit: StreamCommit,
+    /// Most frames held before the commit point (`commit_hold_max_frames`).
+    pub commit_hold_max_frames: u32,
+    /// Most bytes held before the commit point (`commit_hold_max_bytes`).
+    pub commit_hold_max_bytes: u64,
+    /// Largest single SSE frame accepted from upstream (`max_frame_bytes`).
+    pub max_frame_bytes: u64,
+    /// Terminal upstream statuses whose message reaches the client (`passthrough_statuses`).
+    pub passthrough_statuses: Vec<u16>,
+    /// Master switch for disabling accounts on key errors (`auto_disable_on_error`,
+    /// `AUTO_DISABLE_ON_ERROR`).
+    pub auto_disable_on_error: bool,
+    /// Legacy routes work until the end of this day (UTC), as unix seconds of
+    /// `23:59:59` of that day: the `Sunset` header's value (`legacy_routes_until`).
+    pub legacy_routes_until_unix_secs: u64,
+    /// How long a pool's snapshot is reused (`snapshot_ttl_secs`).
+    pub snapshot_ttl_ms: u64,
+    /// Where the memory backend snapshots its state; `None` keeps state in memory only
+    /// (`state_file`, relative paths are relative to the config file's folder).
+    pub state_file: Option<PathBuf>,
+    /// How often the state file is written (`state_snapshot_interval_secs`).
+    pub state_snapshot_interval_ms: u64,
+    /// Redis connection URL (`redis_url`, `REDIS_URL`); `None` = embedded state.
+    pub redis_url: Option<Secret>,
+    /// Bound on each Redis operation before falling back to memory (`redis_timeout_ms`).
+    pub redis_timeout_ms: u64,
+    /// Lower bound of the hedge delay (`hedge_min_delay_ms`).
+    pub hedge_min_delay_ms: u64,
+    /// Extra attempts allowed as a fraction of a group's requests per minute (`hedge_budget`).
+    pub hedge_budget: f64,
+    /// Usage-window threshold of accounts without their own (`default_window_threshold`).
+    pub default_window_threshold: Threshold,
+    /// Whether the per-`base_url` circuit breaker is on (`circuit_breaker`).
+    pub circuit_breaker: bool,
+    /// How long `SIGTERM` lets streams in flight finish (`shutdown_grace_secs`).
+    pub shutdown_grace_ms: u64,
+    /// Rating score weights (`[server.rating]`).
+    pub rating: RatingSettings,
+}
+
+/// `[server.rating]`: `score = ttft_weight × ttft + total_weight × total + error_weight × error_rate`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RatingSettings {
+    /// Weight of the TTFT average (ms).
+    pub ttft_weight: f64,
+    /// Weight of the total-latency average (ms).
+    pub total_weight: f64,
+    /// Weight of the error rate (0–1).
+    pub error_weight: f64,
+    /// Samples older than this no longer count.
+    pub max_sample_age_ms: u64,
+}
+
+impl Default for RatingSettings {
+    fn default() -> Self {
+        Self {
+            ttft_weight: 1.0,
+            total_weight: 0.1,
+            error_weight: 10_000.0,
+            max_sample_age_ms: 600_000,
+        }
+    }
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            header_read_timeout_ms: 30_000,
+            upstream_timeout_ms: 180_000,
+            first_frame_timeout_ms: 15_000,
+            stream_idle_timeout_ms: 300_000,
+            stream_commit: StreamCommit::FirstContent,
+            commit_hold_max_frames: 64,
+            commit_hold_max_bytes: 256 * 1024,
+            max_frame_bytes: 16 * 1024 * 1024,
+            passthrough_statuses: vec![429, 402],
+            auto_disable_on_error: true,
+            // 2026-12-31T23:59:59Z
+            legacy_routes_until_unix_secs: 1_798_761_599,
+            snapshot_ttl_ms: 15_000,
+            state_file: Some(PathBuf::from("keypool-state.json")),
+            state_snapshot_interval_ms: 5_000,
+            redis_url: None,
+            redis_timeout_ms: 250,
+            hedge_min_delay_ms: 200,
+            hedge_budget: 0.10,
+            default_window_threshold: Threshold(0.95),
+            circuit_breaker: false,
+            shutdown_grace_ms: 30_000,
+            rating: RatingSettings::default(),
+        }
+    }
+}
+
+/// Where a stream's point of no return is (SPEC 3.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StreamCommit {
+    /// Hold past `message_start` and `ping` until the first content frame (default).
+    #[default]
+    FirstContent,
+    /// Commit at the first valid frame.
+    FirstFrame,
+}
+
+impl StreamCommit {
+    /// The name used in the config file.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            StreamCommit::FirstContent => "first_content",
+            StreamCommit::FirstFrame => "first_frame",
+        }
+    }
+}
+
+/// `[admin]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AdminSettings {
+    /// Bearer token of the admin API (`token`, `KEYPOOL_ADMIN_TOKEN`); `None` disables it.
+    pub token: Option<Secret>,
+}
+
+/// An account's weight, always within 1–100.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Weight(u8);
+
+impl Weight {
+    /// Smallest weight.
+    pub const MIN: u8 = 1;
+    /// Largest weight.
+    pub const MAX: u8 = 100;
+
+    /// A weight, or `None` outside 1–100.
+    pub fn try_new(value: i64) -> Option<Self> {
+        u8::try_from(value)
+            .ok()
+            .filter(|w| (Self::MIN..=Self::MAX).contains(w))
+            .map(Self)
+    }
+
+    /// The weight.
+    pub fn get(self) -> u8 {
+        self.0
+    }
+}
+
+/// A usage-window threshold, always a finite number within 0–1.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Threshold(f64);
+
+impl Threshold {
+    /// A threshold, or `None` outside 0–1 (or NaN).
+    pub fn try_new(value: f64) -> Option<Self> {
+        (0.0..=1.0).contains(&value).then_some(Self(value))
+    }
+
+    /// The threshold.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+/// The SHA-256 of an LB key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyHash(pub(crate) [u8; 32]);
+
+impl KeyHash {
+    /// Parses 64 hex characters (either case).
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        let bytes = hex.as_bytes();
+        if bytes.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in bytes.chunks_exact(2).enumerate() {
+            let hi = (pair[0] as char).to_digit(16)?;
+            let lo = (pair[1] as char).to_digit(16)?;
+            out[i] = u8::try_from(hi * 16 + lo).ok()?;
+        }
+        Some(Self(out))
+    }
+
+    /// The hash as 64 lowercase hex characters.
+    pub fn to_hex(&self) -> String {
+        use std::fmt::Write;
+        self.0.iter().fold(String::with_capacity(64), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    }
+
+    /// The raw 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for KeyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KeyHash({})", self.to_hex())
+    }
+}
+
+/// One organisation (tenant).
+#[derive(Debug, Clone)]
+pub struct Org {
+    pub(crate) slug: Arc<str>,
+    pub(crate) suspended: bool,
+    pub(crate) accounts: Vec<AccountId>,
+    pub(crate) groups: HashMap<Arc<str>, Arc<Group>>,
+    pub(crate) urls: HashMap<Arc<str>, Arc<UrlConfig>>,
+}
+
+impl Org {
+    /// The org's slug, the first path segment of its routes.
+    pub fn slug(&self) -> &str {
+        &self.slug
+    }
+    /// Whether the org is suspended (its valid keys get `403 ORG_SUSPENDED`).
+    pub fn suspended(&self) -> bool {
+        self.suspended
+    }
+    /// The org's whole pool: every account of the org, in file order.
+    pub fn accounts(&self) -> &[AccountId] {
+        &self.accounts
+    }
+    /// A group of this org by id.
+    pub fn group(&self, id: &str) -> Option<&Arc<Group>> {
+        self.groups.get(id)
+    }
+    /// A URL config of this org by `custom_url`.
+    pub fn url(&self, custom_url: &str) -> Option<&Arc<UrlConfig>> {
+        self.urls.get(custom_url)
+    }
+    /// Every URL config of this org.
+    pub fn urls(&self) -> impl Iterator<Item = &Arc<UrlConfig>> {
+        self.urls.values()
+    }
+}
+
+/// One upstream account.
+#[derive(Debug, Clone)]
+pub struct Account {
+    pub(crate) id: AccountId,
+    pub(crate) org: Arc<str>,
+    pub(crate) provider: Provider,
+    pub(crate) auth: AuthType,
+    pub(crate) secret: Secret,
+    pub(crate) base_url: Option<Arc<str>>,
+    pub(crate) priority: i64,
+    pub(crate) weight: Weight,
+    pub(crate) model: Option<Arc<str>>,
+    pub(crate) window_threshold: Option<Threshold>,
+    pub(crate) max_concurrent: Option<u32>,
+    pub(crate) active: bool,
+}
+
+impl Account {
+    /// The account's id (unique in the whole file).
+    pub fn id(&self) -> &AccountId {
+        &self.id
+    }
+    /// The slug of the org that owns it.
+    pub fn org(&self) -> &str {
+        &self.org
+    }
+    /// Its provider.
+    pub fn provider(&self) -> Provider {
+        self.provider
+    }
+    /// Its auth type (always one the provider supports).
+    pub fn auth(&self) -> AuthType {
+        self.auth
+    }
+    /// Its credential.
+    pub fn secret(&self) -> &Secret {
+        &self.secret
+    }
+    /// Its `base_url` (`http://` or `https://`), if not the provider's default.
+    pub fn base_url(&self) -> Option<&str> {
+        self.base_url.as_deref()
+    }
+    /// Its priority: lower goes first.
+    pub fn priority(&self) -> i64 {
+        self.priority
+    }
+    /// Its weight for the `weighted` strategy.
+    pub fn weight(&self) -> Weight {
+        self.weight
+    }
+    /// The model that replaces the request's `model`, if any.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+    /// Its own usage-window threshold, if set.
+    pub fn window_threshold(&self) -> Option<Threshold> {
+        self.window_threshold
+    }
+    /// Most requests in flight at once, if limited (at least 1).
+    pub fn max_concurrent(&self) -> Option<u32> {
+        self.max_concurrent
+    }
+    /// Whether the config file has it active (runtime disabling is separate state).
+    pub fn active(&self) -> bool {
+        self.active
+    }
+}
+
+/// A named set of accounts of one org plus a strategy.
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub(crate) id: Arc<str>,
+    pub(crate) org: Arc<str>,
+    pub(crate) strategy: Strategy,
+    pub(crate) accounts: Vec<AccountId>,
+}
+
+impl Group {
+    /// The group's id (unique within its org).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    /// The slug of its org.
+    pub fn org(&self) -> &str {
+        &self.org
+    }
+    /// Its strategy.
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+    /// Its accounts (all of its org, no duplicates, at least one).
+    pub fn accounts(&self) -> &[AccountId] {
+        &self.accounts
+    }
+}
+
+/// A URL config of an org.
+#[derive(Debug, Clone)]
+pub struct UrlConfig {
+    pub(crate) custom_url: Arc<str>,
+    pub(crate) org: Arc<str>,
+    pub(crate) group: Option<Arc<str>>,
+}
+
+impl UrlConfig {
+    /// Its `custom_url` (unique within its org).
+    pub fn custom_url(&self) -> &str {
+        &self.custom_url
+    }
+    /// The slug of its org.
+    pub fn org(&self) -> &str {
+        &self.org
+    }
+    /// The group it points at; `None` = the org's whole pool with the default strategy.
+    pub fn group(&self) -> Option<&str> {
+        self.group.as_deref()
+    }
+}
+
+/// The kind of an LB key, which decides how the caller is recorded (SPEC 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyKind {
+    /// A person's key: recorded as `user_api_key_id`.
+    User,
+    /// A service's key: recorded as `client_api_key_id`.
+    Client,
+}
+
+/// Which URL configs of its org a key may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyScope {
+    /// `["*"]`: every URL config of its org.
+    AllUrls,
+    /// The listed `custom_url`s (each exists in its org).
+    Urls(Vec<Arc<str>>),
+}
+
+/// An LB key as configured (only its hash is known).
+#[derive(Debug, Clone)]
+pub struct LbKey {
+    pub(crate) id: Arc<str>,
+    pub(crate) org: Arc<str>,
+    pub(crate) kind: KeyKind,
+    pub(crate) hash: KeyHash,
+    pub(crate) scope: KeyScope,
+    pub(crate) revoked: bool,
+}
+
+impl LbKey {
+    /// The key's id, recorded as the caller.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    /// The slug of its org.
+    pub fn org(&self) -> &str {
+        &self.org
+    }
+    /// `user` or `client`.
+    pub fn kind(&self) -> KeyKind {
+        self.kind
+    }
+    /// SHA-256 of the key.
+    pub fn hash(&self) -> &KeyHash {
+        &self.hash
+    }
+    /// The URL configs it may use.
+    pub fn scope(&self) -> &KeyScope {
+        &self.scope
+    }
+    /// Whether it was revoked.
+    pub fn revoked(&self) -> bool {
+        self.revoked
+    }
+    /// Whether the key may use `custom_url` of `org` (revocation aside).
+    pub fn can_see(&self, org: &str, custom_url: &str) -> bool {
+        *self.org == *org
+            && match &self.scope {
+                KeyScope::AllUrls => true,
+                KeyScope::Urls(urls) => urls.iter().any(|u| **u == *custom_url),
+            }
+    }
+}
+
+/// What the legacy route `/{url}/…` finds for one `custom_url` (SPEC 3.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LegacyEntry {
+    /// Exactly one org has it.
+    One(Arc<str>),
+    /// More than one config (of several orgs, or an org's and an orphan) has it.
+    Ambiguous,
+    /// Only a URL config that belongs to no org has it.
+    Orphan,
+}
+
+/// The whole validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub(crate) server: ServerSettings,
+    pub(crate) admin: AdminSettings,
+    pub(crate) orgs: HashMap<Arc<str>, Arc<Org>>,
+    pub(crate) accounts: HashMap<AccountId, Arc<Account>>,
+    pub(crate) keys_by_hash: HashMap<KeyHash, Arc<LbKey>>,
+    pub(crate) legacy: HashMap<Arc<str>, LegacyEntry>,
+}
+
+impl Config {
+    /// Parses and validates a config file's text. `env` looks up environment variables
+    /// (for `$ENV_NAME` secrets and the SPEC 9 overrides); pass `|k| std::env::var(k).ok()`
+    /// to use the process environment. `base_dir` anchors a relative `state_file`.
+    pub fn from_toml_str(
+        text: &str,
+        base_dir: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigErrors> {
+        validate::parse_and_validate(text, base_dir, env)
+    }
+
+    /// Reads, parses and validates a config file using the process environment.
+    pub fn load(path: &Path) -> Result<Self, StoreError> {
+        let text = std::fs::read_to_string(path).map_err(|source| StoreError::ReadConfig {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let env = |name: &str| std::env::var(name).ok();
+        Self::from_toml_str(&text, path.parent(), &env).map_err(|errors| {
+            StoreError::InvalidConfig {
+                path: path.to_path_buf(),
+                errors,
+            }
+        })
+    }
+
+    /// The server settings.
+    pub fn server(&self) -> &ServerSettings {
+        &self.server
+    }
+    /// The admin settings.
+    pub fn admin(&self) -> &AdminSettings {
+        &self.admin
+    }
+    /// An org by slug.
+    pub fn org(&self, slug: &str) -> Option<&Arc<Org>> {
+        self.orgs.get(slug)
+    }
+    /// Every org.
+    pub fn orgs(&self) -> impl Iterator<Item = &Arc<Org>> {
+        self.orgs.values()
+    }
+    /// An account by id.
+    pub fn account(&self, id: &str) -> Option<&Arc<Account>> {
+        self.accounts.get(id)
+    }
+    /// Every account.
+    pub fn accounts(&self) -> impl Iterator<Item = &Arc<Account>> {
+        self.accounts.values()
+    }
+    /// The key whose SHA-256 is `hash`.
+    pub fn key_by_hash(&self, hash: &KeyHash) -> Option<&Arc<LbKey>> {
+        self.keys_by_hash.get(hash)
+    }
+    /// Every configured key.
+    pub fn keys(&self) -> impl Iterator<Item = &Arc<LbKey>> {
+        self.keys_by_hash.values()
+    }
+}
+
+/// One configuration problem and where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigIssue {
+    /// Where: `accounts[3].weight`, `server.listen`, `env UPSTREAM_TIMEOUT`, or `file`.
+    pub location: String,
+    /// What is wrong and what to do. Never contains a secret.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.location, self.message)
+    }
+}
+
+/// Every problem of a rejected configuration, grouped by section (server first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigIssue>);
+
+impl ConfigErrors {
+    /// The problems.
+    pub fn issues(&self) -> &[ConfigIssue] {
+        &self.0
+    }
+
+    /// Whether some problem is at exactly `location`.
+    pub fn has(&self, location: &str) -> bool {
+        self.0.iter().any(|i| i.location == location)
+    }
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} configuration problem(s)", self.0.len())?;
+        for issue in &self.0 {
+            write!(f, "\n  {issue}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Converts a `YYYY-MM-DD` civil date to unix days (proleptic Gregorian, UTC).
+pub(crate) fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let m = i64::from(month);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Unix milliseconds; helper for callers that keep time in `UnixMs`.
+pub(crate) fn secs_to_ms(secs: u64) -> UnixMs {
+    secs.saturating_mul(1000)
+}

@@ -1,0 +1,45 @@
+//! [`StoreError`]: every failure of this crate.
+
+use std::path::PathBuf;
+
+use crate::config::ConfigErrors;
+
+/// Everything that can go wrong in `keypool-store`. No variant carries a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The config file could not be read.
+    #[error("cannot read config file {path}: {source}; check the path and its permissions")]
+    ReadConfig {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The config file was read but is not valid; every problem is listed.
+    #[error("config file {path} is invalid: {errors}")]
+    InvalidConfig {
+        /// The file.
+        path: PathBuf,
+        /// Every problem, with its location.
+        errors: ConfigErrors,
+    },
+    /// The state file could not be written.
+    #[error("cannot write state file {path}: {source}; check the folder exists and is writable")]
+    WriteState {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The state file could not be read (other than being absent or corrupt).
+    #[error("cannot read state file {path}: {source}")]
+    ReadState {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Redis could not be reached or answered an error; the caller falls back to memory.
+    #[error("redis: {0}; keypool keeps serving from memory until Redis answers again")]
+    Redis(String),
+}

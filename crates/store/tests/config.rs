@@ -1,0 +1,509 @@
+//! Configuration: one test per validation error class, the example file, env overrides.
+
+use keypool_core::{AuthType, Provider, Strategy};
+use keypool_store::config::{Config, ConfigErrors, KeyKind, KeyScope, StreamCommit};
+
+const HASH_A: &str = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae";
+const HASH_B: &str = "fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9";
+
+/// A small valid file that each test breaks in one way.
+const BASE: &str = r#"
+[[orgs]]
+slug = "acme"
+
+[[orgs]]
+slug = "other"
+
+[[accounts]]
+id = "a1"
+org = "acme"
+provider = "anthropic"
+auth = "api_key"
+secret = "sk-ant-SECRET-VALUE-1"
+
+[[accounts]]
+id = "a2"
+org = "acme"
+provider = "anthropic"
+auth = "oauth"
+secret = "$ACME_TOKEN"
+weight = 5
+
+[[accounts]]
+id = "o1"
+org = "other"
+provider = "anthropic"
+auth = "api_key"
+secret = "sk-ant-SECRET-VALUE-2"
+
+[[groups]]
+id = "g"
+org = "acme"
+strategy = "weighted"
+accounts = ["a1", "a2"]
+
+[[urls]]
+custom_url = "team"
+org = "acme"
+group = "g"
+
+[[urls]]
+custom_url = "all"
+org = "acme"
+
+[[keys]]
+id = "k1"
+org = "acme"
+kind = "user"
+sha256 = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"
+urls = ["team"]
+"#;
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "ACME_TOKEN" => Some("sk-ant-oat01-SECRET-FROM-ENV".to_owned()),
+        _ => None,
+    }
+}
+
+fn parse(text: &str) -> Result<Config, ConfigErrors> {
+    Config::from_toml_str(text, None, &env)
+}
+
+/// Parses `text`, expects failure, checks that no secret leaks into any message.
+fn errors(text: &str) -> ConfigErrors {
+    let errs = parse(text).expect_err("config should be rejected");
+    let all = errs.to_string();
+    for secret in ["SECRET-VALUE", "SECRET-FROM-ENV"] {
+        assert!(!all.contains(secret), "a secret leaked into: {all}");
+    }
+    errs
+}
+
+fn locations(errs: &ConfigErrors) -> Vec<&str> {
+    errs.issues().iter().map(|i| i.location.as_str()).collect()
+}
+
+#[test]
+fn base_file_is_valid_and_resolved_into_checked_types() {
+    let c = parse(BASE).unwrap();
+    let a2 = c.account("a2").unwrap();
+    assert_eq!(a2.secret().expose(), "sk-ant-oat01-SECRET-FROM-ENV");
+    assert_eq!(a2.auth(), AuthType::OAuth);
+    assert_eq!(a2.provider(), Provider::Anthropic);
+    assert_eq!(a2.weight().get(), 5);
+    assert_eq!(c.account("a1").unwrap().weight().get(), 1);
+    assert!(c.account("a1").unwrap().active());
+    let acme = c.org("acme").unwrap();
+    assert_eq!(
+        acme.accounts()
+            .iter()
+            .map(|a| a.as_str())
+            .collect::<Vec<_>>(),
+        ["a1", "a2"]
+    );
+    assert_eq!(acme.group("g").unwrap().strategy(), Strategy::Weighted);
+    assert_eq!(acme.url("all").unwrap().group(), None);
+    let key = c.keys().next().unwrap();
+    assert_eq!(key.kind(), KeyKind::User);
+    assert!(matches!(key.scope(), KeyScope::Urls(u) if u.len() == 1));
+    assert_eq!(key.hash().to_hex(), HASH_A);
+}
+
+#[test]
+fn defaults_follow_the_spec() {
+    let s = parse(BASE).unwrap().server().clone();
+    assert_eq!(s.max_body_bytes, 32 * 1024 * 1024);
+    assert_eq!(s.upstream_timeout_ms, 180_000);
+    assert_eq!(s.first_frame_timeout_ms, 15_000);
+    assert_eq!(s.stream_idle_timeout_ms, 300_000);
+    assert_eq!(s.stream_commit, StreamCommit::FirstContent);
+    assert_eq!(s.passthrough_statuses, vec![429, 402]);
+    assert!(s.auto_disable_on_error);
+    // Thu, 31 Dec 2026 23:59:59 GMT
+    assert_eq!(s.legacy_routes_until_unix_secs, 1_798_761_599);
+    assert_eq!(s.snapshot_ttl_ms, 15_000);
+    assert_eq!(s.hedge_min_delay_ms, 200);
+    assert_eq!(s.hedge_budget, 0.10);
+    assert_eq!(s.default_window_threshold.get(), 0.95);
+    assert_eq!(s.redis_url, None);
+    assert_eq!(s.rating.error_weight, 10_000.0);
+    assert_eq!(s.rating.total_weight, 0.1);
+}
+
+#[test]
+fn the_example_file_validates() {
+    let text = include_str!("../../../examples/keypool.toml");
+    let secrets = [
+        "KEYPOOL_ADMIN_TOKEN",
+        "ACME_OAUTH_1",
+        "ACME_API_1",
+        "ACME_PROXY_TOKEN",
+        "GLOBEX_API_1",
+    ];
+    let env = |name: &str| secrets.contains(&name).then(|| format!("value-of-{name}"));
+    let c = Config::from_toml_str(text, None, &env).unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.org("globex").unwrap().suspended());
+    assert_eq!(c.server().legacy_routes_until_unix_secs, 1_798_761_599);
+    assert!(c.admin().token.is_some());
+}
+
+#[test]
+fn toml_syntax_error_has_a_line_and_no_source_text() {
+    let errs = errors("[[accounts]]\nid = \"a\"\nsecret = \"sk-ant-SECRET-VALUE-9\n");
+    assert_eq!(errs.issues().len(), 1);
+    assert!(errs.issues()[0].location.starts_with("line 3"), "{errs}");
+}
+
+#[test]
+fn unknown_fields_are_each_reported_with_their_location() {
+    let text = BASE
+        .replace("slug = \"other\"", "slug = \"other\"\ncolour = \"red\"")
+        .replace("weight = 5", "weight = 5\nwieght = 5\nnotes = \"x\"")
+        + "\n[serverr]\n[server]\nlisten2 = 1\n[server.rating]\nfoo = 1\n";
+    let errs = errors(&text);
+    let locs = locations(&errs);
+    for expected in [
+        "orgs[1].colour",
+        "accounts[1].wieght",
+        "accounts[1].notes",
+        "serverr",
+        "server.listen2",
+        "server.rating.foo",
+    ] {
+        assert!(locs.contains(&expected), "missing {expected} in {errs}");
+    }
+    assert_eq!(locs.len(), 6, "{errs}");
+}
+
+#[test]
+fn duplicate_ids_slugs_and_urls_are_reported() {
+    let text = BASE.to_owned()
+        + r#"
+[[orgs]]
+slug = "acme"
+[[accounts]]
+id = "a1"
+org = "other"
+provider = "anthropic"
+auth = "api_key"
+secret = "x"
+[[groups]]
+id = "g"
+org = "acme"
+accounts = ["a1"]
+[[urls]]
+custom_url = "team"
+org = "acme"
+[[keys]]
+id = "k1"
+org = "acme"
+kind = "client"
+sha256 = "fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9"
+urls = ["*"]
+[[keys]]
+id = "k3"
+org = "acme"
+kind = "client"
+sha256 = "2C26B46B68FFC68FF99B453C1D30413413422D706483BFA0F98A5E886266E7AE"
+urls = ["*"]
+"#;
+    let errs = errors(&text);
+    let locs = locations(&errs);
+    for expected in [
+        "orgs[2].slug",
+        "accounts[3].id",
+        "groups[1].id",
+        "urls[2].custom_url",
+        "keys[1].id",
+        "keys[2].sha256",
+    ] {
+        assert!(locs.contains(&expected), "missing {expected} in {errs}");
+    }
+}
+
+#[test]
+fn same_custom_url_in_two_orgs_is_fine() {
+    let text = BASE.to_owned() + "[[urls]]\ncustom_url = \"team\"\norg = \"other\"\n";
+    parse(&text).unwrap();
+}
+
+#[test]
+fn group_with_missing_or_foreign_account_is_reported() {
+    let text = BASE.replace(
+        "accounts = [\"a1\", \"a2\"]",
+        "accounts = [\"a1\", \"ghost\", \"o1\", \"a1\"]",
+    );
+    let errs = errors(&text);
+    assert_eq!(
+        locations(&errs),
+        [
+            "groups[0].accounts[1]",
+            "groups[0].accounts[2]",
+            "groups[0].accounts[3]"
+        ],
+        "{errs}"
+    );
+    assert!(
+        errs.issues()[1].message.contains("belongs to org `other`"),
+        "{errs}"
+    );
+}
+
+#[test]
+fn weights_outside_1_to_100_are_reported() {
+    for bad in ["0", "101", "-3"] {
+        let errs = errors(&BASE.replace("weight = 5", &format!("weight = {bad}")));
+        assert_eq!(locations(&errs), ["accounts[1].weight"], "{errs}");
+    }
+    for good in ["1", "100"] {
+        parse(&BASE.replace("weight = 5", &format!("weight = {good}"))).unwrap();
+    }
+}
+
+#[test]
+fn thresholds_outside_0_to_1_are_reported() {
+    let text = BASE.replace("weight = 5", "window_threshold = 1.5")
+        + "[server]\nhedge_budget = -0.1\ndefault_window_threshold = 2.0\n";
+    let errs = errors(&text);
+    assert_eq!(
+        locations(&errs),
+        [
+            "server.hedge_budget",
+            "server.default_window_threshold",
+            "accounts[1].window_threshold"
+        ],
+        "{errs}"
+    );
+    let nan = BASE.replace("weight = 5", "window_threshold = nan");
+    assert_eq!(locations(&errors(&nan)), ["accounts[1].window_threshold"]);
+}
+
+#[test]
+fn malformed_hashes_are_reported() {
+    for bad in [
+        "abc",
+        &"g".repeat(64),
+        &"a".repeat(63),
+        &"a".repeat(65),
+        "sk-lb-SECRET-VALUE-abcdefghijklmnopqrstuvwxyz0123456789",
+    ] {
+        let errs = errors(&BASE.replace(HASH_A, bad));
+        assert_eq!(locations(&errs), ["keys[0].sha256"], "{bad}: {errs}");
+    }
+    let _ = HASH_B;
+}
+
+#[test]
+fn unknown_strategy_provider_auth_and_kind_are_reported() {
+    let text = BASE
+        .replace("strategy = \"weighted\"", "strategy = \"fastest\"")
+        .replace("auth = \"oauth\"", "auth = \"password\"")
+        .replace("kind = \"user\"", "kind = \"robot\"")
+        .replacen("provider = \"anthropic\"", "provider = \"openai\"", 1);
+    let errs = errors(&text);
+    assert_eq!(
+        locations(&errs),
+        [
+            "accounts[0].provider",
+            "accounts[1].auth",
+            "groups[0].strategy",
+            "keys[0].kind"
+        ],
+        "{errs}"
+    );
+    assert!(errs.issues()[2].message.contains("`round_robin`"), "{errs}");
+}
+
+#[test]
+fn unsupported_provider_auth_combination_is_reported() {
+    let errs = errors(&BASE.replace("auth = \"oauth\"", "auth = \"bearer\""));
+    assert_eq!(locations(&errs), ["accounts[1].auth"], "{errs}");
+}
+
+#[test]
+fn unset_env_secret_is_reported_by_name_only() {
+    let errs = errors(&BASE.replace("$ACME_TOKEN", "$NOT_SET_ANYWHERE"));
+    assert_eq!(locations(&errs), ["accounts[1].secret"]);
+    assert!(
+        errs.issues()[0]
+            .message
+            .contains("`NOT_SET_ANYWHERE` is not set"),
+        "{errs}"
+    );
+}
+
+#[test]
+fn unknown_org_everywhere_is_reported() {
+    let text = BASE.to_owned()
+        + r#"
+[[accounts]]
+id = "z"
+org = "nope"
+provider = "anthropic"
+auth = "api_key"
+secret = "x"
+[[groups]]
+id = "zg"
+org = "nope"
+accounts = ["a1"]
+[[urls]]
+custom_url = "z"
+org = "nope"
+[[keys]]
+id = "kz"
+org = "nope"
+kind = "user"
+sha256 = "fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9"
+urls = ["*"]
+"#;
+    let errs = errors(&text);
+    let locs = locations(&errs);
+    for expected in [
+        "accounts[3].org",
+        "groups[1].org",
+        "urls[2].org",
+        "keys[1].org",
+    ] {
+        assert!(locs.contains(&expected), "missing {expected} in {errs}");
+    }
+}
+
+#[test]
+fn key_naming_an_unknown_url_is_reported() {
+    let errs = errors(&BASE.replace("urls = [\"team\"]", "urls = [\"team\", \"nowhere\"]"));
+    assert_eq!(locations(&errs), ["keys[0].urls[1]"], "{errs}");
+    // a URL of another org is unknown too
+    let text = BASE.replace("urls = [\"team\"]", "urls = [\"elsewhere\"]")
+        + "[[urls]]\ncustom_url = \"elsewhere\"\norg = \"other\"\n";
+    assert_eq!(locations(&errors(&text)), ["keys[0].urls[0]"]);
+    assert_eq!(
+        locations(&errors(
+            &BASE.replace("urls = [\"team\"]", "urls = [\"*\", \"team\"]")
+        )),
+        ["keys[0].urls"]
+    );
+}
+
+#[test]
+fn url_naming_a_missing_group_is_reported() {
+    let errs = errors(&BASE.replace("group = \"g\"", "group = \"nogroup\""));
+    assert_eq!(locations(&errs), ["urls[0].group"], "{errs}");
+}
+
+#[test]
+fn missing_required_fields_and_wrong_types_are_located() {
+    let text = BASE
+        .replace("secret = \"sk-ant-SECRET-VALUE-2\"", "")
+        .replace("weight = 5", "weight = \"heavy\"");
+    let errs = errors(&text);
+    let locs = locations(&errs);
+    assert!(locs.contains(&"accounts[2].secret"), "{errs}");
+    assert!(locs.iter().any(|l| l.starts_with("accounts[1]")), "{errs}");
+}
+
+#[test]
+fn server_settings_out_of_range_are_reported() {
+    let text = BASE.to_owned()
+        + "[server]\nlisten = \"not an address\"\nupstream_timeout_secs = 0\nstream_commit = \"later\"\npassthrough_statuses = [429, 200]\nlegacy_routes_until = \"2026-02-30\"\n";
+    let errs = errors(&text);
+    assert_eq!(
+        locations(&errs),
+        [
+            "server.listen",
+            "server.stream_commit",
+            "server.passthrough_statuses[1]",
+            "server.legacy_routes_until",
+            "server.upstream_timeout_secs"
+        ],
+        "{errs}"
+    );
+}
+
+#[test]
+fn all_problems_are_reported_at_once() {
+    let text = BASE
+        .replace("weight = 5", "weight = 500")
+        .replace("strategy = \"weighted\"", "strategy = \"x\"")
+        .replace(HASH_A, "zz");
+    assert_eq!(errors(&text).issues().len(), 3);
+}
+
+#[test]
+fn env_overrides_beat_the_file() {
+    let text = BASE.to_owned() + "[server]\nupstream_timeout_secs = 10\nlisten = \"127.0.0.1:1\"\n";
+    let env = |name: &str| -> Option<String> {
+        match name {
+            "ACME_TOKEN" => Some("t".into()),
+            "UPSTREAM_TIMEOUT" => Some("42".into()),
+            "AUTO_DISABLE_ON_ERROR" => Some("false".into()),
+            "REDIS_URL" => Some("redis://127.0.0.1:6390".into()),
+            "KEYPOOL_LISTEN" => Some("0.0.0.0:9999".into()),
+            "KEYPOOL_ADMIN_TOKEN" => Some("admintok".into()),
+            _ => None,
+        }
+    };
+    let c = Config::from_toml_str(&text, None, &env).unwrap();
+    assert_eq!(c.server().upstream_timeout_ms, 42_000);
+    assert!(!c.server().auto_disable_on_error);
+    assert_eq!(
+        c.server().redis_url.as_ref().unwrap().expose(),
+        "redis://127.0.0.1:6390"
+    );
+    assert_eq!(c.server().listen.to_string(), "0.0.0.0:9999");
+    assert_eq!(c.admin().token.as_ref().unwrap().expose(), "admintok");
+}
+
+#[test]
+fn bad_env_override_is_reported_by_variable() {
+    let env = |name: &str| -> Option<String> {
+        match name {
+            "ACME_TOKEN" => Some("t".into()),
+            "UPSTREAM_TIMEOUT" => Some("soon".into()),
+            "KEYPOOL_LISTEN" => Some("nowhere".into()),
+            _ => None,
+        }
+    };
+    let errs = Config::from_toml_str(BASE, None, &env).unwrap_err();
+    assert_eq!(
+        locations(&errs),
+        ["env UPSTREAM_TIMEOUT", "server.listen"],
+        "{errs}"
+    );
+}
+
+#[test]
+fn redis_url_problems_never_show_the_url() {
+    let text = BASE.to_owned() + "[server]\nredis_url = \"http://user:SECRET-VALUE@host\"\n";
+    assert_eq!(locations(&errors(&text)), ["server.redis_url"]);
+}
+
+#[test]
+fn relative_state_file_is_anchored_at_the_config_folder() {
+    let c = Config::from_toml_str(BASE, Some(std::path::Path::new("/etc/keypool")), &env).unwrap();
+    assert_eq!(
+        c.server().state_file.as_deref(),
+        Some(std::path::Path::new("/etc/keypool/keypool-state.json"))
+    );
+    let off = BASE.to_owned() + "[server]\nstate_file = \"\"\n";
+    assert_eq!(parse(&off).unwrap().server().state_file, None);
+}
+
+#[test]
+fn orphan_url_with_a_group_and_reserved_names_are_reported() {
+    let text = BASE.to_owned()
+        + "[[urls]]\ncustom_url = \"legacy\"\ngroup = \"g\"\n[[urls]]\ncustom_url = \"admin\"\norg = \"acme\"\n[[urls]]\ncustom_url = \"a/b\"\norg = \"acme\"\n";
+    assert_eq!(
+        locations(&errors(&text)),
+        ["urls[2].group", "urls[3].custom_url", "urls[4].custom_url"]
+    );
+}
+
+#[test]
+fn load_reads_the_file_and_names_it_in_errors() {
+    let err = Config::load(std::path::Path::new("/nonexistent/keypool.toml")).unwrap_err();
+    assert!(
+        err.to_string().contains("/nonexistent/keypool.toml"),
+        "{err}"
+    );
+}
