@@ -1,4 +1,67 @@
-//! A simulated Anthropic upstream speaking the real wire format, shared by tests, benchmarks and the demo.
+//! A simulated Anthropic upstream speaking the real wire format, shared by tests,
+//! benchmarks and the demo.
 //!
-//! This crate is a placeholder laid down by the workspace foundation; its issue fills it.
-//! See `docs/ARCHITECTURE.md` for what it will own.
+//! keypool's behaviour is all about what upstream accounts do: answer, rate-limit,
+//! reject a key, stall, reset, break a stream. This crate is the one upstream every test,
+//! benchmark and the demo talks to, so that nobody writes a second mock.
+//!
+//! - It serves `POST …/v1/messages` and `POST …/v1/messages/count_tokens` (any query
+//!   string) over HTTP/1.1 on loopback: JSON messages with `usage`, `{"input_tokens":N}`,
+//!   and streams with the real event sequence and framing (`message_start`,
+//!   `content_block_start`, `ping`, `content_block_delta`…, `content_block_stop`,
+//!   `message_delta`, `message_stop`), `request-id` headers and Anthropic error bodies.
+//! - Each account is identified by the credential it receives (`x-api-key` or
+//!   `Authorization: Bearer`) and follows a [`Script`]: a sequence of [`Behaviour`]s
+//!   consumed one per request, then a default. Scripts can change at runtime.
+//! - It records every request (bounded) and counts, per account, requests, finished
+//!   ones, ones the client cancelled, and concurrency.
+//! - Delays use `tokio::time`, so tests with paused time run instantly.
+//!
+//! ```
+//! use keypool_sim::{Behaviour, ErrorReply, Script, Sim, SimConfig};
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let sim = Sim::start(
+//!     SimConfig::new()
+//!         .account("a", "sk-ant-api03-test-a", Script::ok().then(ErrorReply::rate_limited().retry_after_secs(30)))
+//!         .account("b", "sk-ant-oat01-test-b", Script::new(Behaviour::status(529))),
+//! )
+//! .await
+//! .unwrap();
+//! assert!(sim.base_url().starts_with("http://127.0.0.1:"));
+//! // Tests flip an account at runtime:
+//! sim.set_default("b", Behaviour::status(401)).unwrap();
+//! assert_eq!(sim.stats("a").unwrap().requests, 0);
+//! assert!(sim.requests_containing(b"sk-lb-").is_empty());
+//! sim.shutdown().await;
+//! # });
+//! ```
+//!
+//! The standalone program `keypool-sim` (`src/bin/keypool-sim.rs`) serves any
+//! credential with one fixed script, for benchmarks: `--listen`, `--delay-ms`,
+//! `--chunks`, `--chunk-interval-ms`, `--input-tokens`, `--threads`.
+//!
+//! # Layout
+//! - `script`: [`Behaviour`], [`OkSpec`], [`Delay`], [`ErrorReply`], [`UnifiedHeaders`],
+//!   [`Script`]: what an account does.
+//! - `wire`: the Anthropic wire format (JSON bodies, error bodies, SSE frames).
+//! - `accounts`: credential → account, script state, counters ([`AccountStats`]).
+//! - `recorder`: the bounded request log ([`RecordedRequest`]).
+//! - `body`: the response body state machine (paced frames, stalls, cuts).
+//! - `server`: [`Sim`], [`SimConfig`], [`SimHandle`], the hyper accept loop and handler.
+//! - `error`: [`SimError`].
+
+mod accounts;
+mod body;
+mod error;
+mod recorder;
+mod script;
+mod server;
+pub mod wire;
+
+pub use accounts::{ANY_CREDENTIAL, AccountStats, SimAccount};
+pub use error::SimError;
+pub use recorder::RecordedRequest;
+pub use script::{
+    Behaviour, Cut, Delay, ErrorReply, OkSpec, Script, UnifiedHeaders, Usage, WindowReading,
+};
+pub use server::{Sim, SimConfig, SimHandle};

@@ -1,0 +1,168 @@
+//! `keypool-sim`: the simulated Anthropic upstream as a standalone program, for
+//! benchmarks. It accepts any credential and answers every request the same way.
+//!
+//! ```text
+//! keypool-sim [--listen ADDR] [--delay-ms N] [--chunks N] [--chunk-interval-ms N]
+//!             [--input-tokens N] [--threads N]
+//! ```
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use keypool_sim::{Delay, OkSpec, Script, Sim, SimConfig, Usage};
+
+const USAGE: &str = "usage: keypool-sim [--listen ADDR] [--delay-ms N] [--chunks N] [--chunk-interval-ms N] [--input-tokens N] [--threads N]
+
+  --listen ADDR            address to listen on (default 127.0.0.1:8090)
+  --delay-ms N             latency of JSON answers and time to first frame of streams (default 0)
+  --chunks N               content_block_delta frames per stream (default 10)
+  --chunk-interval-ms N    pause between deltas (default 0)
+  --input-tokens N         reported input tokens (default 12)
+  --threads N              tokio worker threads (default: one per core)
+
+Every credential is accepted; streams when the body has \"stream\": true.";
+
+#[derive(Debug)]
+struct Args {
+    listen: SocketAddr,
+    delay_ms: u64,
+    chunks: u32,
+    chunk_interval_ms: u64,
+    input_tokens: u64,
+    threads: Option<usize>,
+}
+
+fn parse(mut args: impl Iterator<Item = String>) -> anyhow::Result<Option<Args>> {
+    let mut out = Args {
+        listen: SocketAddr::from(([127, 0, 0, 1], 8090)),
+        delay_ms: 0,
+        chunks: 10,
+        chunk_interval_ms: 0,
+        input_tokens: 12,
+        threads: None,
+    };
+    while let Some(flag) = args.next() {
+        if flag == "-h" || flag == "--help" {
+            return Ok(None);
+        }
+        let value = args
+            .next()
+            .with_context(|| format!("{flag} needs a value\n\n{USAGE}"))?;
+        let bad = || format!("invalid value {value:?} for {flag}\n\n{USAGE}");
+        match flag.as_str() {
+            "--listen" => out.listen = value.parse().with_context(bad)?,
+            "--delay-ms" => out.delay_ms = value.parse().with_context(bad)?,
+            "--chunks" => out.chunks = value.parse().with_context(bad)?,
+            "--chunk-interval-ms" => out.chunk_interval_ms = value.parse().with_context(bad)?,
+            "--input-tokens" => out.input_tokens = value.parse().with_context(bad)?,
+            "--threads" => out.threads = Some(value.parse().with_context(bad)?),
+            _ => bail!("unknown flag {flag:?}\n\n{USAGE}"),
+        }
+    }
+    Ok(Some(out))
+}
+
+fn main() -> anyhow::Result<()> {
+    let Some(args) = parse(std::env::args().skip(1))? else {
+        println!("{USAGE}");
+        return Ok(());
+    };
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        runtime.worker_threads(n.max(1));
+    }
+    let runtime = runtime
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let delay = Delay::Fixed(Duration::from_millis(args.delay_ms));
+    let spec = OkSpec::default()
+        .latency(delay)
+        .ttft(delay)
+        .chunks(args.chunks)
+        .chunk_interval(Delay::ms(args.chunk_interval_ms))
+        .usage(Usage {
+            input_tokens: args.input_tokens,
+            output_tokens: u64::from(args.chunks),
+            ..Usage::default()
+        });
+    let config = SimConfig::new()
+        .listen(args.listen)
+        .any_credential(Script::new(spec))
+        .record_limit(0);
+    let sim = Sim::start(config).await?;
+    println!("keypool-sim listening on {}", sim.base_url());
+    tokio::signal::ctrl_c()
+        .await
+        .context("cannot wait for ctrl-c")?;
+    sim.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> anyhow::Result<Option<Args>> {
+        parse(list.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn parses_every_flag() {
+        let a = args(&[
+            "--listen",
+            "127.0.0.1:9999",
+            "--delay-ms",
+            "5",
+            "--chunks",
+            "3",
+            "--chunk-interval-ms",
+            "2",
+            "--input-tokens",
+            "7",
+            "--threads",
+            "2",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(a.listen, "127.0.0.1:9999".parse().unwrap());
+        assert_eq!(
+            (
+                a.delay_ms,
+                a.chunks,
+                a.chunk_interval_ms,
+                a.input_tokens,
+                a.threads
+            ),
+            (5, 3, 2, 7, Some(2))
+        );
+    }
+
+    #[test]
+    fn rejects_unknown_flags_and_bad_values() {
+        assert!(
+            args(&["--nope", "1"])
+                .unwrap_err()
+                .to_string()
+                .contains("unknown flag")
+        );
+        assert!(
+            args(&["--chunks", "many"])
+                .unwrap_err()
+                .to_string()
+                .contains("invalid value")
+        );
+        assert!(
+            args(&["--chunks"])
+                .unwrap_err()
+                .to_string()
+                .contains("needs a value")
+        );
+        assert!(args(&["--help"]).unwrap().is_none());
+    }
+}

@@ -1,0 +1,260 @@
+//! The response body: a whole JSON answer, a paced SSE stream, or a stall, with the
+//! request's [`RequestGuard`] inside so that a client going away is counted.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use rand::rngs::SmallRng;
+use tokio::time::{Instant, Sleep};
+
+use crate::accounts::RequestGuard;
+use crate::script::{Cut, Delay};
+use crate::wire::{OVERLOADED_ERROR_FRAME, StreamFrames};
+
+/// Set by a behaviour that wants its connection reset (TCP RST) rather than closed.
+pub(crate) type ResetFlag = Arc<AtomicBool>;
+
+/// How a stream ends once its frames are out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// Chunked terminator: the body is complete.
+    Clean,
+    /// The body fails, the connection is closed (and reset when asked).
+    Fail(Cut),
+}
+
+/// A stream in progress.
+#[derive(Debug)]
+pub(crate) struct StreamCursor {
+    frames: StreamFrames,
+    next: usize,
+    /// Frames of the complete stream to send.
+    send: usize,
+    error_frame: bool,
+    ending: Ending,
+    interval: Delay,
+    rng: SmallRng,
+    /// The index of the frame we already waited for.
+    waited: Option<usize>,
+}
+
+impl StreamCursor {
+    /// Sends the first `send` frames of `frames`, then the in-band error frame when asked,
+    /// then ends as `ending` says.
+    pub(crate) fn new(
+        frames: StreamFrames,
+        send: usize,
+        error_frame: bool,
+        ending: Ending,
+        interval: Delay,
+        rng: SmallRng,
+    ) -> Self {
+        let send = send.min(frames.len());
+        Self {
+            frames,
+            next: 0,
+            send,
+            error_frame,
+            ending,
+            interval,
+            rng,
+            waited: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum State {
+    Full(Option<Bytes>),
+    Stream(StreamCursor),
+    /// Head sent: wait, then reset the connection.
+    Stall {
+        wait: Duration,
+        started: bool,
+    },
+    Done,
+}
+
+/// The body of every simulator response.
+#[derive(Debug)]
+pub(crate) struct SimBody {
+    state: State,
+    sleep: Option<Pin<Box<Sleep>>>,
+    sleeping: bool,
+    guard: Option<RequestGuard>,
+    reset: Option<ResetFlag>,
+}
+
+impl SimBody {
+    /// A complete body in one frame (sent with `content-length`).
+    pub(crate) fn full(bytes: Bytes, guard: RequestGuard) -> Self {
+        Self::new(State::Full(Some(bytes)), guard, None)
+    }
+
+    /// A streamed body.
+    pub(crate) fn stream(cursor: StreamCursor, guard: RequestGuard, reset: ResetFlag) -> Self {
+        Self::new(State::Stream(cursor), guard, Some(reset))
+    }
+
+    /// Nothing for `wait`, then a connection reset.
+    pub(crate) fn stall(wait: Duration, guard: RequestGuard, reset: ResetFlag) -> Self {
+        Self::new(
+            State::Stall {
+                wait,
+                started: false,
+            },
+            guard,
+            Some(reset),
+        )
+    }
+
+    fn new(state: State, guard: RequestGuard, reset: Option<ResetFlag>) -> Self {
+        Self {
+            state,
+            sleep: None,
+            sleeping: false,
+            guard: Some(guard),
+            reset,
+        }
+    }
+
+    fn start_sleep(&mut self, wait: Duration) {
+        let deadline = Instant::now() + wait;
+        match &mut self.sleep {
+            Some(sleep) => sleep.as_mut().reset(deadline),
+            None => self.sleep = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
+        self.sleeping = true;
+    }
+
+    /// The scripted response is complete: count it as finished.
+    fn finish(&mut self) {
+        if let Some(guard) = &mut self.guard {
+            guard.finish();
+        }
+        self.state = State::Done;
+    }
+
+    fn fail(&mut self, cut: Cut) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        if cut == Cut::Reset
+            && let Some(flag) = &self.reset
+        {
+            flag.store(true, Ordering::Relaxed);
+        }
+        self.finish();
+        Poll::Ready(Some(Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "keypool-sim: scripted cut",
+        ))))
+    }
+}
+
+/// What the body does next.
+enum Step {
+    Sleep(Duration),
+    Yield { frame: Bytes, last: bool },
+    End,
+    Fail(Cut),
+}
+
+impl State {
+    fn step(&mut self) -> Step {
+        match self {
+            State::Done => Step::End,
+            State::Full(bytes) => match bytes.take() {
+                Some(frame) => Step::Yield { frame, last: true },
+                None => Step::End,
+            },
+            State::Stall { wait, started } => {
+                if *started {
+                    Step::Fail(Cut::Reset)
+                } else {
+                    *started = true;
+                    Step::Sleep(*wait)
+                }
+            }
+            State::Stream(c) => {
+                if c.next < c.send {
+                    let i = c.next;
+                    if c.frames.is_paced(i) && c.waited != Some(i) {
+                        c.waited = Some(i);
+                        let wait = c.interval.sample(&mut c.rng);
+                        if !wait.is_zero() {
+                            return Step::Sleep(wait);
+                        }
+                    }
+                    c.next += 1;
+                    let last = c.next == c.send && !c.error_frame && c.ending == Ending::Clean;
+                    return Step::Yield {
+                        frame: c.frames.get(i),
+                        last,
+                    };
+                }
+                if c.error_frame {
+                    c.error_frame = false;
+                    let last = c.ending == Ending::Clean;
+                    return Step::Yield {
+                        frame: Bytes::from_static(OVERLOADED_ERROR_FRAME),
+                        last,
+                    };
+                }
+                match c.ending {
+                    Ending::Clean => Step::End,
+                    Ending::Fail(cut) => Step::Fail(cut),
+                }
+            }
+        }
+    }
+}
+
+impl http_body::Body for SimBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let this = &mut *self;
+        loop {
+            if this.sleeping {
+                if let Some(sleep) = &mut this.sleep {
+                    ready!(sleep.as_mut().poll(cx));
+                }
+                this.sleeping = false;
+            }
+            match this.state.step() {
+                Step::Sleep(wait) => this.start_sleep(wait),
+                Step::Yield { frame, last } => {
+                    if last {
+                        this.finish();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(frame))));
+                }
+                Step::End => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Step::Fail(cut) => return this.fail(cut),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done | State::Full(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.state {
+            State::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            State::Full(None) | State::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+}

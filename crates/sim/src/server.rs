@@ -1,0 +1,744 @@
+//! The hyper server: accept loop, per-connection tasks, the request handler, and the
+//! [`SimHandle`] tests hold.
+
+use std::borrow::Cow;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use keypool_core::AccountId;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use serde::Deserialize;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::accounts::{AccountStats, Accounts, AlwaysHeaders, RequestGuard, SimAccount};
+use crate::body::{Ending, ResetFlag, SimBody, StreamCursor};
+use crate::error::SimError;
+use crate::recorder::{RecordedRequest, Recorder};
+use crate::script::{Behaviour, ErrorReply, OkSpec, Script};
+use crate::wire;
+
+/// How to start a simulator.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Where to listen; default `127.0.0.1:0` (a free port).
+    pub listen: SocketAddr,
+    /// The accounts, each identified by its credential.
+    pub accounts: Vec<SimAccount>,
+    /// When set, a request with a credential no account has is served by this script
+    /// (addressed as account `"*"`) instead of `401`. A request with no credential at all
+    /// is always `401`.
+    pub any_credential: Option<Script>,
+    /// How many requests to keep in the recorder (oldest dropped first); `0` records
+    /// nothing. Default 10 000.
+    pub record_limit: usize,
+    /// Seed of the random draws of [`Delay::Uniform`](crate::Delay::Uniform).
+    pub seed: u64,
+    /// On shutdown, how long connections may take to finish before they are dropped.
+    /// Default 1 s.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            accounts: Vec::new(),
+            any_credential: None,
+            record_limit: 10_000,
+            seed: 0x5eed,
+            shutdown_grace: Duration::from_secs(1),
+        }
+    }
+}
+
+impl SimConfig {
+    /// The defaults: no accounts, `127.0.0.1:0`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds an account identified by `credential`.
+    pub fn account(
+        mut self,
+        id: impl Into<AccountId>,
+        credential: impl Into<String>,
+        script: Script,
+    ) -> Self {
+        self.accounts.push(SimAccount {
+            id: id.into(),
+            credential: credential.into(),
+            script,
+        });
+        self
+    }
+
+    /// Serves unknown credentials with `script` (see [`SimConfig::any_credential`]).
+    pub fn any_credential(mut self, script: Script) -> Self {
+        self.any_credential = Some(script);
+        self
+    }
+
+    /// Sets [`SimConfig::listen`].
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = addr;
+        self
+    }
+
+    /// Sets [`SimConfig::record_limit`].
+    pub fn record_limit(mut self, limit: usize) -> Self {
+        self.record_limit = limit;
+        self
+    }
+
+    /// Sets [`SimConfig::seed`].
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Sets [`SimConfig::shutdown_grace`].
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+}
+
+/// Starts simulators.
+#[derive(Debug)]
+pub struct Sim;
+
+impl Sim {
+    /// Binds `config.listen` and serves in the background on the current tokio runtime.
+    pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| SimError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| SimError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let shared = Arc::new(Shared {
+            accounts: Arc::new(Accounts::new(config.accounts, config.any_credential)?),
+            recorder: Recorder::new(config.record_limit),
+            ids: AtomicU64::new(0),
+            seed: config.seed,
+        });
+        let (shutdown, signal) = watch::channel(false);
+        let task = tokio::spawn(serve(
+            listener,
+            shared.clone(),
+            signal,
+            config.shutdown_grace,
+        ));
+        Ok(SimHandle {
+            addr,
+            shared,
+            shutdown,
+            task: Some(task),
+        })
+    }
+}
+
+/// A running simulator. Dropping it shuts the server down in the background;
+/// [`SimHandle::shutdown`] does so and waits.
+#[derive(Debug)]
+pub struct SimHandle {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: watch::Sender<bool>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl SimHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`, the `base_url` to give an account.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Declares a new account at runtime.
+    pub fn add_account(
+        &self,
+        id: impl Into<AccountId>,
+        credential: impl Into<String>,
+        script: Script,
+    ) -> Result<(), SimError> {
+        self.shared.accounts.add(SimAccount {
+            id: id.into(),
+            credential: credential.into(),
+            script,
+        })
+    }
+
+    /// Replaces an account's whole script (default, sequence and headers).
+    pub fn set_script(&self, id: &str, script: Script) -> Result<(), SimError> {
+        self.shared.accounts.set_script(id, script)
+    }
+
+    /// Replaces an account's default behaviour, keeping its sequence and headers.
+    pub fn set_default(&self, id: &str, behaviour: impl Into<Behaviour>) -> Result<(), SimError> {
+        self.shared.accounts.set_default(id, behaviour.into())
+    }
+
+    /// Appends behaviours to an account's sequence.
+    pub fn push(
+        &self,
+        id: &str,
+        behaviours: impl IntoIterator<Item = Behaviour>,
+    ) -> Result<(), SimError> {
+        self.shared.accounts.push(id, behaviours)
+    }
+
+    /// Every recorded request, oldest first.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared.recorder.snapshot()
+    }
+
+    /// The recorded requests that identified account `id`.
+    pub fn requests_for(&self, id: &str) -> Vec<RecordedRequest> {
+        let mut all = self.requests();
+        all.retain(|r| r.account.as_ref().is_some_and(|a| a.as_str() == id));
+        all
+    }
+
+    /// The recorded requests in which `needle` occurs (path, headers or body), e.g.
+    /// `requests_containing(b"sk-lb-")` must be empty behind keypool.
+    pub fn requests_containing(&self, needle: &[u8]) -> Vec<RecordedRequest> {
+        let mut all = self.requests();
+        all.retain(|r| r.contains(needle));
+        all
+    }
+
+    /// Forgets the recorded requests.
+    pub fn clear_requests(&self) {
+        self.shared.recorder.clear();
+    }
+
+    /// One account's counters (`"*"` for the any-credential fallback).
+    pub fn stats(&self, id: &str) -> Result<AccountStats, SimError> {
+        Ok(self.shared.accounts.by_id(id)?.counters.read())
+    }
+
+    /// Counters over every request, including unknown credentials and unknown paths.
+    pub fn total_stats(&self) -> AccountStats {
+        self.shared.accounts.total.read()
+    }
+
+    /// Waits until `condition` holds, re-checking after every request start and end.
+    /// Wrap it in `tokio::time::timeout` in tests.
+    pub async fn wait_until(&self, mut condition: impl FnMut(&SimHandle) -> bool) {
+        let mut changes = self.shared.accounts.subscribe();
+        loop {
+            if condition(self) {
+                return;
+            }
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Stops accepting, lets connections finish for the shutdown grace, drops the rest,
+    /// and waits until the server task is gone.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+/// What every connection task shares.
+#[derive(Debug)]
+struct Shared {
+    accounts: Arc<Accounts>,
+    recorder: Recorder,
+    ids: AtomicU64,
+    seed: u64,
+}
+
+async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut signal: watch::Receiver<bool>,
+    grace: Duration,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    connections.spawn(serve_connection(stream, shared.clone(), signal.clone()));
+                }
+                // Out of file descriptors and the like: back off a little, keep serving.
+                Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+            },
+            _ = signal.changed() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let drained = async { while connections.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout(grace, drained).await;
+    connections.shutdown().await;
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    shared: Arc<Shared>,
+    mut signal: watch::Receiver<bool>,
+) {
+    let reset: ResetFlag = Arc::new(AtomicBool::new(false));
+    let io = TokioIo::new(ResettableStream {
+        inner: stream,
+        reset: reset.clone(),
+    });
+    let service = service_fn(move |req| handle(req, shared.clone(), reset.clone()));
+    let conn = http1::Builder::new()
+        .keep_alive(true)
+        .serve_connection(io, service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = signal.changed() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+/// A TCP stream that sends RST instead of FIN when dropped after a behaviour asked for
+/// a reset.
+struct ResettableStream {
+    inner: TcpStream,
+    reset: ResetFlag,
+}
+
+impl Drop for ResettableStream {
+    fn drop(&mut self) {
+        if self.reset.load(Ordering::Relaxed) {
+            // SO_LINGER with a zero timeout makes close() send RST and never blocks (the
+            // deprecation is about non-zero timeouts blocking the thread).
+            #[allow(deprecated)]
+            let _ = self.inner.set_linger(Some(Duration::ZERO));
+        }
+    }
+}
+
+impl AsyncRead for ResettableStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ResettableStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Which endpoint a path names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Messages,
+    CountTokens,
+}
+
+/// Matches `…/v1/messages` and `…/v1/messages/count_tokens` (any prefix, so a
+/// `base_url` with a path works too).
+fn endpoint(method: &Method, path: &str) -> Option<Endpoint> {
+    if method != Method::POST {
+        return None;
+    }
+    if path.ends_with("/v1/messages") {
+        Some(Endpoint::Messages)
+    } else if path.ends_with("/v1/messages/count_tokens") {
+        Some(Endpoint::CountTokens)
+    } else {
+        None
+    }
+}
+
+/// The credential: `x-api-key`, else the token of `Authorization: Bearer`.
+fn credential(headers: &http::HeaderMap) -> Option<&str> {
+    if let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return Some(key);
+    }
+    let auth = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = auth.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// The two request fields the simulator reads; everything else is skipped unparsed.
+#[derive(Deserialize)]
+struct Probe<'a> {
+    #[serde(borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stream: bool,
+}
+
+/// Everything one response needs besides its behaviour.
+struct Reply {
+    request_id: HeaderValue,
+    headers: Option<AlwaysHeaders>,
+    guard: RequestGuard,
+}
+
+type Answer = Result<Response<SimBody>, io::Error>;
+
+async fn handle(req: Request<Incoming>, shared: Arc<Shared>, reset: ResetFlag) -> Answer {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map_err(io::Error::other)?.to_bytes();
+    let account = shared.accounts.identify(credential(&parts.headers));
+    let guard = shared.accounts.begin(account.clone());
+    let n = shared.ids.fetch_add(1, Ordering::Relaxed);
+    let endpoint = endpoint(&parts.method, parts.uri.path());
+
+    if shared.recorder.enabled() {
+        shared.recorder.push(RecordedRequest {
+            seq: n,
+            method: parts.method.clone(),
+            path_and_query: parts
+                .uri
+                .path_and_query()
+                .map_or_else(|| parts.uri.path().to_owned(), |p| p.to_string()),
+            headers: parts.headers.clone(),
+            body: body.clone(),
+            account: account.as_ref().map(|a| a.id.clone()),
+            received_at: tokio::time::Instant::now(),
+        });
+    }
+
+    let request_id = HeaderValue::try_from(format!("req_sim{n:020}"))
+        .unwrap_or(HeaderValue::from_static("req_sim"));
+    let mut reply = Reply {
+        request_id,
+        headers: None,
+        guard,
+    };
+    let Some(endpoint) = endpoint else {
+        return Ok(error(reply, &ErrorReply::new(StatusCode::NOT_FOUND)));
+    };
+    let Some(account) = account else {
+        return Ok(error(reply, &ErrorReply::new(StatusCode::UNAUTHORIZED)));
+    };
+    let (behaviour, headers) = account.next();
+    if !headers.is_empty() {
+        reply.headers = Some(headers);
+    }
+    perform(behaviour, reply, endpoint, &body, n, shared.seed, reset).await
+}
+
+/// Serves one request of a known account with its scripted behaviour.
+async fn perform(
+    behaviour: Behaviour,
+    mut reply: Reply,
+    endpoint: Endpoint,
+    body: &[u8],
+    n: u64,
+    seed: u64,
+    reset: ResetFlag,
+) -> Answer {
+    let mut rng = SmallRng::seed_from_u64(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let probe = serde_json::from_slice::<Probe<'_>>(body).ok();
+    let stream = endpoint == Endpoint::Messages && probe.as_ref().is_some_and(|p| p.stream);
+    let model = probe.and_then(|p| p.model);
+    let needs_model = matches!(
+        behaviour,
+        Behaviour::Ok(_)
+            | Behaviour::InBandError { .. }
+            | Behaviour::CutAfter { .. }
+            | Behaviour::StallBeforeFirstFrame(_)
+    );
+    if needs_model && model.is_none() {
+        let bad = ErrorReply::new(StatusCode::BAD_REQUEST)
+            .message("model: Field required (the body must be JSON with a \"model\")");
+        return Ok(error(reply, &bad));
+    }
+    let model = model.unwrap_or_default();
+    match behaviour {
+        Behaviour::Error(e) => Ok(error(reply, &e)),
+        Behaviour::Reset => {
+            reset.store(true, Ordering::Relaxed);
+            reply.guard.finish();
+            Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "keypool-sim: scripted reset",
+            ))
+        }
+        Behaviour::StallBeforeHeaders(wait) => {
+            tokio::time::sleep(wait).await;
+            reset.store(true, Ordering::Relaxed);
+            reply.guard.finish();
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "keypool-sim: scripted stall before headers",
+            ))
+        }
+        Behaviour::StallBeforeFirstFrame(wait) => {
+            let content_type = if stream {
+                wire::EVENT_STREAM
+            } else {
+                wire::JSON
+            };
+            let body = SimBody::stall(wait, reply.guard, reset);
+            Ok(head(
+                StatusCode::OK,
+                content_type,
+                &reply.request_id,
+                reply.headers.as_deref(),
+                body,
+                stream,
+            ))
+        }
+        Behaviour::Ok(spec) => match (endpoint, stream) {
+            (Endpoint::CountTokens, _) => {
+                tokio::time::sleep(spec.latency.sample(&mut rng)).await;
+                Ok(json(
+                    reply,
+                    StatusCode::OK,
+                    wire::count_tokens_json(spec.usage.input_tokens),
+                ))
+            }
+            (Endpoint::Messages, false) => {
+                tokio::time::sleep(spec.latency.sample(&mut rng)).await;
+                let id = message_id(n);
+                Ok(json(
+                    reply,
+                    StatusCode::OK,
+                    wire::message_json(&id, &model, &spec),
+                ))
+            }
+            (Endpoint::Messages, true) => {
+                tokio::time::sleep(spec.ttft.sample(&mut rng)).await;
+                let send = spec.chunks as usize + 6;
+                Ok(sse(
+                    reply,
+                    &model,
+                    n,
+                    &spec,
+                    send,
+                    false,
+                    Ending::Clean,
+                    rng,
+                    reset,
+                ))
+            }
+        },
+        Behaviour::InBandError { after_frames, spec } => {
+            if !stream {
+                return Ok(error(reply, &ErrorReply::new(overloaded())));
+            }
+            tokio::time::sleep(spec.ttft.sample(&mut rng)).await;
+            Ok(sse(
+                reply,
+                &model,
+                n,
+                &spec,
+                after_frames.max(1),
+                true,
+                Ending::Clean,
+                rng,
+                reset,
+            ))
+        }
+        Behaviour::CutAfter { frames, cut, spec } => {
+            if !stream {
+                // No frames to cut between: the head comes, then the body fails.
+                let body = SimBody::stall(Duration::ZERO, reply.guard, reset);
+                return Ok(head(
+                    StatusCode::OK,
+                    wire::JSON,
+                    &reply.request_id,
+                    reply.headers.as_deref(),
+                    body,
+                    false,
+                ));
+            }
+            tokio::time::sleep(spec.ttft.sample(&mut rng)).await;
+            let frames_total = spec.chunks as usize + 6;
+            let send = frames.min(frames_total - 1);
+            Ok(sse(
+                reply,
+                &model,
+                n,
+                &spec,
+                send,
+                false,
+                Ending::Fail(cut),
+                rng,
+                reset,
+            ))
+        }
+    }
+}
+
+/// `529`, Anthropic's "overloaded" status.
+fn overloaded() -> StatusCode {
+    StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+}
+
+fn message_id(n: u64) -> String {
+    format!("msg_sim{n:020}")
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sse(
+    reply: Reply,
+    model: &str,
+    n: u64,
+    spec: &OkSpec,
+    send: usize,
+    error_frame: bool,
+    ending: Ending,
+    rng: SmallRng,
+    reset: ResetFlag,
+) -> Response<SimBody> {
+    let frames = wire::StreamFrames::new(&message_id(n), model, spec);
+    let cursor = StreamCursor::new(frames, send, error_frame, ending, spec.chunk_interval, rng);
+    let body = SimBody::stream(cursor, reply.guard, reset);
+    head(
+        StatusCode::OK,
+        wire::EVENT_STREAM,
+        &reply.request_id,
+        reply.headers.as_deref(),
+        body,
+        true,
+    )
+}
+
+fn json(reply: Reply, status: StatusCode, bytes: Bytes) -> Response<SimBody> {
+    let body = SimBody::full(bytes, reply.guard);
+    head(
+        status,
+        wire::JSON,
+        &reply.request_id,
+        reply.headers.as_deref(),
+        body,
+        false,
+    )
+}
+
+fn error(reply: Reply, e: &ErrorReply) -> Response<SimBody> {
+    let request_id = reply.request_id.to_str().unwrap_or("req_sim");
+    let bytes = wire::error_body(&e.error_type, &e.message, request_id);
+    let mut response = json(reply, e.status, bytes);
+    for (name, value) in &e.headers {
+        response.headers_mut().append(name.clone(), value.clone());
+    }
+    response
+}
+
+fn head(
+    status: StatusCode,
+    content_type: &'static str,
+    request_id: &HeaderValue,
+    always: Option<&[(http::HeaderName, HeaderValue)]>,
+    body: SimBody,
+    stream: bool,
+) -> Response<SimBody> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert("request-id", request_id.clone());
+    if stream {
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    }
+    for (name, value) in always.unwrap_or_default() {
+        headers.append(name.clone(), value.clone());
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_match_with_any_prefix_and_only_post() {
+        assert_eq!(
+            endpoint(&Method::POST, "/v1/messages"),
+            Some(Endpoint::Messages)
+        );
+        assert_eq!(
+            endpoint(&Method::POST, "/api/anthropic/v1/messages"),
+            Some(Endpoint::Messages)
+        );
+        assert_eq!(
+            endpoint(&Method::POST, "/v1/messages/count_tokens"),
+            Some(Endpoint::CountTokens)
+        );
+        assert_eq!(endpoint(&Method::GET, "/v1/messages"), None);
+        assert_eq!(endpoint(&Method::POST, "/v1/complete"), None);
+    }
+
+    #[test]
+    fn credential_prefers_x_api_key_then_bearer() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(credential(&h), None);
+        h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer tok-1"));
+        assert_eq!(credential(&h), Some("tok-1"));
+        h.insert("x-api-key", HeaderValue::from_static("key-1"));
+        assert_eq!(credential(&h), Some("key-1"));
+        h.remove("x-api-key");
+        h.insert(AUTHORIZATION, HeaderValue::from_static("Basic abc"));
+        assert_eq!(credential(&h), None);
+    }
+}
