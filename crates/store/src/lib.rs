@@ -31,9 +31,14 @@
 //! # Layout
 //! - [`config`]: the TOML schema, validation with located errors, env overrides,
 //!   [`config::Secret`].
-//! - [`error`]: [`StoreError`].
+//! - [`error`]: the crate error, [`StoreError`].
+//! - [`keys`]: LB key hashing, extraction from headers, generation (`keypool keygen`).
+//! - [`resolve`]: org/URL resolution ([`resolve::Route`], [`resolve::ResolveError`]) and
+//!   key validation ([`resolve::Caller`], [`resolve::AuthError`]).
 
 pub mod config;
 pub mod error;
+pub mod keys;
+pub mod resolve;
 
 pub use error::StoreError;

@@ -297,7 +297,7 @@ pub struct Account {
     pub(crate) auth: AuthType,
     pub(crate) secret: Secret,
     pub(crate) base_url: Option<Arc<str>>,
-    pub(crate) priority: i64,
+    pub(crate) priority: i32,
     pub(crate) weight: Weight,
     pub(crate) model: Option<Arc<str>>,
     pub(crate) window_threshold: Option<Threshold>,
@@ -331,7 +331,7 @@ impl Account {
         self.base_url.as_deref()
     }
     /// Its priority: lower goes first.
-    pub fn priority(&self) -> i64 {
+    pub fn priority(&self) -> i32 {
         self.priority
     }
     /// Its weight for the `weighted` strategy.

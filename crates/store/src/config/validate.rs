@@ -63,7 +63,7 @@ pub(super) fn parse_and_validate(
         if let Some(mut s) = check_element::<RawServer>(&without_rating, "server", &mut issues) {
             s.rating = table["server"]
                 .get("rating")
-                .and_then(|r| deserialize_lenient::<RawRating>(r))
+                .and_then(deserialize_lenient::<RawRating>)
                 .unwrap_or_default();
             raw.server = s;
         }
@@ -199,6 +199,16 @@ pub(super) fn parse_and_validate(
                 ok = false;
             }
         }
+        let priority = i32::try_from(a.priority).ok();
+        if priority.is_none() {
+            issues.push(
+                format!("{p}.priority"),
+                format!(
+                    "priority {} is out of range (a 32-bit integer; lower goes first)",
+                    a.priority
+                ),
+            );
+        }
         let secret = resolve_secret(&a.secret, false, &format!("{p}.secret"), env, &mut issues);
         if let Some(u) = &a.base_url
             && !(u.starts_with("http://") || u.starts_with("https://"))
@@ -259,6 +269,7 @@ pub(super) fn parse_and_validate(
         }
         if let (
             true,
+            Some(priority),
             Some(org),
             Some(provider),
             Some(auth),
@@ -268,6 +279,7 @@ pub(super) fn parse_and_validate(
             Some(max_concurrent),
         ) = (
             ok,
+            priority,
             org,
             provider,
             auth,
@@ -288,7 +300,7 @@ pub(super) fn parse_and_validate(
                     auth,
                     secret,
                     base_url: a.base_url.as_deref().map(Arc::from),
-                    priority: a.priority,
+                    priority,
                     weight,
                     model: a.model.as_deref().map(Arc::from),
                     window_threshold,
