@@ -1,11 +1,71 @@
 //! Failure classes, cooldown and backoff, disabling, usage windows and the circuit
-//! breaker for upstream accounts (SPEC 5 and 6).
+//! breaker for upstream accounts: SPEC 5 and 6 as pure policy.
 //!
-//! Pure policy: no I/O, no runtime, no clock reads. Time (`now`, unix ms) is an
-//! argument everywhere.
+//! After every attempt the proxy asks this crate what the outcome means for the account
+//! ([`classify`]), records it ([`CooldownBook`], [`DisabledBook`], [`WindowBook`],
+//! [`CircuitBreakers`], together in [`PoolHealth`]), and before every request the
+//! selector asks "may this account be used at `now`, and if not, until when?".
+//!
+//! The crate does no I/O, has no runtime and never reads the clock: `now` (unix ms) is
+//! an argument of every operation. Shared state is `DashMap`s and atomics, safe to use
+//! from many request tasks at once. Persistence is the store's job; this crate only
+//! offers [`PoolHealth::export`] / [`PoolHealth::import`] with absolute expiries.
+//!
+//! ```
+//! use http::{HeaderMap, StatusCode};
+//! use keypool_core::AccountId;
+//! use keypool_cooldown::headers::RateLimitInfo;
+//! use keypool_cooldown::{classify, AttemptFailure, FailureClass, PoolHealth};
+//!
+//! let health = PoolHealth::default();
+//! let account = AccountId::from("acct-1");
+//! let (started, now) = (1_700_000_000_000, 1_700_000_000_350);
+//!
+//! let mut headers = HeaderMap::new();
+//! headers.insert("retry-after", "20".parse().unwrap());
+//! let info = RateLimitInfo::from_headers(&headers, now);
+//! health.windows.observe(&account, &info, now);
+//!
+//! let failure = AttemptFailure::Status { status: StatusCode::TOO_MANY_REQUESTS, rate_limit: &info };
+//! let c = classify(&failure, now);
+//! assert_eq!(c.class, FailureClass::RateLimit);
+//! let until = health.cooldowns.record_failure(&account, &c, started, 12, now);
+//! assert_eq!(until, Some(now + 20_000));
+//! assert_eq!(health.cooldowns.cooldown_until(&account, now + 20_000), None);
+//! ```
 //!
 //! # Layout
 //! - [`headers`]: parsers for `retry-after`, `retry-after-ms` and the Anthropic
 //!   rate-limit headers, gathered into [`headers::RateLimitInfo`].
+//! - `classify`: [`classify`] maps a failed attempt to a [`Classification`]
+//!   ([`FailureClass`] + [`Trigger`]), the SPEC 6 tables.
+//! - `config`: [`CooldownSettings`] (every number, SPEC defaults) validated into
+//!   [`CooldownConfig`], which also turns a trigger into a duration.
+//! - `cooldown`: [`CooldownBook`], per-account expiry, backoff level, herd protection.
+//! - `disabled`: [`DisabledBook`], key-error disabling behind `auto_disable_on_error`.
+//! - `window`: [`WindowBook`], the 5-hour / weekly / request-limit "out until" answer.
+//! - `breaker`: [`CircuitBreakers`], the optional per-`base_url` breaker.
+//! - `state`: [`PoolHealth`] and its serde [`HealthExport`].
+//! - `error`: [`CooldownError`].
 
+mod breaker;
+mod classify;
+mod config;
+mod cooldown;
+mod disabled;
+mod error;
 pub mod headers;
+mod state;
+mod window;
+
+pub use breaker::{BreakerOutcome, BreakerState, CircuitBreaker, CircuitBreakers};
+pub use classify::{
+    AttemptFailure, Classification, FailureClass, REQUEST_ERROR_STATUSES, TransportFailure,
+    Trigger, classify,
+};
+pub use config::{BreakerSettings, CooldownConfig, CooldownSettings};
+pub use cooldown::{CooldownBook, CooldownEntry, CooldownRecord};
+pub use disabled::{DisabledAccount, DisabledBook, DisabledRecord, disable_reason};
+pub use error::CooldownError;
+pub use state::{HealthExport, ImportCounts, PoolHealth};
+pub use window::{OutOfWindow, UsageLimit, WindowBook, WindowRecord, WindowState};

@@ -1,0 +1,518 @@
+//! The window book: the latest usage-window headers per account, and the "out of its
+//! window until" answer of SPEC 5.
+//!
+//! State is only ever compared with `now`, so an account returns to service exactly at
+//! the reset, with no request needed.
+//!
+//! ```
+//! use keypool_cooldown::headers::{RateLimitInfo, WindowUsage};
+//! use keypool_cooldown::{CooldownConfig, UsageLimit, WindowBook};
+//! use keypool_core::{AccountId, Window};
+//!
+//! let book = WindowBook::new(&CooldownConfig::default());
+//! let a = AccountId::from("a");
+//! let info = RateLimitInfo {
+//!     five_hour: WindowUsage { utilization: Some(0.96), reset: Some(50_000), status: None },
+//!     ..Default::default()
+//! };
+//! book.observe(&a, &info, 1_000);
+//! let out = book.out_of_window(&a, None, 1_000).unwrap();
+//! assert_eq!((out.limit, out.until), (UsageLimit::Window(Window::FiveHour), 50_000));
+//! assert_eq!(book.out_of_window(&a, Some(0.99), 1_000), None); // per-account threshold
+//! assert_eq!(book.out_of_window(&a, None, 50_000), None); // back at the reset
+//! ```
+
+use dashmap::DashMap;
+use keypool_core::{AccountId, UnixMs, Window};
+use serde::{Deserialize, Serialize};
+
+use crate::config::CooldownConfig;
+use crate::headers::{RateLimitInfo, UnifiedStatus, WindowUsage};
+
+/// What keeps an account out of rotation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageLimit {
+    /// A subscription window (`5h` or `weekly`).
+    Window(Window),
+    /// An API-key account's request limit (`requests-remaining: 0`).
+    Requests,
+}
+
+impl UsageLimit {
+    /// `5h`, `weekly` or `requests`: for the 429 body, metrics and logs.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Window(w) => w.as_str(),
+            Self::Requests => "requests",
+        }
+    }
+
+    /// The subscription window, if this is one.
+    pub const fn window(self) -> Option<Window> {
+        match self {
+            Self::Window(w) => Some(w),
+            Self::Requests => None,
+        }
+    }
+}
+
+/// The answer "out of its window until".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutOfWindow {
+    /// The limit that ends last.
+    pub limit: UsageLimit,
+    /// When the account is back in service, unix ms (the latest blocking reset).
+    pub until: UnixMs,
+}
+
+/// The latest rate-limit headers seen for one account.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WindowState {
+    /// The merged headers (`retry_after_ms` is never kept: it belongs to one response).
+    pub info: RateLimitInfo,
+    /// When the last response with any of these headers arrived, unix ms.
+    pub updated_at: UnixMs,
+}
+
+impl WindowState {
+    /// The latest reset of any kind that is still after `now`; `None` when every
+    /// recorded reset has passed (the state can no longer keep the account out).
+    pub fn latest_future_reset(&self, now: UnixMs) -> Option<UnixMs> {
+        let i = &self.info;
+        [
+            i.unified_reset,
+            i.five_hour.reset,
+            i.seven_day.reset,
+            i.requests_reset,
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|&r| r > now)
+        .max()
+    }
+
+    /// SPEC 5: whether this state keeps the account out at `now`, and until when.
+    /// `threshold` is the account's utilisation threshold.
+    pub fn out_of_window(&self, threshold: f64, now: UnixMs) -> Option<OutOfWindow> {
+        let i = &self.info;
+        // The account is back only when every block has passed: keep the latest one
+        // (ties keep the first found).
+        let mut latest: Option<OutOfWindow> = None;
+        let mut block = |limit: UsageLimit, reset: Option<UnixMs>| {
+            if let Some(until) = reset.filter(|&r| r > now)
+                && latest.is_none_or(|l| until > l.until)
+            {
+                latest = Some(OutOfWindow { limit, until });
+            }
+        };
+        for window in Window::ALL {
+            let usage = i.window(*window);
+            let full = usage.utilization.is_some_and(|u| u >= threshold);
+            let rejected = usage.status == Some(UnifiedStatus::Rejected);
+            if full || rejected {
+                block(UsageLimit::Window(*window), usage.reset);
+            }
+        }
+        if i.unified_status == Some(UnifiedStatus::Rejected) {
+            block(UsageLimit::Window(self.rejected_window()), i.unified_reset);
+        }
+        if i.requests_remaining == Some(0) {
+            block(UsageLimit::Requests, i.requests_reset);
+        }
+        latest
+    }
+
+    /// The window the overall `rejected` status stands for: the representative claim,
+    /// else a window whose own status is `rejected`, else the 5-hour window.
+    fn rejected_window(&self) -> Window {
+        let i = &self.info;
+        i.claimed_window()
+            .or_else(|| {
+                Window::ALL
+                    .iter()
+                    .copied()
+                    .find(|w| i.window(*w).status == Some(UnifiedStatus::Rejected))
+            })
+            .unwrap_or(Window::FiveHour)
+    }
+}
+
+/// One exported window state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowRecord {
+    /// The account.
+    pub account: AccountId,
+    /// Its latest headers.
+    #[serde(flatten)]
+    pub state: WindowState,
+}
+
+/// Per-account usage-window state. Thread-safe; every answer takes `now`.
+#[derive(Debug)]
+pub struct WindowBook {
+    default_threshold: std::sync::atomic::AtomicU64,
+    entries: DashMap<AccountId, WindowState>,
+}
+
+impl Default for WindowBook {
+    fn default() -> Self {
+        Self::new(&CooldownConfig::default())
+    }
+}
+
+fn merge_usage(into: &mut WindowUsage, newer: &WindowUsage) {
+    into.utilization = newer.utilization.or(into.utilization);
+    into.reset = newer.reset.or(into.reset);
+    into.status = newer.status.or(into.status);
+}
+
+impl WindowBook {
+    /// An empty book using the config's default `window_threshold`.
+    pub fn new(config: &CooldownConfig) -> Self {
+        let book = Self {
+            default_threshold: std::sync::atomic::AtomicU64::new(0),
+            entries: DashMap::new(),
+        };
+        book.set_config(config);
+        book
+    }
+
+    /// Takes the default threshold from a reloaded config.
+    pub fn set_config(&self, config: &CooldownConfig) {
+        self.default_threshold.store(
+            config.settings().window_threshold.to_bits(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// The default threshold (used when an account has none of its own).
+    pub fn default_threshold(&self) -> f64 {
+        f64::from_bits(
+            self.default_threshold
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// Records the rate-limit headers of any upstream response (success or failure) of
+    /// the account. Headers present overwrite what was known; absent ones keep the old
+    /// value. A response with none of them changes nothing.
+    pub fn observe(&self, account: &AccountId, info: &RateLimitInfo, now: UnixMs) {
+        let newer = RateLimitInfo {
+            retry_after_ms: None,
+            ..info.clone()
+        };
+        if newer.is_empty() {
+            return;
+        }
+        let mut state = self.entries.entry(account.clone()).or_default();
+        let i = &mut state.info;
+        i.unified_status = newer.unified_status.or(i.unified_status);
+        i.unified_reset = newer.unified_reset.or(i.unified_reset);
+        if newer.representative_claim.is_some() {
+            i.representative_claim = newer.representative_claim;
+        }
+        merge_usage(&mut i.five_hour, &newer.five_hour);
+        merge_usage(&mut i.seven_day, &newer.seven_day);
+        i.requests_remaining = newer.requests_remaining.or(i.requests_remaining);
+        i.requests_reset = newer.requests_reset.or(i.requests_reset);
+        state.updated_at = state.updated_at.max(now);
+    }
+
+    /// SPEC 5: `Some` while the account is out of a window (or of its request limit) at
+    /// `now`, with the limit and the time it is back. `threshold` is the account's own
+    /// `window_threshold`; `None` uses the default (0.95).
+    pub fn out_of_window(
+        &self,
+        account: &AccountId,
+        threshold: Option<f64>,
+        now: UnixMs,
+    ) -> Option<OutOfWindow> {
+        let threshold = threshold.unwrap_or_else(|| self.default_threshold());
+        self.entries.get(account)?.out_of_window(threshold, now)
+    }
+
+    /// The account's latest state (for the admin view and `reset_aware`).
+    pub fn state(&self, account: &AccountId) -> Option<WindowState> {
+        self.entries.get(account).map(|s| s.clone())
+    }
+
+    /// Forgets the account's window state.
+    pub fn clear(&self, account: &AccountId) {
+        self.entries.remove(account);
+    }
+
+    /// Every state, for the state file and Redis.
+    pub fn export(&self) -> Vec<WindowRecord> {
+        self.entries
+            .iter()
+            .map(|e| WindowRecord {
+                account: e.key().clone(),
+                state: e.value().clone(),
+            })
+            .collect()
+    }
+
+    /// Loads exported states that still have a reset after `now`; states whose every
+    /// reset has passed are dropped. An account already known here keeps the state
+    /// updated last. Returns how many were taken.
+    pub fn import(&self, records: impl IntoIterator<Item = WindowRecord>, now: UnixMs) -> usize {
+        let mut taken = 0;
+        for r in records {
+            if r.state.latest_future_reset(now).is_none() {
+                continue;
+            }
+            let mut slot = self.entries.entry(r.account).or_default();
+            if slot.info.is_empty() || slot.updated_at < r.state.updated_at {
+                *slot = r.state;
+                taken += 1;
+            }
+        }
+        taken
+    }
+
+    /// Number of accounts with a state.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when no account has a state.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NOW: UnixMs = 1_700_000_000_000;
+    const H: u64 = 3_600_000;
+
+    fn a() -> AccountId {
+        AccountId::from("a")
+    }
+
+    fn usage(u: f64, reset: UnixMs) -> WindowUsage {
+        WindowUsage {
+            utilization: Some(u),
+            reset: Some(reset),
+            status: None,
+        }
+    }
+
+    fn book_with(info: RateLimitInfo) -> WindowBook {
+        let book = WindowBook::default();
+        book.observe(&a(), &info, NOW);
+        book
+    }
+
+    #[test]
+    fn utilization_at_threshold_is_out_until_reset() {
+        let book = book_with(RateLimitInfo {
+            five_hour: usage(0.95, NOW + H),
+            ..Default::default()
+        });
+        assert_eq!(
+            book.out_of_window(&a(), None, NOW),
+            Some(OutOfWindow {
+                limit: UsageLimit::Window(Window::FiveHour),
+                until: NOW + H
+            })
+        );
+        assert!(book.out_of_window(&a(), None, NOW + H - 1).is_some());
+        assert_eq!(book.out_of_window(&a(), None, NOW + H), None);
+        let below = book_with(RateLimitInfo {
+            five_hour: usage(0.949, NOW + H),
+            ..Default::default()
+        });
+        assert_eq!(below.out_of_window(&a(), None, NOW), None);
+        assert!(below.out_of_window(&a(), Some(0.9), NOW).is_some());
+    }
+
+    #[test]
+    fn weekly_window_and_the_latest_block_wins() {
+        let book = book_with(RateLimitInfo {
+            five_hour: usage(1.0, NOW + H),
+            seven_day: usage(0.99, NOW + 48 * H),
+            ..Default::default()
+        });
+        assert_eq!(
+            book.out_of_window(&a(), None, NOW),
+            Some(OutOfWindow {
+                limit: UsageLimit::Window(Window::Weekly),
+                until: NOW + 48 * H
+            })
+        );
+    }
+
+    #[test]
+    fn rejected_status_until_reset_names_the_claimed_window() {
+        let book = book_with(RateLimitInfo {
+            unified_status: Some(UnifiedStatus::Rejected),
+            unified_reset: Some(NOW + 2 * H),
+            representative_claim: Some("seven_day".into()),
+            ..Default::default()
+        });
+        let out = book.out_of_window(&a(), None, NOW).unwrap();
+        assert_eq!(
+            out,
+            OutOfWindow {
+                limit: UsageLimit::Window(Window::Weekly),
+                until: NOW + 2 * H
+            }
+        );
+        assert_eq!(out.limit.as_str(), "weekly");
+        assert_eq!(book.out_of_window(&a(), None, NOW + 2 * H), None);
+        // A per-window `rejected` status counts too.
+        let per_window = book_with(RateLimitInfo {
+            five_hour: WindowUsage {
+                status: Some(UnifiedStatus::Rejected),
+                reset: Some(NOW + H),
+                utilization: None,
+            },
+            ..Default::default()
+        });
+        assert_eq!(
+            per_window.out_of_window(&a(), None, NOW).unwrap().until,
+            NOW + H
+        );
+    }
+
+    #[test]
+    fn api_key_requests_remaining_zero_until_requests_reset() {
+        let book = book_with(RateLimitInfo {
+            requests_remaining: Some(0),
+            requests_reset: Some(NOW + 30_000),
+            ..Default::default()
+        });
+        let out = book.out_of_window(&a(), None, NOW).unwrap();
+        assert_eq!(
+            out,
+            OutOfWindow {
+                limit: UsageLimit::Requests,
+                until: NOW + 30_000
+            }
+        );
+        assert_eq!((out.limit.as_str(), out.limit.window()), ("requests", None));
+        assert_eq!(book.out_of_window(&a(), None, NOW + 30_000), None);
+        let one_left = book_with(RateLimitInfo {
+            requests_remaining: Some(1),
+            requests_reset: Some(NOW + 30_000),
+            ..Default::default()
+        });
+        assert_eq!(one_left.out_of_window(&a(), None, NOW), None);
+    }
+
+    #[test]
+    fn observe_merges_and_ignores_empty_responses() {
+        let book = book_with(RateLimitInfo {
+            five_hour: usage(0.5, NOW + H),
+            ..Default::default()
+        });
+        book.observe(
+            &a(),
+            &RateLimitInfo {
+                retry_after_ms: Some(1),
+                ..Default::default()
+            },
+            NOW + 1,
+        );
+        assert_eq!(book.state(&a()).unwrap().updated_at, NOW);
+        let newer = RateLimitInfo {
+            five_hour: WindowUsage {
+                utilization: Some(0.97),
+                reset: None,
+                status: None,
+            },
+            ..Default::default()
+        };
+        book.observe(&a(), &newer, NOW + 2);
+        let s = book.state(&a()).unwrap();
+        assert_eq!(s.info.five_hour, usage(0.97, NOW + H));
+        assert_eq!(s.updated_at, NOW + 2);
+        assert!(book.out_of_window(&a(), None, NOW + 2).is_some());
+        assert!(
+            WindowBook::default()
+                .out_of_window(&a(), None, NOW)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn import_drops_states_with_every_reset_passed() {
+        let book = WindowBook::default();
+        book.observe(
+            &AccountId::from("live"),
+            &RateLimitInfo {
+                seven_day: usage(0.99, NOW + 48 * H),
+                ..Default::default()
+            },
+            NOW,
+        );
+        book.observe(
+            &AccountId::from("stale"),
+            &RateLimitInfo {
+                five_hour: usage(0.99, NOW + H),
+                ..Default::default()
+            },
+            NOW,
+        );
+        let json = serde_json::to_string(&book.export()).unwrap();
+        let restored = WindowBook::default();
+        let later = NOW + 2 * H;
+        assert_eq!(
+            restored.import(
+                serde_json::from_str::<Vec<WindowRecord>>(&json).unwrap(),
+                later
+            ),
+            1
+        );
+        assert_eq!(
+            restored
+                .out_of_window(&AccountId::from("live"), None, later)
+                .unwrap()
+                .until,
+            NOW + 48 * H
+        );
+        assert!(restored.state(&AccountId::from("stale")).is_none());
+    }
+
+    proptest! {
+        /// Whatever the headers, the account is out exactly until the answer's `until`:
+        /// out at every moment before it, back at it, with no request in between.
+        #[test]
+        fn window_state_flips_back_exactly_at_reset(
+            u5 in proptest::option::of(0.0f64..1.2), r5 in proptest::option::of(0u64..10 * H),
+            u7 in proptest::option::of(0.0f64..1.2), r7 in proptest::option::of(0u64..200 * H),
+            rejected in any::<bool>(), ur in proptest::option::of(0u64..10 * H),
+            remaining in proptest::option::of(0u64..3), rr in proptest::option::of(0u64..H),
+            threshold in proptest::option::of(0.5f64..=1.0),
+            probe in 0u64..200 * H,
+        ) {
+            let at = |d: Option<u64>| d.map(|d| NOW + d);
+            let info = RateLimitInfo {
+                five_hour: WindowUsage { utilization: u5, reset: at(r5), status: None },
+                seven_day: WindowUsage { utilization: u7, reset: at(r7), status: None },
+                unified_status: rejected.then_some(UnifiedStatus::Rejected),
+                unified_reset: at(ur),
+                requests_remaining: remaining,
+                requests_reset: at(rr),
+                ..Default::default()
+            };
+            let book = book_with(info);
+            match book.out_of_window(&a(), threshold, NOW) {
+                None => prop_assert!(book.out_of_window(&a(), threshold, NOW + probe).is_none()),
+                Some(out) => {
+                    prop_assert!(out.until > NOW);
+                    let before = NOW + probe % (out.until - NOW);
+                    prop_assert!(book.out_of_window(&a(), threshold, before).is_some());
+                    prop_assert!(book.out_of_window(&a(), threshold, out.until - 1).is_some());
+                    prop_assert_eq!(book.out_of_window(&a(), threshold, out.until), None);
+                    prop_assert_eq!(book.out_of_window(&a(), threshold, out.until + probe), None);
+                }
+            }
+        }
+    }
+}
