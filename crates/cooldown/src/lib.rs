@@ -67,5 +67,5 @@ pub use config::{BreakerSettings, CooldownConfig, CooldownSettings};
 pub use cooldown::{CooldownBook, CooldownEntry, CooldownRecord};
 pub use disabled::{DisabledAccount, DisabledBook, DisabledRecord, disable_reason};
 pub use error::CooldownError;
-pub use state::{HealthExport, ImportCounts, PoolHealth};
+pub use state::{Attempt, FailureEffect, HealthExport, ImportCounts, PoolHealth};
 pub use window::{OutOfWindow, UsageLimit, WindowBook, WindowRecord, WindowState};

@@ -23,12 +23,14 @@
 //! assert_eq!(restored.cooldowns.cooldown_until(&a, 3_600_000), Some(4 * 3_600_000));
 //! ```
 
-use keypool_core::UnixMs;
+use keypool_core::{AccountId, UnixMs};
 use serde::{Deserialize, Serialize};
 
-use crate::breaker::CircuitBreakers;
+use crate::breaker::{BreakerOutcome, CircuitBreakers};
+use crate::classify::{Classification, FailureClass};
 use crate::config::CooldownConfig;
 use crate::cooldown::{CooldownBook, CooldownRecord};
+use crate::disabled::disable_reason;
 use crate::disabled::{DisabledBook, DisabledRecord};
 use crate::window::{WindowBook, WindowRecord};
 
@@ -56,6 +58,28 @@ pub struct ImportCounts {
     pub disabled: usize,
     /// Window states kept.
     pub windows: usize,
+}
+
+/// The attempt whose outcome is being recorded.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt<'a> {
+    /// The account that was tried.
+    pub account: &'a AccountId,
+    /// Its `base_url` (the empty string when it has none), for the circuit breaker.
+    pub base_url: &'a str,
+    /// When the attempt started, unix ms (herd protection).
+    pub started_at: UnixMs,
+    /// How many accounts the request's snapshot held (the plain-429 row).
+    pub snapshot_len: usize,
+}
+
+/// What [`PoolHealth::record_failure`] did to the account.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailureEffect {
+    /// The account's cooldown expiry afterwards, if it is cooling at `now`.
+    pub cooldown_until: Option<UnixMs>,
+    /// Whether the account is disabled afterwards.
+    pub disabled: bool,
 }
 
 /// The health of a pool's accounts: cooldowns, disabled accounts, usage windows and the
@@ -91,6 +115,49 @@ impl PoolHealth {
         self.cooldowns.set_config(config);
     }
 
+    /// Applies one failed attempt to every book: a `key_error` disables the account
+    /// (when `auto_disable_on_error` is on), every other class goes to the cooldown book
+    /// (request errors change nothing there), and the outcome is counted by the
+    /// `base_url`'s breaker. Window headers are recorded separately with
+    /// [`WindowBook::observe`], for successes too.
+    pub fn record_failure(
+        &self,
+        attempt: &Attempt<'_>,
+        classification: &Classification,
+        now: UnixMs,
+    ) -> FailureEffect {
+        let disabled = if classification.class == FailureClass::KeyError {
+            self.disabled
+                .disable(attempt.account, disable_reason(classification), now)
+        } else {
+            self.disabled.is_disabled(attempt.account)
+        };
+        let cooldown_until = self.cooldowns.record_failure(
+            attempt.account,
+            classification,
+            attempt.started_at,
+            attempt.snapshot_len,
+            now,
+        );
+        self.breakers.record(
+            attempt.base_url,
+            BreakerOutcome::of(Some(classification)),
+            now,
+        );
+        FailureEffect {
+            cooldown_until,
+            disabled,
+        }
+    }
+
+    /// Applies one successful attempt: resets the account's failure count and backoff
+    /// level and counts a success for its breaker.
+    pub fn record_success(&self, attempt: &Attempt<'_>, now: UnixMs) {
+        self.cooldowns.record_success(attempt.account, now);
+        self.breakers
+            .record(attempt.base_url, BreakerOutcome::Success, now);
+    }
+
     /// Every book's state with absolute times.
     pub fn export(&self, now: UnixMs) -> HealthExport {
         HealthExport {
@@ -109,5 +176,151 @@ impl PoolHealth {
             disabled: self.disabled.import(export.disabled),
             windows: self.windows.import(export.windows, now),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::{AttemptFailure, TransportFailure, classify};
+    use crate::config::CooldownSettings;
+    use crate::headers::{RateLimitInfo, UnifiedStatus, WindowUsage};
+    use crate::window::UsageLimit;
+    use http::StatusCode;
+    use keypool_core::Window;
+
+    const NOW: UnixMs = 1_700_000_000_000;
+    const H: u64 = 3_600_000;
+
+    fn status(code: u16, info: &RateLimitInfo) -> Classification {
+        let status = StatusCode::from_u16(code).unwrap();
+        classify(
+            &AttemptFailure::Status {
+                status,
+                rate_limit: info,
+            },
+            NOW,
+        )
+    }
+
+    fn attempt(account: &AccountId) -> Attempt<'_> {
+        Attempt {
+            account,
+            base_url: "",
+            started_at: NOW - 10,
+            snapshot_len: 20,
+        }
+    }
+
+    /// The SPEC 6 class table, through the one entry point the proxy calls.
+    #[test]
+    fn class_table_through_pool_health() {
+        let none = RateLimitInfo::default();
+        let health = PoolHealth::default();
+        // key_error: disabled with reason and time, no cooldown.
+        let k = AccountId::from("k");
+        let effect = health.record_failure(&attempt(&k), &status(401, &none), NOW);
+        assert_eq!(
+            effect,
+            FailureEffect {
+                cooldown_until: None,
+                disabled: true
+            }
+        );
+        let d = health.disabled.get(&k).unwrap();
+        assert_eq!(
+            (d.reason.as_str(), d.at),
+            ("key_error: upstream answered 401 (auth_rejected)", NOW)
+        );
+        // rate_limit: cooldown set by the trigger.
+        let r = AccountId::from("r");
+        let effect = health.record_failure(&attempt(&r), &status(429, &none), NOW);
+        assert_eq!(
+            effect,
+            FailureEffect {
+                cooldown_until: Some(NOW + 60_000),
+                disabled: false
+            }
+        );
+        // transient: none the first time, short backoff after.
+        let t = AccountId::from("t");
+        let c = classify(&AttemptFailure::Transport(TransportFailure::Timeout), NOW);
+        assert_eq!(
+            health.record_failure(&attempt(&t), &c, NOW),
+            FailureEffect::default()
+        );
+        let second = Attempt {
+            started_at: NOW + 1,
+            ..attempt(&t)
+        };
+        assert_eq!(
+            health.record_failure(&second, &c, NOW + 2).cooldown_until,
+            Some(NOW + 2 + 5_000)
+        );
+        health.record_success(&second, NOW + 3);
+        assert_eq!(health.cooldowns.entry(&t).unwrap().backoff_level, 0);
+    }
+
+    #[test]
+    fn auto_disable_off_keeps_key_errors_in_rotation() {
+        let off = CooldownSettings {
+            auto_disable_on_error: false,
+            ..Default::default()
+        };
+        let health = PoolHealth::new(CooldownConfig::try_new(off).unwrap());
+        let k = AccountId::from("k");
+        let effect =
+            health.record_failure(&attempt(&k), &status(403, &RateLimitInfo::default()), NOW);
+        assert_eq!(effect, FailureEffect::default());
+        assert!(!health.disabled.is_disabled(&k));
+    }
+
+    #[test]
+    fn export_import_of_every_book_at_a_later_now() {
+        let health = PoolHealth::default();
+        let (w, p, d) = (
+            AccountId::from("w"),
+            AccountId::from("p"),
+            AccountId::from("d"),
+        );
+        let rejected = RateLimitInfo {
+            unified_status: Some(UnifiedStatus::Rejected),
+            unified_reset: Some(NOW + 4 * H),
+            seven_day: WindowUsage {
+                utilization: Some(0.99),
+                reset: Some(NOW + 48 * H),
+                status: None,
+            },
+            ..Default::default()
+        };
+        health.windows.observe(&w, &rejected, NOW);
+        health.record_failure(&attempt(&w), &status(429, &rejected), NOW);
+        health.record_failure(&attempt(&p), &status(429, &RateLimitInfo::default()), NOW);
+        health.record_failure(&attempt(&d), &status(402, &RateLimitInfo::default()), NOW);
+
+        let json = serde_json::to_string(&health.export(NOW)).unwrap();
+        let later = NOW + H;
+        let restored = PoolHealth::default();
+        let counts = restored.import(serde_json::from_str(&json).unwrap(), later);
+        assert_eq!(
+            counts,
+            ImportCounts {
+                cooldowns: 1,
+                disabled: 1,
+                windows: 1
+            }
+        );
+        // The window cooldown comes back with 3 h left, never as a fresh 60 s.
+        assert_eq!(
+            restored.cooldowns.cooldown_until(&w, later),
+            Some(later + 3 * H)
+        );
+        assert_eq!(restored.cooldowns.cooldown_until(&p, later), None);
+        assert!(restored.disabled.is_disabled(&d));
+        let out = restored.windows.out_of_window(&w, None, later).unwrap();
+        assert_eq!(
+            (out.limit, out.until),
+            (UsageLimit::Window(Window::Weekly), NOW + 48 * H)
+        );
     }
 }
