@@ -1,0 +1,75 @@
+//! The crate's one error type.
+
+use keypool_core::{AuthType, Provider};
+
+/// What can go wrong in a provider adapter.
+///
+/// The request-body variants ([`InvalidJson`](Self::InvalidJson),
+/// [`BodyNotObject`](Self::BodyNotObject), [`MissingModel`](Self::MissingModel),
+/// [`ModelNotString`](Self::ModelNotString)) are the client's fault: the proxy answers
+/// them with `400 invalid_request_error` and the error's text, without any upstream call
+/// ([`ProvidersError::is_client_error`]). The others are configuration problems of an
+/// account. No variant ever carries a secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProvidersError {
+    /// The request body is not valid JSON.
+    #[error("request body is not valid JSON ({reason}): send a JSON Messages API request")]
+    InvalidJson {
+        /// Where and why parsing stopped (from the JSON parser; holds no body content).
+        reason: String,
+    },
+    /// The request body is JSON but not an object.
+    #[error("request body must be a JSON object: send a Messages API request object")]
+    BodyNotObject,
+    /// The request body has no top-level `model`.
+    #[error("model: Field required: add a top-level \"model\" to the request body")]
+    MissingModel,
+    /// The top-level `model` is not a string.
+    #[error("model: Input should be a valid string: set \"model\" to a model name")]
+    ModelNotString,
+    /// The provider and auth type combination has no adapter.
+    #[error(
+        "provider `{provider}` does not support auth type `{auth}`: use api_key or oauth for \
+         anthropic, api_key or bearer for anthropic_compatible"
+    )]
+    UnsupportedAuth {
+        /// The account's provider.
+        provider: Provider,
+        /// The account's auth type.
+        auth: AuthType,
+    },
+    /// An `anthropic_compatible` account has no `base_url`.
+    #[error("provider anthropic_compatible needs a base_url: set the account's base_url")]
+    MissingBaseUrl,
+    /// The account's `base_url` is not an absolute `http`/`https` URL without query.
+    #[error(
+        "base_url {base_url:?} is not usable ({reason}): give an absolute http(s) URL such as \
+         https://api.example.com or https://api.example.com/anthropic"
+    )]
+    InvalidBaseUrl {
+        /// The configured value (a URL, not a secret).
+        base_url: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// The account's secret cannot be sent as an HTTP header value.
+    #[error(
+        "the account's secret contains characters not allowed in an HTTP header (control \
+         characters or line breaks): check the secret or the environment variable it comes from"
+    )]
+    InvalidSecret,
+}
+
+impl ProvidersError {
+    /// True for the errors that are the client's fault (answer `400`), false for account
+    /// configuration errors.
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            Self::InvalidJson { .. }
+                | Self::BodyNotObject
+                | Self::MissingModel
+                | Self::ModelNotString
+        )
+    }
+}

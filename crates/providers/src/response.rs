@@ -1,0 +1,343 @@
+//! What keypool reads from upstream responses (SPEC 8): rate-limit headers, usage from
+//! JSON bodies and SSE frames, and the upstream's error type and message.
+//!
+//! The rate-limit headers are parsed by `keypool-cooldown` ([`RateLimitInfo`]); this
+//! module only calls that parser, so there is one parser for both crates.
+
+use http::{HeaderMap, StatusCode};
+use keypool_cooldown::headers::RateLimitInfo;
+use keypool_core::UnixMs;
+use keypool_sse::Frame;
+use serde::{Deserialize, Serialize};
+
+/// Longest upstream error type or message kept, in bytes (cut at a character boundary).
+pub const MAX_UPSTREAM_ERROR_TEXT: usize = 1024;
+
+/// Token usage of one answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Usage {
+    /// `input_tokens`.
+    pub input_tokens: u64,
+    /// `output_tokens`.
+    pub output_tokens: u64,
+    /// `cache_creation_input_tokens`.
+    pub cache_creation_input_tokens: u64,
+    /// `cache_read_input_tokens`.
+    pub cache_read_input_tokens: u64,
+}
+
+/// The usage fields one JSON object carried; absent fields are `None`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct UsageUpdate {
+    /// `input_tokens`, if present.
+    pub input_tokens: Option<u64>,
+    /// `output_tokens`, if present.
+    pub output_tokens: Option<u64>,
+    /// `cache_creation_input_tokens`, if present.
+    pub cache_creation_input_tokens: Option<u64>,
+    /// `cache_read_input_tokens`, if present.
+    pub cache_read_input_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// Overwrites the fields `update` carries. Anthropic's counts are cumulative (the
+    /// `output_tokens` of `message_delta` is the total so far), so the latest value wins.
+    pub fn apply(&mut self, update: &UsageUpdate) {
+        let set = |field: &mut u64, value: Option<u64>| {
+            if let Some(value) = value {
+                *field = value;
+            }
+        };
+        set(&mut self.input_tokens, update.input_tokens);
+        set(&mut self.output_tokens, update.output_tokens);
+        set(
+            &mut self.cache_creation_input_tokens,
+            update.cache_creation_input_tokens,
+        );
+        set(
+            &mut self.cache_read_input_tokens,
+            update.cache_read_input_tokens,
+        );
+    }
+}
+
+/// Parses the rate-limit and window headers of any upstream response (success or
+/// failure) with `keypool-cooldown`'s parser. `now` turns an HTTP-date `retry-after`
+/// into a delay.
+pub fn rate_limits(headers: &HeaderMap, now: UnixMs) -> RateLimitInfo {
+    RateLimitInfo::from_headers(headers, now)
+}
+
+#[derive(Deserialize)]
+struct BodyUsage {
+    usage: Option<UsageUpdate>,
+    /// `count_tokens` answers `{"input_tokens": N}` at the top level.
+    input_tokens: Option<u64>,
+}
+
+/// Usage from a non-streaming JSON answer: its top-level `usage` object, or the
+/// top-level `input_tokens` of a `count_tokens` answer. `None` when neither is there
+/// or the body is not JSON.
+pub fn usage_from_json_body(body: &[u8]) -> Option<Usage> {
+    let parsed: BodyUsage = serde_json::from_slice(body).ok()?;
+    let update = match (parsed.usage, parsed.input_tokens) {
+        (Some(usage), _) => usage,
+        (None, Some(input_tokens)) => UsageUpdate {
+            input_tokens: Some(input_tokens),
+            ..UsageUpdate::default()
+        },
+        (None, None) => return None,
+    };
+    let mut usage = Usage::default();
+    usage.apply(&update);
+    Some(usage)
+}
+
+#[derive(Deserialize)]
+struct MessageStart {
+    message: MessageStartMessage,
+}
+
+#[derive(Deserialize)]
+struct MessageStartMessage {
+    usage: Option<UsageUpdate>,
+}
+
+#[derive(Deserialize)]
+struct MessageDelta {
+    usage: Option<UsageUpdate>,
+}
+
+/// The usage a stream frame carries: `message.usage` of `message_start`, `usage` of
+/// `message_delta`; `None` for every other frame.
+pub fn usage_from_frame(frame: &Frame) -> Option<UsageUpdate> {
+    if frame.is_event("message_start") {
+        let data = frame.data()?;
+        serde_json::from_slice::<MessageStart>(&data)
+            .ok()?
+            .message
+            .usage
+    } else if frame.is_event("message_delta") {
+        let data = frame.data()?;
+        serde_json::from_slice::<MessageDelta>(&data).ok()?.usage
+    } else {
+        None
+    }
+}
+
+/// Accumulates usage over a stream's frames, observed on the side while they are
+/// forwarded (SPEC 7).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamUsage {
+    usage: Usage,
+    seen: bool,
+}
+
+impl StreamUsage {
+    /// Looks at one frame; returns whether it carried usage.
+    pub fn observe(&mut self, frame: &Frame) -> bool {
+        match usage_from_frame(frame) {
+            Some(update) => {
+                self.usage.apply(&update);
+                self.seen = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The usage so far, `None` when no frame carried any.
+    pub fn usage(&self) -> Option<Usage> {
+        self.seen.then_some(self.usage)
+    }
+}
+
+/// An upstream error's type and message, read to classify and log the failure. Never
+/// forwarded as is: only [`crate::sanitise::passthrough_body`] may pass the message on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpstreamError {
+    /// `error.type`, e.g. `overloaded_error` (at most [`MAX_UPSTREAM_ERROR_TEXT`] bytes).
+    pub error_type: Option<String>,
+    /// `error.message` (at most [`MAX_UPSTREAM_ERROR_TEXT`] bytes).
+    pub message: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ErrorEnvelope {
+    error: ErrorObject,
+}
+
+#[derive(Deserialize)]
+struct ErrorObject {
+    #[serde(rename = "type")]
+    error_type: Option<serde_json::Value>,
+    message: Option<serde_json::Value>,
+}
+
+/// The `error` object of an Anthropic-shaped error body (`{"type":"error","error":
+/// {"type":..,"message":..}}`), `None` when the body has none. Texts are cut to
+/// [`MAX_UPSTREAM_ERROR_TEXT`] bytes; non-string values are ignored.
+pub fn upstream_error(body: &[u8]) -> Option<UpstreamError> {
+    let envelope: ErrorEnvelope = serde_json::from_slice(body).ok()?;
+    let text = |value: Option<serde_json::Value>| match value {
+        Some(serde_json::Value::String(s)) => Some(truncate_at_char(s, MAX_UPSTREAM_ERROR_TEXT)),
+        _ => None,
+    };
+    Some(UpstreamError {
+        error_type: text(envelope.error.error_type),
+        message: text(envelope.error.message),
+    })
+}
+
+/// The error an in-band `event: error` frame carries, `None` for other frames. A
+/// malformed error frame still counts as an error (with empty fields).
+pub fn stream_error(frame: &Frame) -> Option<UpstreamError> {
+    if !frame.is_event("error") {
+        return None;
+    }
+    Some(
+        frame
+            .data()
+            .and_then(|data| upstream_error(&data))
+            .unwrap_or(UpstreamError {
+                error_type: None,
+                message: None,
+            }),
+    )
+}
+
+/// Cuts `text` to at most `max` bytes at a character boundary.
+pub(crate) fn truncate_at_char(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut cut = max;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    text
+}
+
+/// Everything keypool reads from one complete (non-streaming) upstream response.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResponseMeta {
+    /// The rate-limit and window headers.
+    pub rate_limits: RateLimitInfo,
+    /// Usage, for a 2xx answer that reports it.
+    pub usage: Option<Usage>,
+    /// The upstream error, for a non-2xx answer with an Anthropic-shaped body.
+    pub error: Option<UpstreamError>,
+}
+
+/// Reads a complete upstream response: headers always, usage from a 2xx body, the
+/// error object from any other.
+pub fn response_meta(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+    now: UnixMs,
+) -> ResponseMeta {
+    let success = status.is_success();
+    ResponseMeta {
+        rate_limits: rate_limits(headers, now),
+        usage: if success {
+            usage_from_json_body(body)
+        } else {
+            None
+        },
+        error: if success { None } else { upstream_error(body) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keypool_sse::decode_all;
+
+    #[test]
+    fn stream_usage_takes_message_start_then_message_delta() {
+        let frames = decode_all(
+            b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"cache_creation_input_tokens\":3,\"cache_read_input_tokens\":100,\"output_tokens\":1}}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"usage\":{\"output_tokens\":999}}\n\n\
+event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n",
+        )
+        .unwrap();
+        let mut usage = StreamUsage::default();
+        assert_eq!(usage.usage(), None);
+        let carried: Vec<bool> = frames.iter().map(|f| usage.observe(f)).collect();
+        assert_eq!(carried, [true, false, true]);
+        assert_eq!(
+            usage.usage(),
+            Some(Usage {
+                input_tokens: 25,
+                output_tokens: 15,
+                cache_creation_input_tokens: 3,
+                cache_read_input_tokens: 100
+            })
+        );
+    }
+
+    #[test]
+    fn body_usage_and_count_tokens() {
+        let usage =
+            usage_from_json_body(br#"{"id":"m","usage":{"input_tokens":5,"output_tokens":7}}"#);
+        assert_eq!(
+            usage,
+            Some(Usage {
+                input_tokens: 5,
+                output_tokens: 7,
+                ..Usage::default()
+            })
+        );
+        let usage = usage_from_json_body(br#"{"input_tokens":2095}"#);
+        assert_eq!(
+            usage,
+            Some(Usage {
+                input_tokens: 2095,
+                ..Usage::default()
+            })
+        );
+        assert_eq!(usage_from_json_body(br#"{"id":"m"}"#), None);
+        assert_eq!(usage_from_json_body(b"<html>"), None);
+    }
+
+    #[test]
+    fn upstream_error_texts_are_bounded() {
+        let long = "é".repeat(MAX_UPSTREAM_ERROR_TEXT);
+        let body =
+            serde_json::json!({"type":"error","error":{"type":"rate_limit_error","message":long}});
+        let err = upstream_error(body.to_string().as_bytes()).unwrap();
+        assert_eq!(err.error_type.as_deref(), Some("rate_limit_error"));
+        let message = err.message.unwrap();
+        assert_eq!(message.len(), MAX_UPSTREAM_ERROR_TEXT);
+        assert!(message.chars().all(|c| c == 'é'));
+        assert_eq!(
+            upstream_error(br#"{"error":{"message":5}}"#),
+            Some(UpstreamError {
+                error_type: None,
+                message: None
+            })
+        );
+        assert_eq!(upstream_error(b"Bad Gateway"), None);
+    }
+
+    #[test]
+    fn error_frames_are_recognised_even_malformed() {
+        let frames = decode_all(
+            b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\nevent: error\ndata: nope\n\nevent: ping\ndata: {}\n\n",
+        )
+        .unwrap();
+        assert_eq!(
+            stream_error(&frames[0]).unwrap().error_type.as_deref(),
+            Some("overloaded_error")
+        );
+        assert_eq!(
+            stream_error(&frames[1]),
+            Some(UpstreamError {
+                error_type: None,
+                message: None
+            })
+        );
+        assert_eq!(stream_error(&frames[2]), None);
+    }
+}

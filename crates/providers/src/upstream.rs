@@ -1,0 +1,518 @@
+//! Building the upstream request head from the client's request (SPEC 3.4 and 8).
+
+use std::fmt;
+
+use http::header::{ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
+use keypool_core::{AuthType, Provider};
+
+use crate::ProvidersError;
+
+/// Anthropic's API, the base URL of `anthropic` accounts without their own `base_url`.
+pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
+/// The `anthropic-version` sent when the client sent none.
+pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+/// The beta flag OAuth (subscription) accounts need in `anthropic-beta`.
+pub const OAUTH_BETA: &str = "oauth-2025-04-20";
+/// `anthropic-version`.
+pub const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+/// `anthropic-beta`.
+pub const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
+/// `x-api-key`.
+pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// The only client headers that may reach the upstream (SPEC 3.4). Everything else
+/// (credentials, cookies, session and lease headers, hop-by-hop headers, SDK telemetry)
+/// is dropped, and so is an allowed header whose value contains `sk-lb-`.
+pub const FORWARDED_HEADERS: [HeaderName; 5] = [
+    ANTHROPIC_VERSION,
+    ANTHROPIC_BETA,
+    CONTENT_TYPE,
+    ACCEPT,
+    USER_AGENT,
+];
+
+/// Which Messages API route a request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    /// `POST /v1/messages`.
+    Messages,
+    /// `POST /v1/messages/count_tokens`.
+    CountTokens,
+}
+
+impl Endpoint {
+    /// The upstream path, appended to the account's base URL.
+    pub const fn path(self) -> &'static str {
+        match self {
+            Self::Messages => "/v1/messages",
+            Self::CountTokens => "/v1/messages/count_tokens",
+        }
+    }
+}
+
+/// The account an attempt goes to: what the adapter needs to address and authenticate
+/// the upstream request. Its `Debug` never shows the secret.
+#[derive(Clone, Copy)]
+pub struct UpstreamAccount<'a> {
+    /// The account's provider.
+    pub provider: Provider,
+    /// The account's auth type.
+    pub auth: AuthType,
+    /// The account's credential (API key or OAuth access token), already resolved from
+    /// `$ENV_NAME` by the configuration loader.
+    pub secret: &'a str,
+    /// The account's own base URL; `None` means [`DEFAULT_BASE_URL`] (only allowed for
+    /// `anthropic` accounts).
+    pub base_url: Option<&'a str>,
+}
+
+impl fmt::Debug for UpstreamAccount<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpstreamAccount")
+            .field("provider", &self.provider)
+            .field("auth", &self.auth)
+            .field("secret", &"<redacted>")
+            .field("base_url", &self.base_url)
+            .finish()
+    }
+}
+
+/// How an adapter authenticates, decided from provider and auth type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Credential {
+    ApiKey,
+    Bearer { oauth_beta: bool },
+}
+
+fn credential(provider: Provider, auth: AuthType) -> Result<Credential, ProvidersError> {
+    match (provider, auth) {
+        (Provider::Anthropic | Provider::AnthropicCompatible, AuthType::ApiKey) => {
+            Ok(Credential::ApiKey)
+        }
+        (Provider::Anthropic, AuthType::OAuth) => Ok(Credential::Bearer { oauth_beta: true }),
+        (Provider::AnthropicCompatible, AuthType::Bearer) => {
+            Ok(Credential::Bearer { oauth_beta: false })
+        }
+        (provider, auth) => Err(ProvidersError::UnsupportedAuth { provider, auth }),
+    }
+}
+
+/// Checks that an account's provider, auth type and base URL can be served, without a
+/// request. The configuration loader calls it so that a bad account is a load error
+/// rather than a failed attempt.
+///
+/// # Errors
+/// [`ProvidersError::UnsupportedAuth`], [`ProvidersError::MissingBaseUrl`] or
+/// [`ProvidersError::InvalidBaseUrl`].
+pub fn validate_account(
+    provider: Provider,
+    auth: AuthType,
+    base_url: Option<&str>,
+) -> Result<(), ProvidersError> {
+    credential(provider, auth)?;
+    upstream_uri(provider, base_url, Endpoint::Messages, None).map(drop)
+}
+
+/// The upstream request head: method, URI and headers. The proxy adds the body (and
+/// `content-length`, which its HTTP client derives from the body it sends).
+#[derive(Debug, Clone)]
+pub struct UpstreamHead {
+    /// Always `POST`.
+    pub method: Method,
+    /// Base URL + endpoint path + the client's query string.
+    pub uri: Uri,
+    /// The allowlisted client headers plus what the adapter adds.
+    pub headers: HeaderMap,
+}
+
+impl UpstreamHead {
+    /// The upstream request with `body`.
+    pub fn into_request<B>(self, body: B) -> Request<B> {
+        let mut request = Request::new(body);
+        *request.method_mut() = self.method;
+        *request.uri_mut() = self.uri;
+        *request.headers_mut() = self.headers;
+        request
+    }
+}
+
+/// Builds the upstream request head for one attempt.
+///
+/// - URI: the account's base URL (default [`DEFAULT_BASE_URL`]) + `endpoint`'s path +
+///   `client_uri`'s query string, unchanged.
+/// - Headers: only [`FORWARDED_HEADERS`] are copied from `client_headers`, and none
+///   whose value contains `sk-lb-` (any case). `anthropic-version` is the client's, or
+///   [`DEFAULT_ANTHROPIC_VERSION`] when it sent none. `accept-encoding: identity` so the
+///   body can be read frame by frame.
+/// - Auth: `x-api-key: <secret>` for `api_key`; `authorization: Bearer <secret>` for
+///   `oauth` and `bearer`. For `anthropic` + `oauth`, `anthropic-beta` becomes the
+///   client's flags (every header, comma lists split, duplicates and blanks removed,
+///   order kept) plus [`OAUTH_BETA`] when missing, as one header. Credential headers are
+///   marked sensitive.
+///
+/// # Errors
+/// The account errors of [`validate_account`], and [`ProvidersError::InvalidSecret`].
+pub fn build_upstream_head(
+    client_uri: &Uri,
+    client_headers: &HeaderMap,
+    endpoint: Endpoint,
+    account: &UpstreamAccount<'_>,
+) -> Result<UpstreamHead, ProvidersError> {
+    let credential = credential(account.provider, account.auth)?;
+    let uri = upstream_uri(
+        account.provider,
+        account.base_url,
+        endpoint,
+        client_uri.query(),
+    )?;
+
+    let mut headers = HeaderMap::with_capacity(FORWARDED_HEADERS.len() + 2);
+    for name in &FORWARDED_HEADERS {
+        for value in client_headers.get_all(name) {
+            if !contains_lb_key(value) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+    }
+    if !headers.contains_key(&ANTHROPIC_VERSION) {
+        headers.insert(
+            ANTHROPIC_VERSION,
+            HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION),
+        );
+    }
+    headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+
+    match credential {
+        Credential::ApiKey => {
+            headers.insert(X_API_KEY, sensitive(account.secret.as_bytes())?);
+        }
+        Credential::Bearer { oauth_beta } => {
+            let mut value = Vec::with_capacity(account.secret.len() + 7);
+            value.extend_from_slice(b"Bearer ");
+            value.extend_from_slice(account.secret.as_bytes());
+            headers.insert(AUTHORIZATION, sensitive(&value)?);
+            if oauth_beta {
+                let merged = merge_beta_flags(headers.get_all(&ANTHROPIC_BETA), OAUTH_BETA);
+                headers.insert(ANTHROPIC_BETA, merged);
+            }
+        }
+    }
+    Ok(UpstreamHead {
+        method: Method::POST,
+        uri,
+        headers,
+    })
+}
+
+fn sensitive(bytes: &[u8]) -> Result<HeaderValue, ProvidersError> {
+    let mut value = HeaderValue::from_bytes(bytes).map_err(|_| ProvidersError::InvalidSecret)?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// Whether a header value contains an LB key marker (`sk-lb-`, ASCII case ignored).
+pub fn contains_lb_key(value: &HeaderValue) -> bool {
+    value
+        .as_bytes()
+        .windows(6)
+        .any(|w| w.eq_ignore_ascii_case(b"sk-lb-"))
+}
+
+/// The union of the comma-separated flags of `values` and `extra`, without blanks or
+/// duplicates, in first-seen order (`extra` last), as one header value.
+pub fn merge_beta_flags<'v>(
+    values: impl IntoIterator<Item = &'v HeaderValue>,
+    extra: &str,
+) -> HeaderValue {
+    let mut flags: Vec<&[u8]> = Vec::new();
+    let mut push = |flag: &'v [u8]| {
+        let flag = flag.trim_ascii();
+        if !flag.is_empty() && !flags.contains(&flag) {
+            flags.push(flag);
+        }
+    };
+    for value in values {
+        value.as_bytes().split(|&b| b == b',').for_each(&mut push);
+    }
+    let extra = extra.trim();
+    let mut out = Vec::new();
+    for flag in &flags {
+        out.extend_from_slice(flag);
+        out.push(b',');
+    }
+    if !flags.contains(&extra.as_bytes()) {
+        out.extend_from_slice(extra.as_bytes());
+    } else {
+        out.pop();
+    }
+    // Built from bytes of valid header values, commas and a static flag: always valid.
+    HeaderValue::from_bytes(&out).unwrap_or_else(|_| HeaderValue::from_static(OAUTH_BETA))
+}
+
+/// The upstream URI: base URL + endpoint path + query.
+fn upstream_uri(
+    provider: Provider,
+    base_url: Option<&str>,
+    endpoint: Endpoint,
+    query: Option<&str>,
+) -> Result<Uri, ProvidersError> {
+    let base = match (provider, base_url) {
+        (_, Some(base)) => base,
+        (Provider::Anthropic, None) => DEFAULT_BASE_URL,
+        (Provider::AnthropicCompatible, None) => return Err(ProvidersError::MissingBaseUrl),
+    };
+    let invalid = |reason| ProvidersError::InvalidBaseUrl {
+        base_url: base.to_owned(),
+        reason,
+    };
+    let parsed: Uri = base.parse().map_err(|_| invalid("not a URI"))?;
+    match parsed.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(invalid("the scheme must be http or https")),
+    }
+    if parsed.authority().is_none() {
+        return Err(invalid("no host"));
+    }
+    if parsed.query().is_some() || base.contains('#') {
+        return Err(invalid("a base URL cannot have a query or fragment"));
+    }
+    let trimmed = base.trim_end_matches('/');
+    let mut uri = String::with_capacity(trimmed.len() + 32 + query.map_or(0, str::len));
+    uri.push_str(trimmed);
+    uri.push_str(endpoint.path());
+    if let Some(query) = query {
+        uri.push('?');
+        uri.push_str(query);
+    }
+    uri.parse()
+        .map_err(|_| invalid("not a URI once the path is added"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        map
+    }
+
+    fn account(provider: Provider, auth: AuthType, base_url: Option<&str>) -> UpstreamAccount<'_> {
+        UpstreamAccount {
+            provider,
+            auth,
+            secret: "sk-ant-api03-SECRET",
+            base_url,
+        }
+    }
+
+    #[test]
+    fn client_credentials_and_non_allowlisted_headers_never_pass() {
+        let client = headers(&[
+            ("x-api-key", "sk-lb-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
+            ("authorization", "Bearer sk-lb-BBBBBBBB"),
+            ("cookie", "session=1"),
+            ("x-claude-code-session-id", "abc"),
+            ("x-session-id", "abc"),
+            ("x-keypool-lease", "l1"),
+            ("connection", "keep-alive"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("accept-encoding", "gzip, br"),
+            ("host", "keypool.local"),
+            ("content-length", "10"),
+            ("user-agent", "claude-cli/2.0 sk-lb-CCCCCCCC"),
+            ("anthropic-beta", "SK-LB-lowercase-is-caught-too"),
+            ("content-type", "application/json"),
+        ]);
+        let uri: Uri = "/acme/team/v1/messages".parse().unwrap();
+        let head = build_upstream_head(
+            &uri,
+            &client,
+            Endpoint::Messages,
+            &account(Provider::Anthropic, AuthType::ApiKey, None),
+        )
+        .unwrap();
+        let mut names: Vec<&str> = head.headers.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "accept-encoding",
+                "anthropic-version",
+                "content-type",
+                "x-api-key"
+            ]
+        );
+        assert_eq!(head.headers["x-api-key"], "sk-ant-api03-SECRET");
+        assert!(head.headers["x-api-key"].is_sensitive());
+        assert_eq!(head.headers["accept-encoding"], "identity");
+        assert_eq!(head.headers["anthropic-version"], "2023-06-01");
+        assert_eq!(head.uri, "https://api.anthropic.com/v1/messages");
+        assert_eq!(head.method, Method::POST);
+    }
+
+    #[test]
+    fn oauth_merges_the_beta_flag_without_duplicates() {
+        let client = headers(&[
+            ("anthropic-beta", "claude-code-20250219, oauth-2025-04-20"),
+            (
+                "anthropic-beta",
+                "interleaved-thinking-2025-05-14,,claude-code-20250219",
+            ),
+            ("anthropic-version", "2026-10-21"),
+        ]);
+        let uri: Uri = "/o/u/v1/messages?beta=true".parse().unwrap();
+        let head = build_upstream_head(
+            &uri,
+            &client,
+            Endpoint::Messages,
+            &account(Provider::Anthropic, AuthType::OAuth, None),
+        )
+        .unwrap();
+        assert_eq!(
+            head.headers
+                .get_all("anthropic-beta")
+                .iter()
+                .collect::<Vec<_>>(),
+            ["claude-code-20250219,oauth-2025-04-20,interleaved-thinking-2025-05-14"]
+        );
+        assert_eq!(head.headers["authorization"], "Bearer sk-ant-api03-SECRET");
+        assert!(head.headers["authorization"].is_sensitive());
+        assert!(!head.headers.contains_key("x-api-key"));
+        assert_eq!(head.headers["anthropic-version"], "2026-10-21");
+        assert_eq!(head.uri, "https://api.anthropic.com/v1/messages?beta=true");
+
+        let head = build_upstream_head(
+            &uri,
+            &HeaderMap::new(),
+            Endpoint::CountTokens,
+            &account(Provider::Anthropic, AuthType::OAuth, None),
+        )
+        .unwrap();
+        assert_eq!(head.headers["anthropic-beta"], "oauth-2025-04-20");
+        assert_eq!(
+            head.uri,
+            "https://api.anthropic.com/v1/messages/count_tokens?beta=true"
+        );
+    }
+
+    #[test]
+    fn compatible_accounts_use_their_base_url_path_prefix_and_auth() {
+        let uri: Uri = "/v1/messages?x=1&y=%20".parse().unwrap();
+        let bearer = account(
+            Provider::AnthropicCompatible,
+            AuthType::Bearer,
+            Some("https://llm.example.com/anthropic/"),
+        );
+        let head =
+            build_upstream_head(&uri, &HeaderMap::new(), Endpoint::Messages, &bearer).unwrap();
+        assert_eq!(
+            head.uri,
+            "https://llm.example.com/anthropic/v1/messages?x=1&y=%20"
+        );
+        assert_eq!(head.headers["authorization"], "Bearer sk-ant-api03-SECRET");
+        assert!(!head.headers.contains_key("anthropic-beta"));
+        let key = account(
+            Provider::AnthropicCompatible,
+            AuthType::ApiKey,
+            Some("http://127.0.0.1:8080"),
+        );
+        let head = build_upstream_head(&uri, &HeaderMap::new(), Endpoint::Messages, &key).unwrap();
+        assert_eq!(head.uri, "http://127.0.0.1:8080/v1/messages?x=1&y=%20");
+        assert_eq!(head.headers["x-api-key"], "sk-ant-api03-SECRET");
+    }
+
+    #[test]
+    fn unsupported_accounts_are_typed_errors_without_the_secret() {
+        use ProvidersError::*;
+        let cases = [
+            (
+                Provider::Anthropic,
+                AuthType::Bearer,
+                None,
+                UnsupportedAuth {
+                    provider: Provider::Anthropic,
+                    auth: AuthType::Bearer,
+                },
+            ),
+            (
+                Provider::AnthropicCompatible,
+                AuthType::OAuth,
+                Some("https://x.io"),
+                UnsupportedAuth {
+                    provider: Provider::AnthropicCompatible,
+                    auth: AuthType::OAuth,
+                },
+            ),
+            (
+                Provider::AnthropicCompatible,
+                AuthType::ApiKey,
+                None,
+                MissingBaseUrl,
+            ),
+            (
+                Provider::Anthropic,
+                AuthType::ApiKey,
+                Some("ftp://x.io"),
+                InvalidBaseUrl {
+                    base_url: "ftp://x.io".into(),
+                    reason: "the scheme must be http or https",
+                },
+            ),
+            (
+                Provider::Anthropic,
+                AuthType::ApiKey,
+                Some("/relative"),
+                InvalidBaseUrl {
+                    base_url: "/relative".into(),
+                    reason: "the scheme must be http or https",
+                },
+            ),
+            (
+                Provider::Anthropic,
+                AuthType::ApiKey,
+                Some("https://x.io/?a=1"),
+                InvalidBaseUrl {
+                    base_url: "https://x.io/?a=1".into(),
+                    reason: "a base URL cannot have a query or fragment",
+                },
+            ),
+        ];
+        for (provider, auth, base_url, expected) in cases {
+            assert_eq!(
+                validate_account(provider, auth, base_url),
+                Err(expected.clone())
+            );
+            let err = build_upstream_head(
+                &Uri::from_static("/v1/messages"),
+                &HeaderMap::new(),
+                Endpoint::Messages,
+                &account(provider, auth, base_url),
+            )
+            .unwrap_err();
+            assert_eq!(err, expected);
+            assert!(!err.to_string().contains("SECRET"));
+        }
+        let bad = UpstreamAccount {
+            secret: "hunter2\nX",
+            ..account(Provider::Anthropic, AuthType::ApiKey, None)
+        };
+        let err = build_upstream_head(
+            &Uri::from_static("/"),
+            &HeaderMap::new(),
+            Endpoint::Messages,
+            &bad,
+        )
+        .unwrap_err();
+        assert_eq!(err, ProvidersError::InvalidSecret);
+        assert!(!format!("{err} {err:?} {bad:?}").contains("hunter2"));
+    }
+}
