@@ -381,6 +381,18 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Every status classifies without panicking, request errors are exactly the
+        /// four statuses, key errors exactly 401, 402, 403, rate limits exactly 429.
+        #[test]
+        fn every_status_has_exactly_one_row(code in 100u16..1000) {
+            let c = plain(code);
+            proptest::prop_assert_eq!(c.is_request_error(), REQUEST_ERROR_STATUSES.contains(&code));
+            proptest::prop_assert_eq!(c.class == FailureClass::KeyError, matches!(code, 401..=403));
+            proptest::prop_assert_eq!(c.class == FailureClass::RateLimit, code == 429);
+        }
+    }
+
     #[test]
     fn names_are_stable() {
         assert_eq!(FailureClass::KeyError.as_str(), "key_error");

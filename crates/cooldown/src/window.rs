@@ -221,7 +221,8 @@ impl WindowBook {
 
     /// SPEC 5: `Some` while the account is out of a window (or of its request limit) at
     /// `now`, with the limit and the time it is back. `threshold` is the account's own
-    /// `window_threshold`; `None` uses the default (0.95).
+    /// `window_threshold`; `None` uses the default (0.95). Thresholds are validated by
+    /// the configuration; a NaN one never matches a utilisation.
     pub fn out_of_window(
         &self,
         account: &AccountId,
