@@ -25,7 +25,7 @@ pub(crate) type ResetFlag = Arc<AtomicBool>;
 pub(crate) enum Ending {
     /// Chunked terminator: the body is complete.
     Clean,
-    /// The body fails, the connection is closed (and reset when asked).
+    /// The body fails: the connection is closed, or reset for [`Cut::Reset`].
     Fail(Cut),
 }
 
@@ -87,6 +87,8 @@ pub(crate) struct SimBody {
     state: State,
     sleep: Option<Pin<Box<Sleep>>>,
     sleeping: bool,
+    /// Whether the frames before a failure were given a chance to be flushed.
+    flushed: bool,
     guard: Option<RequestGuard>,
     reset: Option<ResetFlag>,
 }
@@ -119,6 +121,7 @@ impl SimBody {
             state,
             sleep: None,
             sleeping: false,
+            flushed: false,
             guard: Some(guard),
             reset,
         }
@@ -241,7 +244,16 @@ impl http_body::Body for SimBody {
                     this.finish();
                     return Poll::Ready(None);
                 }
-                Step::Fail(cut) => return this.fail(cut),
+                Step::Fail(cut) => {
+                    // hyper writes the frames it got so far only once the body is
+                    // pending; fail on the next poll so they reach the client first.
+                    if !this.flushed {
+                        this.flushed = true;
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    return this.fail(cut);
+                }
             }
         }
     }

@@ -338,6 +338,8 @@ impl UnifiedHeaders {
 pub enum Cut {
     /// The HTTP body ends cleanly (chunked terminator sent) but `message_stop` never came.
     EndOfBody,
+    /// The connection is closed (FIN) without finishing the HTTP body.
+    Close,
     /// The connection is reset (TCP RST) without finishing the HTTP body.
     Reset,
 }

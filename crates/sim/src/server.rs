@@ -31,7 +31,7 @@ use crate::accounts::{AccountStats, Accounts, AlwaysHeaders, RequestGuard, SimAc
 use crate::body::{Ending, ResetFlag, SimBody, StreamCursor};
 use crate::error::SimError;
 use crate::recorder::{RecordedRequest, Recorder};
-use crate::script::{Behaviour, ErrorReply, OkSpec, Script};
+use crate::script::{Behaviour, Cut, ErrorReply, OkSpec, Script};
 use crate::wire;
 
 /// How to start a simulator.
@@ -614,16 +614,12 @@ async fn perform(
             tokio::time::sleep(spec.ttft.sample(&mut rng)).await;
             let frames_total = spec.chunks as usize + 6;
             let send = frames.min(frames_total - 1);
+            let ending = match cut {
+                Cut::EndOfBody => Ending::Clean,
+                Cut::Close | Cut::Reset => Ending::Fail(cut),
+            };
             Ok(sse(
-                reply,
-                &model,
-                n,
-                &spec,
-                send,
-                false,
-                Ending::Fail(cut),
-                rng,
-                reset,
+                reply, &model, n, &spec, send, false, ending, rng, reset,
             ))
         }
     }
