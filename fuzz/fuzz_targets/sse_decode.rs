@@ -40,7 +40,11 @@ fuzz_target!(|input: &[u8]| {
     let Some((&bound, rest)) = input.split_first() else {
         return;
     };
-    let max = if bound == 0 { usize::MAX } else { usize::from(bound) * 4 };
+    let max = if bound == 0 {
+        usize::MAX
+    } else {
+        usize::from(bound) * 4
+    };
     let (chunk_lens, stream) = rest.split_at(rest.len().min(8));
     let whole = decode(stream, &[], max);
     let chunked = decode(stream, chunk_lens, max);

@@ -292,6 +292,7 @@ fn upstream_uri(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -514,5 +515,83 @@ mod tests {
         .unwrap_err();
         assert_eq!(err, ProvidersError::InvalidSecret);
         assert!(!format!("{err} {err:?} {bad:?}").contains("hunter2"));
+    }
+
+    fn header_name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("x-api-key".to_string()),
+            Just("authorization".to_string()),
+            Just("cookie".to_string()),
+            Just("x-claude-code-session-id".to_string()),
+            Just("connection".to_string()),
+            Just("accept-encoding".to_string()),
+            Just("anthropic-version".to_string()),
+            Just("anthropic-beta".to_string()),
+            Just("content-type".to_string()),
+            Just("accept".to_string()),
+            Just("user-agent".to_string()),
+            "x-[a-z]{1,8}",
+        ]
+    }
+
+    fn header_value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z0-9-]{1,12}(,[ a-z0-9-]{0,12}){0,3}",
+            "[a-zA-Z ]{0,4}(sk-lb-|SK-LB-|Sk-Lb-)[A-Za-z0-9]{0,8}",
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn only_allowlisted_headers_without_lb_keys_reach_the_upstream(
+            pairs in prop::collection::vec((header_name(), header_value()), 0..16),
+            oauth in any::<bool>(),
+        ) {
+            let client = headers(&pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>());
+            let auth = if oauth { AuthType::OAuth } else { AuthType::ApiKey };
+            let head = build_upstream_head(
+                &Uri::from_static("/o/u/v1/messages"),
+                &client,
+                Endpoint::Messages,
+                &account(Provider::Anthropic, auth, None),
+            )
+            .unwrap();
+            for (name, value) in &head.headers {
+                prop_assert!(!contains_lb_key(value), "{name}: {value:?}");
+                let allowed = FORWARDED_HEADERS.contains(name)
+                    || *name == ACCEPT_ENCODING
+                    || (*name == X_API_KEY && !oauth)
+                    || (*name == AUTHORIZATION && oauth);
+                prop_assert!(allowed, "{name} must not be sent");
+            }
+            prop_assert_eq!(head.headers.get_all(ACCEPT_ENCODING).iter().count(), 1);
+            prop_assert!(head.headers.contains_key(ANTHROPIC_VERSION));
+            // Forwarded values are the client's own, untouched (beta aside for OAuth).
+            for name in [CONTENT_TYPE, ACCEPT, USER_AGENT] {
+                let expected: Vec<&HeaderValue> = client.get_all(&name).iter().filter(|v| !contains_lb_key(v)).collect();
+                prop_assert_eq!(head.headers.get_all(&name).iter().collect::<Vec<_>>(), expected);
+            }
+            if oauth {
+                let flags = |values: Vec<&HeaderValue>| -> Vec<String> {
+                    let mut seen = Vec::new();
+                    for v in values {
+                        for f in v.to_str().unwrap().split(',') {
+                            let f = f.trim().to_string();
+                            if !f.is_empty() && !seen.contains(&f) {
+                                seen.push(f);
+                            }
+                        }
+                    }
+                    seen
+                };
+                let mut expected = flags(client.get_all(&ANTHROPIC_BETA).iter().filter(|v| !contains_lb_key(v)).collect());
+                if !expected.iter().any(|f| f == OAUTH_BETA) {
+                    expected.push(OAUTH_BETA.to_string());
+                }
+                let got: Vec<&HeaderValue> = head.headers.get_all(&ANTHROPIC_BETA).iter().collect();
+                prop_assert_eq!(got.len(), 1);
+                prop_assert_eq!(got[0].to_str().unwrap(), expected.join(","));
+            }
+        }
     }
 }

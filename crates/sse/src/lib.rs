@@ -27,11 +27,11 @@
 //! ```
 //!
 //! # Layout
-//! - [`decode`](crate::decode): [`Decoder`], the incremental framer (buffering, line
+//! - [`decode`]: [`Decoder`], the incremental framer (buffering, line
 //!   ends, BOM, size bound, end of stream), and [`decode_all`].
-//! - [`frame`](crate::frame): [`Frame`], its original bytes and its lazily parsed fields.
-//! - [`encode`](crate::encode): [`Event`] and the generic error frame of SPEC 3.8.
-//! - [`error`](crate::error): [`SseError`], the crate's one error type.
+//! - [`frame`]: [`Frame`], its original bytes and its lazily parsed fields.
+//! - [`encode`]: [`Event`] and the generic error frame of SPEC 3.8.
+//! - [`error`]: [`SseError`], the crate's one error type.
 
 pub mod decode;
 pub mod encode;
