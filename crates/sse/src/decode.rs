@@ -84,9 +84,13 @@ impl Decoder {
     }
 
     /// Appends one chunk of the stream. Drain [`next_frame`](Self::next_frame) after each
-    /// push: the size bound is checked there.
+    /// push: the size bound is checked there. Ignored once the decoder is poisoned, so a
+    /// caller that keeps pushing after an error does not grow the buffer. Do not push
+    /// after [`finish`](Self::finish).
     pub fn push(&mut self, chunk: &[u8]) {
-        self.buf.extend_from_slice(chunk);
+        if self.failed.is_none() {
+            self.buf.extend_from_slice(chunk);
+        }
     }
 
     /// The next complete frame, `Ok(None)` when the buffered bytes do not hold one yet.
@@ -335,7 +339,9 @@ mod tests {
         assert!(err.to_string().contains("larger than 16 bytes"), "{err}");
         assert_eq!(decoder.buffered(), 0);
         decoder.push(b"data: a\n\n");
-        assert_eq!(decoder.next_frame(), Err(err));
+        assert_eq!(decoder.buffered(), 0, "a poisoned decoder buffers nothing");
+        assert_eq!(decoder.next_frame(), Err(err.clone()));
+        assert_eq!(decoder.finish(), Err(err));
     }
 
     #[test]
