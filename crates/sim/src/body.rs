@@ -192,12 +192,21 @@ impl State {
                             return Step::Sleep(wait);
                         }
                     }
-                    c.next += 1;
-                    let last = c.next == c.send && !c.error_frame && c.ending == Ending::Clean;
-                    return Step::Yield {
-                        frame: c.frames.get(i),
-                        last,
-                    };
+                    // Frames that follow without a pause go out as one chunk: one
+                    // write instead of many, as a busy upstream's TCP stream would look.
+                    let unpaced = c.interval.is_zero();
+                    let mut end = i + 1;
+                    while end < c.send && (unpaced || !c.frames.is_paced(end)) {
+                        end += 1;
+                    }
+                    c.next = end;
+                    let with_error = end == c.send && c.error_frame;
+                    c.error_frame &= !with_error;
+                    let frame = c
+                        .frames
+                        .join(i..end, with_error.then_some(OVERLOADED_ERROR_FRAME));
+                    let last = end == c.send && !c.error_frame && c.ending == Ending::Clean;
+                    return Step::Yield { frame, last };
                 }
                 if c.error_frame {
                     c.error_frame = false;
@@ -268,5 +277,139 @@ impl http_body::Body for SimBody {
             State::Full(None) | State::Done => SizeHint::with_exact(0),
             _ => SizeHint::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+    use rand::SeedableRng;
+
+    use super::*;
+    use crate::accounts::Accounts;
+    use crate::script::OkSpec;
+
+    fn body(
+        spec: &OkSpec,
+        send: usize,
+        error_frame: bool,
+        ending: Ending,
+    ) -> (SimBody, Arc<Accounts>) {
+        let accounts = Arc::new(Accounts::new(vec![], None).unwrap());
+        let frames = StreamFrames::new("msg_1", "m", spec);
+        let rng = SmallRng::seed_from_u64(1);
+        let cursor = StreamCursor::new(frames, send, error_frame, ending, spec.chunk_interval, rng);
+        let reset = ResetFlag::default();
+        (
+            SimBody::stream(cursor, accounts.begin(None), reset),
+            accounts,
+        )
+    }
+
+    /// The event names of each chunk the body yields, until it ends or fails.
+    async fn chunks(mut body: SimBody) -> (Vec<Vec<String>>, bool) {
+        let mut out = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else { return (out, true) };
+            let text = String::from_utf8(frame.into_data().unwrap().to_vec()).unwrap();
+            let events = text
+                .split_terminator("\n\n")
+                .map(|f| {
+                    f.lines()
+                        .next()
+                        .unwrap()
+                        .trim_start_matches("event: ")
+                        .to_owned()
+                })
+                .collect();
+            out.push(events);
+        }
+        (out, false)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn paced_frames_go_one_by_one_and_the_rest_in_one_chunk() {
+        let spec = OkSpec::default().chunks(3).chunk_interval(Delay::ms(1000));
+        let (b, accounts) = body(&spec, 9, false, Ending::Clean);
+        let start = Instant::now();
+        let (got, failed) = chunks(b).await;
+        assert!(!failed);
+        assert_eq!(
+            got,
+            [
+                vec![
+                    "message_start",
+                    "content_block_start",
+                    "ping",
+                    "content_block_delta"
+                ],
+                vec!["content_block_delta"],
+                vec![
+                    "content_block_delta",
+                    "content_block_stop",
+                    "message_delta",
+                    "message_stop"
+                ],
+            ]
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        assert_eq!(accounts.total.read().finished, 1);
+    }
+
+    #[tokio::test]
+    async fn unpaced_stream_is_one_chunk_and_the_error_frame_joins_it() {
+        let spec = OkSpec::default().chunks(2);
+        let (got, _) = chunks(body(&spec, 8, false, Ending::Clean).0).await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].len(), 8);
+        let (got, failed) = chunks(body(&spec, 1, true, Ending::Clean).0).await;
+        assert_eq!(
+            (got, failed),
+            (
+                vec![vec!["message_start".to_owned(), "error".to_owned()]],
+                false
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn failing_endings_fail_after_the_frames_and_only_reset_sets_the_flag() {
+        for (cut, resets) in [(Cut::Close, false), (Cut::Reset, true)] {
+            let spec = OkSpec::default();
+            let accounts = Arc::new(Accounts::new(vec![], None).unwrap());
+            let frames = StreamFrames::new("msg_1", "m", &spec);
+            let cursor = StreamCursor::new(
+                frames,
+                2,
+                false,
+                Ending::Fail(cut),
+                Delay::ZERO,
+                SmallRng::seed_from_u64(1),
+            );
+            let reset = ResetFlag::default();
+            let b = SimBody::stream(cursor, accounts.begin(None), reset.clone());
+            let (got, failed) = chunks(b).await;
+            assert_eq!(got, [vec!["message_start", "content_block_start"]]);
+            assert!(failed);
+            assert_eq!(reset.load(Ordering::Relaxed), resets);
+            assert_eq!(
+                accounts.total.read().finished,
+                1,
+                "a scripted cut is not a cancellation"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn dropping_the_body_early_counts_a_cancellation() {
+        let spec = OkSpec::default().chunk_interval(Delay::ms(1000));
+        let (mut b, accounts) = body(&spec, 10, false, Ending::Clean);
+        b.frame().await.unwrap().unwrap();
+        drop(b);
+        let stats = accounts.total.read();
+        assert_eq!(
+            (stats.finished, stats.cancelled, stats.in_flight),
+            (0, 1, 0)
+        );
     }
 }

@@ -41,6 +41,14 @@ impl Delay {
         }
     }
 
+    /// Whether every draw is zero.
+    pub fn is_zero(&self) -> bool {
+        match *self {
+            Delay::Fixed(d) => d.is_zero(),
+            Delay::Uniform { min, max } => min.is_zero() && max.is_zero(),
+        }
+    }
+
     /// Draws one duration.
     pub fn sample(&self, rng: &mut impl Rng) -> Duration {
         match *self {

@@ -523,7 +523,7 @@ async fn perform(
             ))
         }
         Behaviour::StallBeforeHeaders(wait) => {
-            tokio::time::sleep(wait).await;
+            pause(wait).await;
             reset.store(true, Ordering::Relaxed);
             reply.guard.finish();
             Err(io::Error::new(
@@ -549,7 +549,7 @@ async fn perform(
         }
         Behaviour::Ok(spec) => match (endpoint, stream) {
             (Endpoint::CountTokens, _) => {
-                tokio::time::sleep(spec.latency.sample(&mut rng)).await;
+                pause(spec.latency.sample(&mut rng)).await;
                 Ok(json(
                     reply,
                     StatusCode::OK,
@@ -557,7 +557,7 @@ async fn perform(
                 ))
             }
             (Endpoint::Messages, false) => {
-                tokio::time::sleep(spec.latency.sample(&mut rng)).await;
+                pause(spec.latency.sample(&mut rng)).await;
                 let id = message_id(n);
                 Ok(json(
                     reply,
@@ -566,7 +566,7 @@ async fn perform(
                 ))
             }
             (Endpoint::Messages, true) => {
-                tokio::time::sleep(spec.ttft.sample(&mut rng)).await;
+                pause(spec.ttft.sample(&mut rng)).await;
                 let send = spec.chunks as usize + 6;
                 Ok(sse(
                     reply,
@@ -585,7 +585,7 @@ async fn perform(
             if !stream {
                 return Ok(error(reply, &ErrorReply::new(overloaded())));
             }
-            tokio::time::sleep(spec.ttft.sample(&mut rng)).await;
+            pause(spec.ttft.sample(&mut rng)).await;
             Ok(sse(
                 reply,
                 &model,
@@ -611,7 +611,7 @@ async fn perform(
                     false,
                 ));
             }
-            tokio::time::sleep(spec.ttft.sample(&mut rng)).await;
+            pause(spec.ttft.sample(&mut rng)).await;
             let frames_total = spec.chunks as usize + 6;
             let send = frames.min(frames_total - 1);
             let ending = match cut {
@@ -622,6 +622,14 @@ async fn perform(
                 reply, &model, n, &spec, send, false, ending, rng, reset,
             ))
         }
+    }
+}
+
+/// Waits `d` on the tokio clock. A zero wait returns at once: even a zero `sleep` waits
+/// for the next tick of tokio's millisecond timer wheel.
+async fn pause(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
     }
 }
 

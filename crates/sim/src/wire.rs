@@ -273,6 +273,29 @@ impl StreamFrames {
         i > 3 && i < 3 + self.chunks
     }
 
+    /// Frames `range` of the complete stream followed by `extra`, as one chunk (no copy
+    /// when it is a single frame).
+    pub(crate) fn join(
+        &self,
+        range: std::ops::Range<usize>,
+        extra: Option<&'static [u8]>,
+    ) -> Bytes {
+        if range.len() == 1 && extra.is_none() {
+            return self.get(range.start);
+        }
+        let parts = || {
+            range
+                .clone()
+                .map(|i| self.get(i))
+                .chain(extra.map(Bytes::from_static))
+        };
+        let mut out = Vec::with_capacity(parts().map(|b| b.len()).sum());
+        for part in parts() {
+            out.extend_from_slice(&part);
+        }
+        Bytes::from(out)
+    }
+
     /// Frame `i` of the complete stream (`i < len()`).
     pub(crate) fn get(&self, i: usize) -> Bytes {
         let c = self.chunks;
