@@ -40,5 +40,9 @@ pub mod config;
 pub mod error;
 pub mod keys;
 pub mod resolve;
+pub mod state;
+pub mod store;
+pub mod testing;
 
 pub use error::StoreError;
+pub use store::{BackendKind, BackendStatus, BootState, Store, now_ms};

@@ -100,6 +100,21 @@ pub struct RatingSettings {
     pub max_sample_age_ms: u64,
 }
 
+impl RatingSettings {
+    /// The selector's rating config with these weights (EWMA alpha at its default).
+    pub fn to_rating_config(&self) -> keypool_selector::RatingConfig {
+        keypool_selector::RatingConfig {
+            weights: keypool_selector::RatingWeights {
+                ttft: self.ttft_weight,
+                total: self.total_weight,
+                error: self.error_weight,
+            },
+            max_sample_age_ms: self.max_sample_age_ms,
+            ..keypool_selector::RatingConfig::default()
+        }
+    }
+}
+
 impl Default for RatingSettings {
     fn default() -> Self {
         Self {
@@ -486,6 +501,7 @@ pub(crate) enum LegacyEntry {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub(crate) server: ServerSettings,
+    pub(crate) cooldown: keypool_cooldown::CooldownConfig,
     pub(crate) admin: AdminSettings,
     pub(crate) orgs: HashMap<Arc<str>, Arc<Org>>,
     pub(crate) accounts: HashMap<AccountId, Arc<Account>>,
@@ -523,6 +539,16 @@ impl Config {
     /// The server settings.
     pub fn server(&self) -> &ServerSettings {
         &self.server
+    }
+    /// The cooldown, backoff, window and breaker settings for `keypool-cooldown`'s
+    /// books: the `[cooldown]` table with `auto_disable_on_error`,
+    /// `default_window_threshold` and `circuit_breaker` taken from `[server]`.
+    pub fn cooldown(&self) -> &keypool_cooldown::CooldownConfig {
+        &self.cooldown
+    }
+    /// The rating engine's settings (`[server.rating]`; EWMA alpha at its default).
+    pub fn rating(&self) -> keypool_selector::RatingConfig {
+        self.server.rating.to_rating_config()
     }
     /// The admin settings.
     pub fn admin(&self) -> &AdminSettings {

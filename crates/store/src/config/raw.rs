@@ -20,6 +20,8 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub admin: RawAdmin,
     #[serde(default)]
+    pub cooldown: keypool_cooldown::CooldownSettings,
+    #[serde(default)]
     pub orgs: Vec<RawOrg>,
     #[serde(default)]
     pub accounts: Vec<RawAccount>,

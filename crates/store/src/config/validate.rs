@@ -68,6 +68,33 @@ pub(super) fn parse_and_validate(
             raw.server = s;
         }
     }
+    let mut cooldown_settings = keypool_cooldown::CooldownSettings::default();
+    if let Some(v) = table.get("cooldown") {
+        if let Some(t) = v.as_table() {
+            for (key, server_name) in [
+                ("auto_disable_on_error", "auto_disable_on_error"),
+                ("window_threshold", "default_window_threshold"),
+            ] {
+                if t.contains_key(key) {
+                    issues.push(
+                        format!("cooldown.{key}"),
+                        format!("set this in [server] as `{server_name}`"),
+                    );
+                }
+            }
+            if t.get("breaker").and_then(|b| b.get("enabled")).is_some() {
+                issues.push(
+                    "cooldown.breaker.enabled",
+                    "set this in [server] as `circuit_breaker`",
+                );
+            }
+        }
+        if let Some(c) =
+            check_element::<keypool_cooldown::CooldownSettings>(v, "cooldown", &mut issues)
+        {
+            cooldown_settings = c;
+        }
+    }
     if let Some(v) = table.get("admin")
         && let Some(a) = check_element::<RawAdmin>(v, "admin", &mut issues)
     {
@@ -567,6 +594,22 @@ pub(super) fn parse_and_validate(
     let Some(server) = server else {
         return Err(ConfigErrors(issues.0));
     };
+    cooldown_settings.auto_disable_on_error = server.auto_disable_on_error;
+    cooldown_settings.window_threshold = server.default_window_threshold.get();
+    cooldown_settings.breaker.enabled = server.circuit_breaker;
+    let cooldown = match keypool_cooldown::CooldownConfig::try_new(cooldown_settings) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            issues.push("cooldown", e.to_string());
+            None
+        }
+    };
+    if let Err(e) = server.rating.to_rating_config().validate() {
+        issues.push("server.rating", e.to_string());
+    }
+    let Some(cooldown) = cooldown else {
+        return Err(ConfigErrors(issues.0));
+    };
     if !issues.0.is_empty() {
         return Err(ConfigErrors(issues.0));
     }
@@ -589,6 +632,7 @@ pub(super) fn parse_and_validate(
 
     Ok(Config {
         server,
+        cooldown,
         admin,
         orgs: org_builders
             .into_iter()

@@ -1,0 +1,150 @@
+//! Runtime state: the in-memory books the request path reads synchronously, and the
+//! persistence layered around them (a local state file, or a Redis mirror).
+//!
+//! The books themselves belong to the policy crates: `keypool-cooldown`'s
+//! [`PoolHealth`] (cooldowns, disabled accounts, usage windows, breakers) and
+//! `keypool-selector`'s [`RatingEngine`]. This module adds what only the store needs:
+//! rotation counters that can be exported, the `last_used` time of each account, and the
+//! serialisable [`StateExport`] of everything with absolute times.
+
+pub(crate) mod file;
+pub(crate) mod redis;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dashmap::DashMap;
+use keypool_cooldown::{HealthExport, PoolHealth};
+use keypool_core::{AccountId, UnixMs};
+use keypool_selector::{RatingEngine, RatingState};
+use serde::{Deserialize, Serialize};
+
+pub use file::StateFileLoad;
+
+/// The version written into state files; a file of another version is set aside.
+pub const STATE_FILE_VERSION: u32 = 1;
+
+/// Everything persisted, with absolute unix-ms times: a state file's content.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateExport {
+    /// Always [`STATE_FILE_VERSION`].
+    pub version: u32,
+    /// When it was taken (informational).
+    pub exported_at: UnixMs,
+    /// Cooldowns, disabled accounts, usage windows.
+    pub health: HealthExport,
+    /// Rating averages and recent TTFT samples.
+    pub rating: RatingState,
+    /// Rotation counters by pool key (`org/group`).
+    pub counters: BTreeMap<String, u64>,
+    /// When each account last served, unix ms.
+    pub last_used: BTreeMap<AccountId, UnixMs>,
+}
+
+/// Per-pool rotation counters held in memory (the fallback when Redis is configured).
+#[derive(Debug, Default)]
+pub struct LocalCounters {
+    counters: DashMap<Box<str>, AtomicU64>,
+}
+
+impl LocalCounters {
+    /// The next value of `pool`'s counter (the first is 0).
+    pub fn next(&self, pool: &str) -> u64 {
+        if let Some(c) = self.counters.get(pool) {
+            return c.fetch_add(1, Ordering::Relaxed);
+        }
+        self.counters
+            .entry(pool.into())
+            .or_default()
+            .fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Raises `pool`'s counter to at least `value` (used when Redis answers again).
+    pub fn raise_to(&self, pool: &str, value: u64) {
+        self.counters
+            .entry(pool.into())
+            .or_default()
+            .fetch_max(value, Ordering::Relaxed);
+    }
+
+    /// Every counter.
+    pub fn export(&self) -> BTreeMap<String, u64> {
+        self.counters
+            .iter()
+            .map(|e| (e.key().to_string(), e.value().load(Ordering::Relaxed)))
+            .collect()
+    }
+}
+
+/// The in-memory runtime state: the request path's source of truth.
+#[derive(Debug)]
+pub struct RuntimeState {
+    /// Cooldowns, disabled accounts, usage windows, circuit breakers.
+    pub health: PoolHealth,
+    /// The rating engine.
+    pub rating: RatingEngine,
+    /// Local rotation counters.
+    pub counters: LocalCounters,
+    last_used: DashMap<AccountId, AtomicU64>,
+}
+
+impl RuntimeState {
+    /// Empty state with the given books.
+    pub fn new(health: PoolHealth, rating: RatingEngine) -> Self {
+        Self {
+            health,
+            rating,
+            counters: LocalCounters::default(),
+            last_used: DashMap::new(),
+        }
+    }
+
+    /// When `id` last served (0 = never).
+    pub fn last_used(&self, id: &AccountId) -> UnixMs {
+        self.last_used
+            .get(id)
+            .map_or(0, |v| v.load(Ordering::Relaxed))
+    }
+
+    /// Records that `id` served at `now` (never moves backwards).
+    pub fn mark_used(&self, id: &AccountId, now: UnixMs) {
+        if let Some(v) = self.last_used.get(id) {
+            v.fetch_max(now, Ordering::Relaxed);
+            return;
+        }
+        self.last_used
+            .entry(id.clone())
+            .or_default()
+            .fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Everything, with absolute times.
+    pub fn export(&self, now: UnixMs) -> StateExport {
+        StateExport {
+            version: STATE_FILE_VERSION,
+            exported_at: now,
+            health: self.health.export(now),
+            rating: self.rating.export(now),
+            counters: self.counters.export(),
+            last_used: self
+                .last_used
+                .iter()
+                .map(|e| (e.key().clone(), e.value().load(Ordering::Relaxed)))
+                .collect(),
+        }
+    }
+
+    /// Merges an export in at `now`: unexpired entries keep their absolute expiry
+    /// (expired ones are dropped), counters and `last_used` only move forward.
+    pub fn import(&self, export: StateExport, now: UnixMs) {
+        self.rating.import(&export.rating);
+        for (pool, value) in &export.counters {
+            self.counters.raise_to(pool, *value);
+        }
+        for (id, at) in &export.last_used {
+            self.mark_used(id, *at);
+        }
+        self.health.import(export.health, now);
+    }
+}

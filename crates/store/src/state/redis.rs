@@ -1,0 +1,467 @@
+//! The Redis mirror (`fred`): best-effort copies of the in-memory books, shared counters,
+//! and pub/sub events so that replicas see each other's changes within a second.
+//!
+//! Layout in Redis (prefix `keypool:`):
+//!
+//! | key | type | content |
+//! | --- | --- | --- |
+//! | `keypool:cooldown:{account}` | string, `PXAT` expiry | JSON `CooldownRecord` |
+//! | `keypool:window:{account}` | string, `PXAT` latest future reset | JSON `WindowRecord` |
+//! | `keypool:disabled` | hash account → JSON `DisabledRecord` | no expiry |
+//! | `keypool:rating` | hash account → JSON `AccountRatingState` | flushed periodically |
+//! | `keypool:counter:{org/group}` | integer | `INCR` rotation counter |
+//! | channel `keypool:events` | pub/sub | JSON [`Envelope`] after every mirrored write |
+//!
+//! Every operation is bounded by `redis_timeout_ms`; a failure or timeout marks the
+//! mirror not ready, counts a fallback and asks for a reconciliation, and the caller
+//! goes on with memory.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use fred::clients::{Client, SubscriberClient};
+use fred::prelude::{
+    ClientLike, Config as FredConfig, EventInterface, Expiration, HashesInterface, KeysInterface,
+    PubsubInterface, ReconnectPolicy,
+};
+use fred::types::Builder;
+use keypool_cooldown::{CooldownRecord, DisabledRecord, HealthExport, WindowRecord};
+use keypool_core::{AccountId, UnixMs};
+use keypool_selector::{AccountRatingState, RatingState};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::StoreError;
+
+const PREFIX: &str = "keypool:";
+/// The pub/sub channel of state events.
+pub const EVENTS_CHANNEL: &str = "keypool:events";
+const DISABLED_KEY: &str = "keypool:disabled";
+const RATING_KEY: &str = "keypool:rating";
+/// Mirrored writes waiting for the writer task; beyond this they are dropped (counted
+/// as fallbacks) and the next reconciliation catches up.
+const WRITE_QUEUE: usize = 4096;
+
+/// One change of shared state, as mirrored and published.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StateEvent {
+    /// An account's cooldown entry changed (absolute expiry).
+    Cooldown {
+        /// The entry.
+        record: CooldownRecord,
+    },
+    /// An operator cleared an account's cooldown.
+    CooldownCleared {
+        /// The account.
+        account: AccountId,
+    },
+    /// An account's usage-window headers changed.
+    Window {
+        /// The state.
+        record: WindowRecord,
+    },
+    /// An account was disabled.
+    Disabled {
+        /// Reason and time.
+        record: DisabledRecord,
+    },
+    /// An operator re-enabled an account.
+    Reenabled {
+        /// The account.
+        account: AccountId,
+    },
+}
+
+/// A published event and the replica that published it (replicas ignore their own).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The publishing replica's random id.
+    pub origin: String,
+    /// The change.
+    pub event: StateEvent,
+}
+
+/// The shared state read back from Redis.
+#[derive(Debug, Default)]
+pub(crate) struct RemoteState {
+    pub health: HealthExport,
+    pub rating: RatingState,
+}
+
+/// Connection, readiness and fallback accounting of the Redis mirror.
+pub(crate) struct RedisMirror {
+    client: Client,
+    subscriber: SubscriberClient,
+    timeout: Duration,
+    origin: String,
+    ready: AtomicBool,
+    needs_reconcile: AtomicBool,
+    fallbacks: AtomicU64,
+    writes: mpsc::Sender<StateEvent>,
+    resubscriber: tokio::task::AbortHandle,
+}
+
+impl std::fmt::Debug for RedisMirror {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisMirror")
+            .field("origin", &self.origin)
+            .field("ready", &self.ready.load(Ordering::Relaxed))
+            .field("fallbacks", &self.fallbacks.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+fn redis_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Redis(e.to_string())
+}
+
+impl RedisMirror {
+    /// Builds the clients and starts connecting in the background (with unlimited
+    /// reconnection). Waits at most `connect_wait` for the first connection; the mirror
+    /// is usable (not ready) if that does not happen. The URL is never logged.
+    pub(crate) async fn connect(
+        url: &str,
+        timeout: Duration,
+        connect_wait: Duration,
+    ) -> Result<(Self, mpsc::Receiver<StateEvent>), StoreError> {
+        let config = FredConfig::from_url(url)
+            .map_err(|_| StoreError::Redis("redis_url is not a valid Redis URL".into()))?;
+        let mut builder = Builder::from_config(config);
+        builder
+            .with_connection_config(|c| {
+                c.connection_timeout = timeout.max(Duration::from_millis(500));
+                c.internal_command_timeout = timeout.max(Duration::from_millis(500));
+                c.max_command_attempts = 1;
+            })
+            .with_performance_config(|p| p.default_command_timeout = timeout)
+            .set_policy(ReconnectPolicy::new_constant(0, 100));
+        let client = builder.build().map_err(redis_err)?;
+        let subscriber = builder.build_subscriber_client().map_err(redis_err)?;
+        // the connection tasks end when the clients quit (see `close`)
+        drop(client.connect());
+        drop(subscriber.connect());
+        let resubscriber = subscriber.manage_subscriptions().abort_handle();
+        let connected = tokio::time::timeout(connect_wait, client.wait_for_connect())
+            .await
+            .is_ok_and(|r| r.is_ok());
+        let (writes, rx) = mpsc::channel(WRITE_QUEUE);
+        let mirror = Self {
+            client,
+            subscriber,
+            timeout,
+            origin: {
+                use rand::{Rng, SeedableRng};
+                format!("{:016x}", rand::rngs::StdRng::from_os_rng().random::<u64>())
+            },
+            ready: AtomicBool::new(connected),
+            needs_reconcile: AtomicBool::new(!connected),
+            fallbacks: AtomicU64::new(u64::from(!connected)),
+            writes,
+            resubscriber,
+        };
+        Ok((mirror, rx))
+    }
+
+    /// Whether the last Redis operation succeeded (and state is reconciled).
+    pub(crate) fn ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// How many operations fell back to memory so far.
+    pub(crate) fn fallbacks(&self) -> u64 {
+        self.fallbacks.load(Ordering::Relaxed)
+    }
+
+    /// Whether a reconciliation is due.
+    pub(crate) fn needs_reconcile(&self) -> bool {
+        self.needs_reconcile.load(Ordering::Relaxed)
+    }
+
+    fn fell_back(&self) {
+        self.ready.store(false, Ordering::Relaxed);
+        self.needs_reconcile.store(true, Ordering::Relaxed);
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Runs one Redis operation within the timeout; on failure counts a fallback.
+    async fn bounded<T>(
+        &self,
+        op: impl Future<Output = fred::prelude::FredResult<T>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, op).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                self.fell_back();
+                Err(redis_err(e))
+            }
+            Err(_) => {
+                self.fell_back();
+                Err(StoreError::Redis(format!(
+                    "no answer within {} ms",
+                    self.timeout.as_millis()
+                )))
+            }
+        }
+    }
+
+    /// `INCR keypool:counter:{pool}` minus one (so the first value is 0, like the
+    /// in-memory counter).
+    pub(crate) async fn incr(&self, pool: &str) -> Result<u64, StoreError> {
+        let key = format!("{PREFIX}counter:{pool}");
+        let v: i64 = self.bounded(self.client.incr(key)).await?;
+        Ok(u64::try_from(v.saturating_sub(1)).unwrap_or(0))
+    }
+
+    /// Queues a mirrored write (never waits). A full queue counts as a fallback.
+    pub(crate) fn send(&self, event: StateEvent) {
+        if self.writes.try_send(event).is_err() {
+            self.fell_back();
+        }
+    }
+
+    /// Writes one event to its key and publishes it. `now` skips expired entries.
+    pub(crate) async fn write(&self, event: &StateEvent, now: UnixMs) -> Result<(), StoreError> {
+        match event {
+            StateEvent::Cooldown { record } => {
+                if record.entry.until <= now {
+                    return Ok(());
+                }
+                self.set_pxat(&cooldown_key(&record.account), record, record.entry.until)
+                    .await?;
+            }
+            StateEvent::CooldownCleared { account } => {
+                let _: i64 = self.bounded(self.client.del(cooldown_key(account))).await?;
+            }
+            StateEvent::Window { record } => match record.state.latest_future_reset(now) {
+                Some(reset) => {
+                    self.set_pxat(&window_key(&record.account), record, reset)
+                        .await?
+                }
+                None => {
+                    let _: i64 = self
+                        .bounded(self.client.del(window_key(&record.account)))
+                        .await?;
+                }
+            },
+            StateEvent::Disabled { record } => {
+                let json = to_json(record)?;
+                let _: i64 = self
+                    .bounded(
+                        self.client
+                            .hset(DISABLED_KEY, (record.account.as_str(), json)),
+                    )
+                    .await?;
+            }
+            StateEvent::Reenabled { account } => {
+                let _: i64 = self
+                    .bounded(self.client.hdel(DISABLED_KEY, account.as_str()))
+                    .await?;
+            }
+        }
+        let envelope = to_json(&Envelope {
+            origin: self.origin.clone(),
+            event: event.clone(),
+        })?;
+        let _: i64 = self
+            .bounded(self.client.publish(EVENTS_CHANNEL, envelope))
+            .await?;
+        Ok(())
+    }
+
+    async fn set_pxat<T: Serialize>(
+        &self,
+        key: &str,
+        value: &T,
+        at: UnixMs,
+    ) -> Result<(), StoreError> {
+        let json = to_json(value)?;
+        let at = i64::try_from(at).unwrap_or(i64::MAX);
+        let _: Option<String> = self
+            .bounded(
+                self.client
+                    .set(key, json, Some(Expiration::PXAT(at)), None, false),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Subscribes to the events channel (again, when a reconnection lost it).
+    pub(crate) async fn ensure_subscribed(&self) -> Result<(), StoreError> {
+        if self.subscriber.tracked_channels().is_empty() {
+            self.bounded(self.subscriber.subscribe(EVENTS_CHANNEL))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The receiver of published messages.
+    pub(crate) fn messages(&self) -> tokio::sync::broadcast::Receiver<fred::types::Message> {
+        self.subscriber.message_rx()
+    }
+
+    /// Parses a published message; `None` for foreign or own messages.
+    pub(crate) fn parse(&self, message: &fred::types::Message) -> Option<StateEvent> {
+        let text = message.value.as_str()?;
+        let envelope: Envelope = serde_json::from_str(&text).ok()?;
+        (envelope.origin != self.origin).then_some(envelope.event)
+    }
+
+    /// Reads every mirrored cooldown, window, disabled flag and rating.
+    pub(crate) async fn pull(&self) -> Result<RemoteState, StoreError> {
+        let mut state = RemoteState::default();
+        for key in self.scan(&format!("{PREFIX}cooldown:*")).await? {
+            if let Some(r) = self.get_json::<CooldownRecord>(&key).await? {
+                state.health.cooldowns.push(r);
+            }
+        }
+        for key in self.scan(&format!("{PREFIX}window:*")).await? {
+            if let Some(r) = self.get_json::<WindowRecord>(&key).await? {
+                state.health.windows.push(r);
+            }
+        }
+        let disabled: HashMap<String, String> =
+            self.bounded(self.client.hgetall(DISABLED_KEY)).await?;
+        state.health.disabled = disabled
+            .values()
+            .filter_map(|v| serde_json::from_str(v).ok())
+            .collect();
+        let rating: HashMap<String, String> = self.bounded(self.client.hgetall(RATING_KEY)).await?;
+        state.rating.accounts = rating
+            .values()
+            .filter_map(|v| serde_json::from_str::<AccountRatingState>(v).ok())
+            .collect();
+        Ok(state)
+    }
+
+    /// Writes local state to Redis: unexpired cooldowns and windows with their absolute
+    /// expiry, disabled flags, ratings. Used at reconciliation.
+    pub(crate) async fn push(
+        &self,
+        health: &HealthExport,
+        rating: &RatingState,
+        now: UnixMs,
+    ) -> Result<(), StoreError> {
+        for record in &health.cooldowns {
+            if record.entry.until > now {
+                self.set_pxat(&cooldown_key(&record.account), record, record.entry.until)
+                    .await?;
+            }
+        }
+        for record in &health.windows {
+            if let Some(reset) = record.state.latest_future_reset(now) {
+                self.set_pxat(&window_key(&record.account), record, reset)
+                    .await?;
+            }
+        }
+        for record in &health.disabled {
+            let _: i64 = self
+                .bounded(
+                    self.client
+                        .hset(DISABLED_KEY, (record.account.as_str(), to_json(record)?)),
+                )
+                .await?;
+        }
+        self.push_rating(rating).await
+    }
+
+    /// Writes the rating state (best-effort, periodic).
+    pub(crate) async fn push_rating(&self, rating: &RatingState) -> Result<(), StoreError> {
+        if rating.accounts.is_empty() {
+            return Ok(());
+        }
+        let mut fields = Vec::with_capacity(rating.accounts.len());
+        for a in &rating.accounts {
+            fields.push((a.id.as_str().to_owned(), to_json(a)?));
+        }
+        let _: i64 = self.bounded(self.client.hset(RATING_KEY, fields)).await?;
+        Ok(())
+    }
+
+    /// Reads the rating hash.
+    pub(crate) async fn pull_rating(&self) -> Result<RatingState, StoreError> {
+        let rating: HashMap<String, String> = self.bounded(self.client.hgetall(RATING_KEY)).await?;
+        Ok(RatingState {
+            accounts: rating
+                .values()
+                .filter_map(|v| serde_json::from_str(v).ok())
+                .collect(),
+        })
+    }
+
+    /// Marks the mirror reconciled and ready.
+    pub(crate) fn mark_reconciled(&self) {
+        self.needs_reconcile.store(false, Ordering::Relaxed);
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// Asks for a reconciliation (after a reconnection: the server may have lost data).
+    pub(crate) fn request_reconcile(&self) {
+        self.needs_reconcile.store(true, Ordering::Relaxed);
+    }
+
+    /// A receiver of reconnection events of the command client.
+    pub(crate) fn reconnections(
+        &self,
+    ) -> tokio::sync::broadcast::Receiver<fred::types::config::Server> {
+        self.client.reconnect_rx()
+    }
+
+    /// `PING`, bounded.
+    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
+        let _: String = self.bounded(self.client.ping(None)).await?;
+        Ok(())
+    }
+
+    async fn scan(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
+        let mut keys = Vec::new();
+        let mut cursor = "0".to_owned();
+        loop {
+            let (next, page): (String, Vec<String>) = self
+                .bounded(
+                    self.client
+                        .scan_page(cursor.clone(), pattern.to_owned(), Some(500), None),
+                )
+                .await?;
+            keys.extend(page);
+            if next == "0" {
+                return Ok(keys);
+            }
+            cursor = next;
+        }
+    }
+
+    async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
+        let v: Option<String> = self.bounded(self.client.get(key)).await?;
+        Ok(v.and_then(|v| serde_json::from_str(&v).ok()))
+    }
+
+    /// Closes both connections.
+    pub(crate) fn close(&self) {
+        self.resubscriber.abort();
+        let (c, s) = (self.client.clone(), self.subscriber.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = c.quit().await;
+                let _ = s.quit().await;
+            });
+        }
+    }
+}
+
+fn cooldown_key(account: &AccountId) -> String {
+    format!("{PREFIX}cooldown:{account}")
+}
+
+fn window_key(account: &AccountId) -> String {
+    format!("{PREFIX}window:{account}")
+}
+
+fn to_json<T: Serialize>(v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| StoreError::Redis(format!("cannot encode state: {e}")))
+}

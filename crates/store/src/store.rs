@@ -1,0 +1,639 @@
+//! [`Store`]: the live configuration (swapped whole on reload), the per-request
+//! snapshot, and the runtime state with its persistence backend.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+use keypool_cooldown::headers::RateLimitInfo;
+use keypool_cooldown::{
+    Attempt, Classification, CooldownRecord, DisabledAccount, DisabledRecord, FailureEffect,
+    PoolHealth, WindowRecord,
+};
+use keypool_core::{AccountId, UnixMs};
+use keypool_selector::{Candidate, Counter, RatingEngine, Sample, sort_snapshot};
+use tokio::task::JoinHandle;
+
+use crate::StoreError;
+use crate::config::Config;
+use crate::resolve::{PoolKey, Route};
+use crate::state::file::{self, StateFileLoad};
+use crate::state::redis::{RedisMirror, StateEvent};
+use crate::state::{RuntimeState, StateExport};
+
+/// How often the background task looks at Redis health and the state-file timer.
+const TICK: Duration = Duration::from_millis(200);
+
+/// The current wall-clock time in unix ms (the store is an I/O crate: it may read the
+/// clock at its edges; everything below takes `now` as an argument).
+pub fn now_ms() -> UnixMs {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Which persistence backend a store uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendKind {
+    /// In memory only (`state_file = ""`).
+    Memory,
+    /// In memory, snapshotted to this file.
+    StateFile(PathBuf),
+    /// In memory, mirrored to Redis.
+    Redis,
+}
+
+/// What the backend is doing, for `/readyz`, `/metrics` and `/admin`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendStatus {
+    /// The backend.
+    pub kind: BackendKind,
+    /// With Redis: whether Redis answers and state is reconciled. `None` without Redis.
+    pub redis_ready: Option<bool>,
+    /// With Redis: how many operations fell back to memory since boot.
+    pub redis_fallbacks: u64,
+}
+
+/// What the store found at boot.
+#[derive(Debug)]
+pub enum BootState {
+    /// Memory only: nothing to load.
+    Fresh,
+    /// The state file's outcome.
+    StateFile(StateFileLoad),
+    /// Redis: whether its state could be loaded at boot (if not, it is reconciled when
+    /// Redis answers).
+    Redis {
+        /// `true` when Redis answered at boot and its state was imported.
+        loaded: bool,
+    },
+}
+
+enum Backend {
+    Memory { file: Option<PathBuf> },
+    Redis(Arc<RedisMirror>),
+}
+
+struct CachedSnapshot {
+    taken_at: UnixMs,
+    generation: u64,
+    candidates: Arc<[Candidate]>,
+}
+
+struct Inner {
+    config: ArcSwap<Config>,
+    state: RuntimeState,
+    snapshots: DashMap<PoolKey, CachedSnapshot>,
+    generation: AtomicU64,
+    backend: Backend,
+    boot: Mutex<Option<BootState>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    last_saved: AtomicU64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for task in self
+            .tasks
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            task.abort();
+        }
+        if let Backend::Redis(mirror) = &self.backend {
+            mirror.close();
+        }
+    }
+}
+
+/// The store: configuration, resolution, snapshots and runtime state. Cheap to clone
+/// (an `Arc`); background tasks stop when the last clone is dropped.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("backend", &self.backend_status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens a store for `config`: loads state from the backend (the state file, or
+    /// Redis keeping each entry's absolute expiry) and starts the background tasks
+    /// (state-file snapshots, Redis mirroring, pub/sub, reconciliation). Must run inside
+    /// a tokio runtime. Redis being down is not an error: the store serves from memory
+    /// and reconciles when Redis answers.
+    pub async fn open(config: Config) -> Result<Store, StoreError> {
+        let now = now_ms();
+        let health = PoolHealth::new(config.cooldown().clone());
+        let rating = RatingEngine::try_new(config.rating()).unwrap_or_default();
+        let state = RuntimeState::new(health, rating);
+        let settings = config.server().clone();
+        let (backend, boot, writes) = match &settings.redis_url {
+            Some(url) => {
+                let timeout = Duration::from_millis(settings.redis_timeout_ms);
+                let wait = timeout.max(Duration::from_secs(1));
+                let (mirror, rx) = RedisMirror::connect(url.expose(), timeout, wait).await?;
+                let mut loaded = false;
+                if mirror.ready() {
+                    loaded = reconcile(&mirror, &state, now).await.is_ok();
+                }
+                (
+                    Backend::Redis(Arc::new(mirror)),
+                    BootState::Redis { loaded },
+                    Some(rx),
+                )
+            }
+            None => match &settings.state_file {
+                Some(path) => {
+                    let outcome = file::load(path, now);
+                    match &outcome {
+                        StateFileLoad::Loaded(export) => state.import((**export).clone(), now),
+                        StateFileLoad::Corrupt { moved_to, reason } => tracing::error!(
+                            state_file = %path.display(),
+                            moved_to = %moved_to.display(),
+                            %reason,
+                            "state file is corrupt; moved aside, starting with empty state"
+                        ),
+                        StateFileLoad::Unreadable(reason) => {
+                            tracing::error!(%reason, "state file unreadable; starting with empty state")
+                        }
+                        StateFileLoad::Missing => {}
+                    }
+                    (
+                        Backend::Memory {
+                            file: Some(path.clone()),
+                        },
+                        BootState::StateFile(outcome),
+                        None,
+                    )
+                }
+                None => (Backend::Memory { file: None }, BootState::Fresh, None),
+            },
+        };
+        let inner = Arc::new(Inner {
+            config: ArcSwap::from_pointee(config),
+            state,
+            snapshots: DashMap::new(),
+            generation: AtomicU64::new(0),
+            backend,
+            boot: Mutex::new(Some(boot)),
+            tasks: Mutex::new(Vec::new()),
+            last_saved: AtomicU64::new(now),
+        });
+        let store = Store { inner };
+        store.spawn_tasks(writes);
+        Ok(store)
+    }
+
+    fn spawn_tasks(&self, writes: Option<tokio::sync::mpsc::Receiver<StateEvent>>) {
+        let mut tasks = Vec::new();
+        let weak = Arc::downgrade(&self.inner);
+        tasks.push(tokio::spawn(maintenance(weak.clone())));
+        if let Backend::Redis(mirror) = &self.inner.backend {
+            if let Some(mut rx) = writes {
+                let mirror = mirror.clone();
+                tasks.push(tokio::spawn(async move {
+                    while let Some(event) = rx.recv().await {
+                        if let Err(e) = mirror.write(&event, now_ms()).await {
+                            tracing::debug!(error = %e, "redis mirror write fell back to memory");
+                        }
+                    }
+                }));
+            }
+            let mut messages = mirror.messages();
+            let w = weak.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    match messages.recv().await {
+                        Ok(message) => {
+                            let Some(inner) = w.upgrade() else { return };
+                            if let Backend::Redis(m) = &inner.backend
+                                && let Some(event) = m.parse(&message)
+                            {
+                                Store { inner }.apply_remote(event, now_ms());
+                            }
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                            if let Some(inner) = w.upgrade()
+                                && let Backend::Redis(m) = &inner.backend
+                            {
+                                m.request_reconcile();
+                            }
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    }
+                }
+            }));
+            let mut reconnections = mirror.reconnections();
+            let m = Arc::downgrade(mirror);
+            tasks.push(tokio::spawn(async move {
+                while reconnections.recv().await.is_ok() {
+                    let Some(m) = m.upgrade() else { return };
+                    m.request_reconcile();
+                }
+            }));
+        }
+        *self
+            .inner
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = tasks;
+    }
+
+    /// What the store found at boot (taken once; later calls return `None`).
+    pub fn take_boot_state(&self) -> Option<BootState> {
+        self.inner
+            .boot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// The configuration in force now. Hold it for the whole request: a reload swaps in
+    /// a new one without touching requests in flight.
+    pub fn config(&self) -> Arc<Config> {
+        self.inner.config.load_full()
+    }
+
+    /// Reads, validates and installs the config file at `path`. On any problem the old
+    /// config keeps serving and every problem is returned. Runtime state of accounts
+    /// that still exist is kept. Changing `redis_url`, `state_file` or the rating weights
+    /// takes a restart (a warning is logged).
+    pub fn reload(&self, path: &Path) -> Result<(), StoreError> {
+        let config = Config::load(path)?;
+        self.install(config);
+        Ok(())
+    }
+
+    /// Installs an already validated config (see [`Store::reload`]).
+    pub fn install(&self, config: Config) {
+        let old = self.config();
+        let (a, b) = (old.server(), config.server());
+        if a.redis_url != b.redis_url || a.state_file != b.state_file || a.rating != b.rating {
+            tracing::warn!(
+                "redis_url, state_file and [server.rating] changes take effect at the next restart"
+            );
+        }
+        self.inner
+            .state
+            .health
+            .set_config(config.cooldown().clone());
+        self.inner.config.store(Arc::new(config));
+        self.invalidate_snapshots();
+    }
+
+    /// Drops every cached snapshot (after a reload, a disable or a re-enable).
+    fn invalidate_snapshots(&self) {
+        self.inner.generation.fetch_add(1, Ordering::AcqRel);
+        self.inner.snapshots.clear();
+    }
+
+    /// The candidate accounts of `route`'s pool in SPEC order (`priority`, `last_used`,
+    /// `id`), with `active = false` for accounts inactive in the file or disabled at
+    /// runtime. Reused for `snapshot_ttl` (so `last_used` order may lag that long;
+    /// `snapshot_ttl_secs = 0` rebuilds it for every request).
+    pub fn snapshot(&self, route: &Route, now: UnixMs) -> Arc<[Candidate]> {
+        let config = self.config();
+        let ttl = config.server().snapshot_ttl_ms;
+        let key = route.pool_key();
+        let generation = self.inner.generation.load(Ordering::Acquire);
+        if ttl > 0
+            && let Some(c) = self.inner.snapshots.get(&key)
+            && c.generation == generation
+            && now.saturating_sub(c.taken_at) < ttl
+        {
+            return c.candidates.clone();
+        }
+        let ids = match route.group() {
+            Some(g) => g.accounts(),
+            None => route.org().accounts(),
+        };
+        let state = &self.inner.state;
+        let mut candidates: Vec<Candidate> = ids
+            .iter()
+            .filter_map(|id| config.account(id.as_str()))
+            .map(|a| Candidate {
+                id: a.id().clone(),
+                provider: a.provider(),
+                auth: a.auth(),
+                base_url: a.base_url().map(Arc::from),
+                priority: a.priority(),
+                weight: a.weight().get(),
+                last_used: state.last_used(a.id()),
+                active: a.active() && !state.health.disabled.is_disabled(a.id()),
+            })
+            .collect();
+        sort_snapshot(&mut candidates);
+        let candidates: Arc<[Candidate]> = candidates.into();
+        if ttl > 0 {
+            self.inner.snapshots.insert(
+                key,
+                CachedSnapshot {
+                    taken_at: now,
+                    generation,
+                    candidates: candidates.clone(),
+                },
+            );
+        }
+        candidates
+    }
+
+    /// Records that `account` served a request at `now` (the snapshot's `last_used`).
+    pub fn mark_used(&self, account: &AccountId, now: UnixMs) {
+        self.inner.state.mark_used(account, now);
+    }
+
+    /// The health books (cooldowns, disabled, windows, breakers) for synchronous reads.
+    /// Write through the `Store` methods so that changes are mirrored.
+    pub fn health(&self) -> &PoolHealth {
+        &self.inner.state.health
+    }
+
+    /// The rating engine, for scores and p90 TTFT.
+    pub fn rating(&self) -> &RatingEngine {
+        &self.inner.state.rating
+    }
+
+    /// The next rotation counter of `pool`: Redis `INCR` (shared by replicas) when
+    /// configured and answering within `redis_timeout_ms`, else the local counter.
+    pub async fn next_counter(&self, pool: &str) -> u64 {
+        if let Backend::Redis(mirror) = &self.inner.backend
+            && let Ok(v) = mirror.incr(pool).await
+        {
+            self.inner
+                .state
+                .counters
+                .raise_to(pool, v.saturating_add(1));
+            return v;
+        }
+        self.inner.state.counters.next(pool)
+    }
+
+    /// Applies a failed attempt to the books ([`PoolHealth::record_failure`]) and
+    /// mirrors the resulting cooldown and disabling.
+    pub fn record_failure(
+        &self,
+        attempt: &Attempt<'_>,
+        classification: &Classification,
+        now: UnixMs,
+    ) -> FailureEffect {
+        let health = &self.inner.state.health;
+        let was_disabled = health.disabled.is_disabled(attempt.account);
+        let effect = health.record_failure(attempt, classification, now);
+        if effect.cooldown_until.is_some()
+            && let Some(entry) = health.cooldowns.entry(attempt.account)
+        {
+            self.mirror(StateEvent::Cooldown {
+                record: CooldownRecord {
+                    account: attempt.account.clone(),
+                    entry,
+                },
+            });
+        }
+        if effect.disabled && !was_disabled {
+            self.invalidate_snapshots();
+            if let Some(disabled) = health.disabled.get(attempt.account) {
+                self.mirror(StateEvent::Disabled {
+                    record: DisabledRecord {
+                        account: attempt.account.clone(),
+                        disabled,
+                    },
+                });
+            }
+        }
+        effect
+    }
+
+    /// Applies a successful attempt ([`PoolHealth::record_success`]) and records that
+    /// the account served.
+    pub fn record_success(&self, attempt: &Attempt<'_>, now: UnixMs) {
+        self.inner.state.health.record_success(attempt, now);
+        self.mark_used(attempt.account, now);
+    }
+
+    /// Records an upstream response's rate-limit headers; mirrors the window state when
+    /// it keeps the account out (or just stopped doing so).
+    pub fn observe_windows(&self, account: &AccountId, info: &RateLimitInfo, now: UnixMs) {
+        let threshold = self
+            .config()
+            .account(account.as_str())
+            .and_then(|a| a.window_threshold())
+            .map(|t| t.get());
+        let windows = &self.inner.state.health.windows;
+        let before = windows.out_of_window(account, threshold, now);
+        windows.observe(account, info, now);
+        let after = windows.out_of_window(account, threshold, now);
+        if (after.is_some() || before.is_some())
+            && before != after
+            && let Some(state) = windows.state(account)
+        {
+            self.mirror(StateEvent::Window {
+                record: WindowRecord {
+                    account: account.clone(),
+                    state,
+                },
+            });
+        }
+    }
+
+    /// Records a rating sample (mirrored periodically, best-effort).
+    pub fn record_rating(&self, account: &AccountId, sample: Sample, now: UnixMs) {
+        self.inner.state.rating.record(account, sample, now);
+    }
+
+    /// Operator action: disables `account` (mirrored). Returns whether it is disabled.
+    pub fn disable(&self, account: &AccountId, reason: &str, now: UnixMs) -> bool {
+        let disabled = &self.inner.state.health.disabled;
+        let was = disabled.is_disabled(account);
+        let is = disabled.disable(account, reason, now);
+        if is && !was {
+            self.invalidate_snapshots();
+            if let Some(d) = disabled.get(account) {
+                self.mirror(StateEvent::Disabled {
+                    record: DisabledRecord {
+                        account: account.clone(),
+                        disabled: d,
+                    },
+                });
+            }
+        }
+        is
+    }
+
+    /// Operator action: re-enables `account` (mirrored). Returns what it was disabled for.
+    pub fn reenable(&self, account: &AccountId) -> Option<DisabledAccount> {
+        let was = self.inner.state.health.disabled.reenable(account);
+        self.invalidate_snapshots();
+        self.mirror(StateEvent::Reenabled {
+            account: account.clone(),
+        });
+        was
+    }
+
+    /// Operator action: clears `account`'s cooldown (mirrored).
+    pub fn clear_cooldown(&self, account: &AccountId) {
+        self.inner.state.health.cooldowns.clear(account);
+        self.mirror(StateEvent::CooldownCleared {
+            account: account.clone(),
+        });
+    }
+
+    fn mirror(&self, event: StateEvent) {
+        if let Backend::Redis(mirror) = &self.inner.backend {
+            mirror.send(event);
+        }
+    }
+
+    /// Applies another replica's change to the local books.
+    fn apply_remote(&self, event: StateEvent, now: UnixMs) {
+        let health = &self.inner.state.health;
+        match event {
+            StateEvent::Cooldown { record } => {
+                health.cooldowns.import([record], now);
+            }
+            StateEvent::CooldownCleared { account } => health.cooldowns.clear(&account),
+            StateEvent::Window { record } => {
+                health.windows.import([record], now);
+            }
+            StateEvent::Disabled { record } => {
+                health.disabled.import([record]);
+                self.invalidate_snapshots();
+            }
+            StateEvent::Reenabled { account } => {
+                health.disabled.reenable(&account);
+                self.invalidate_snapshots();
+            }
+        }
+    }
+
+    /// Which backend, and whether Redis answers.
+    pub fn backend_status(&self) -> BackendStatus {
+        match &self.inner.backend {
+            Backend::Memory { file: None } => BackendStatus {
+                kind: BackendKind::Memory,
+                redis_ready: None,
+                redis_fallbacks: 0,
+            },
+            Backend::Memory { file: Some(path) } => BackendStatus {
+                kind: BackendKind::StateFile(path.clone()),
+                redis_ready: None,
+                redis_fallbacks: 0,
+            },
+            Backend::Redis(m) => BackendStatus {
+                kind: BackendKind::Redis,
+                redis_ready: Some(m.ready()),
+                redis_fallbacks: m.fallbacks(),
+            },
+        }
+    }
+
+    /// Readiness for `/readyz`: config loaded (always, once opened) and, with Redis
+    /// configured, Redis answering.
+    pub fn ready(&self) -> bool {
+        match &self.inner.backend {
+            Backend::Redis(m) => m.ready(),
+            Backend::Memory { .. } => true,
+        }
+    }
+
+    /// Everything in memory, with absolute times.
+    pub fn export_state(&self, now: UnixMs) -> StateExport {
+        self.inner.state.export(now)
+    }
+
+    /// Persists now: writes the state file, or pushes ratings to Redis. Call at shutdown
+    /// (the background task also does it every `state_snapshot_interval`).
+    pub async fn persist(&self, now: UnixMs) -> Result<(), StoreError> {
+        self.inner.last_saved.store(now, Ordering::Relaxed);
+        match &self.inner.backend {
+            Backend::Memory { file: None } => Ok(()),
+            Backend::Memory { file: Some(path) } => {
+                let export = self.inner.state.export(now);
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || file::save(&path, &export))
+                    .await
+                    .map_err(|e| StoreError::WriteState {
+                        path: PathBuf::new(),
+                        source: std::io::Error::other(e),
+                    })?
+            }
+            Backend::Redis(m) => m.push_rating(&self.inner.state.rating.export(now)).await,
+        }
+    }
+}
+
+impl Counter for Store {
+    fn next(&self, group: &str) -> impl std::future::Future<Output = u64> + Send {
+        let store = self.clone();
+        let group = group.to_owned();
+        async move { store.next_counter(&group).await }
+    }
+}
+
+/// Pulls Redis state into memory (later expiry wins), then pushes local state back.
+async fn reconcile(
+    mirror: &RedisMirror,
+    state: &RuntimeState,
+    now: UnixMs,
+) -> Result<(), StoreError> {
+    mirror.ping().await?;
+    mirror.ensure_subscribed().await?;
+    let remote = mirror.pull().await?;
+    state.rating.import(&remote.rating);
+    state.health.import(remote.health, now);
+    let local = state.health.export(now);
+    mirror.push(&local, &state.rating.export(now), now).await?;
+    mirror.mark_reconciled();
+    Ok(())
+}
+
+/// The background loop: state-file snapshots, Redis reconciliation and rating sync.
+async fn maintenance(weak: Weak<Inner>) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_rating_sync = 0;
+    loop {
+        tick.tick().await;
+        let Some(inner) = weak.upgrade() else { return };
+        let store = Store { inner };
+        let now = now_ms();
+        let interval = store.config().server().state_snapshot_interval_ms;
+        match &store.inner.backend {
+            Backend::Memory { file: Some(_) } => {
+                if now.saturating_sub(store.inner.last_saved.load(Ordering::Relaxed)) >= interval
+                    && let Err(e) = store.persist(now).await
+                {
+                    tracing::error!(error = %e, "state file snapshot failed");
+                }
+            }
+            Backend::Memory { file: None } => {}
+            Backend::Redis(mirror) => {
+                if mirror.needs_reconcile() {
+                    match reconcile(mirror, &store.inner.state, now).await {
+                        Ok(()) => tracing::info!("redis answers again; state reconciled"),
+                        Err(e) => tracing::debug!(error = %e, "redis still unavailable"),
+                    }
+                } else if now.saturating_sub(last_rating_sync) >= interval {
+                    last_rating_sync = now;
+                    if mirror
+                        .push_rating(&store.inner.state.rating.export(now))
+                        .await
+                        .is_ok()
+                        && let Ok(remote) = mirror.pull_rating().await
+                    {
+                        store.inner.state.rating.import(&remote);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The store with the memory backend: snapshots, reload, the state file.
+
+mod common;
+
+use common::*;
+use keypool_cooldown::{Classification, FailureClass, Trigger};
+use keypool_core::AccountId;
+use keypool_store::state::StateFileLoad;
+use keypool_store::testing::TempDir;
+use keypool_store::{BackendKind, BootState, Store, now_ms};
+
+fn ids(c: &[keypool_selector::Candidate]) -> Vec<&str> {
+    c.iter().map(|c| c.id.as_str()).collect()
+}
+
+#[tokio::test]
+async fn snapshot_is_in_spec_order_and_follows_last_used() {
+    let store = Store::open(config(&config_text(
+        4,
+        "state_file = \"\"\nsnapshot_ttl_secs = 0",
+    )))
+    .await
+    .unwrap();
+    let c = store.config();
+    let route = c.resolve("acme", "team").unwrap();
+    let t = 1_000_000;
+    // priorities: a0,a1 = 0; a2,a3 = 1; never used → id order
+    assert_eq!(ids(&store.snapshot(&route, t)), ["a0", "a1", "a2", "a3"]);
+    store.mark_used(&AccountId::from("a0"), t);
+    assert_eq!(
+        ids(&store.snapshot(&route, t + 1)),
+        ["a1", "a0", "a2", "a3"]
+    );
+    store.mark_used(&AccountId::from("a1"), t + 5);
+    store.mark_used(&AccountId::from("a2"), t + 1);
+    assert_eq!(
+        ids(&store.snapshot(&route, t + 6)),
+        ["a0", "a1", "a3", "a2"]
+    );
+    let s = store.snapshot(&route, t + 6);
+    assert_eq!(s[0].last_used, t);
+    assert!(s.iter().all(|c| c.active));
+}
+
+#[tokio::test]
+async fn snapshot_is_cached_for_snapshot_ttl() {
+    let store = Store::open(config(&config_text(
+        2,
+        "state_file = \"\"\nsnapshot_ttl_secs = 15",
+    )))
+    .await
+    .unwrap();
+    let c = store.config();
+    let route = c.resolve("acme", "grp").unwrap();
+    let t = 5_000_000;
+    let first = store.snapshot(&route, t);
+    assert_eq!(ids(&first), ["a0", "a1"]);
+    store.mark_used(&AccountId::from("a0"), t + 1);
+    let cached = store.snapshot(&route, t + 14_999);
+    assert!(
+        std::sync::Arc::ptr_eq(&first, &cached),
+        "reused within 15 s"
+    );
+    assert_eq!(
+        ids(&store.snapshot(&route, t + 15_000)),
+        ["a1", "a0"],
+        "rebuilt after 15 s"
+    );
+}
+
+#[tokio::test]
+async fn disabling_an_account_shows_at_once_despite_the_cache() {
+    let store = Store::open(config(&config_text(2, "state_file = \"\"")))
+        .await
+        .unwrap();
+    let c = store.config();
+    let route = c.resolve("acme", "team").unwrap();
+    let t = 1_000;
+    assert!(store.snapshot(&route, t).iter().all(|c| c.active));
+    let a1 = AccountId::from("a1");
+    let key_error = Classification {
+        class: FailureClass::KeyError,
+        trigger: Trigger::AuthRejected { status: 401 },
+    };
+    let effect = store.record_failure(&attempt(&a1, t), &key_error, t);
+    assert!(effect.disabled);
+    let s = store.snapshot(&route, t + 1);
+    assert_eq!(s.iter().find(|c| c.id == a1).map(|c| c.active), Some(false));
+    assert!(store.reenable(&a1).is_some());
+    assert!(store.snapshot(&route, t + 2).iter().all(|c| c.active));
+}
+
+#[tokio::test]
+async fn reload_swaps_config_keeps_state_and_rejects_invalid_files() {
+    let dir = TempDir::new("reload").unwrap();
+    let path = dir.path().join("keypool.toml");
+    std::fs::write(&path, config_text(3, "state_file = \"\"")).unwrap();
+    let store = Store::open(keypool_store::config::Config::load(&path).unwrap())
+        .await
+        .unwrap();
+    let now = now_ms();
+    let a0 = AccountId::from("a0");
+    let until = store
+        .record_failure(
+            &attempt(&a0, now),
+            &window_exhausted(now + 3 * HOUR_MS),
+            now,
+        )
+        .cooldown_until;
+    assert_eq!(until, Some(now + 3 * HOUR_MS));
+
+    // invalid: every problem returned, old config still serving
+    std::fs::write(
+        &path,
+        config_text(3, "state_file = \"\"").replace("priority = 1", "priority = 1\nweight = 0"),
+    )
+    .unwrap();
+    let err = store.reload(&path).unwrap_err();
+    assert!(err.to_string().contains("accounts[2].weight"), "{err}");
+    assert!(store.config().account("a2").is_some());
+
+    // valid: a2 removed, a0 kept with its cooldown
+    std::fs::write(&path, config_text(2, "state_file = \"\"")).unwrap();
+    store.reload(&path).unwrap();
+    assert!(store.config().account("a2").is_none());
+    assert_eq!(
+        store.health().cooldowns.cooldown_until(&a0, now + 1),
+        Some(now + 3 * HOUR_MS)
+    );
+    let c = store.config();
+    assert_eq!(
+        ids(&store.snapshot(&c.resolve("acme", "team").unwrap(), now)),
+        ["a0", "a1"]
+    );
+}
+
+#[tokio::test]
+async fn memory_counters_rotate_per_pool() {
+    let store = Store::open(config(&config_text(2, "state_file = \"\"")))
+        .await
+        .unwrap();
+    assert_eq!(store.next_counter("acme/g").await, 0);
+    assert_eq!(store.next_counter("acme/g").await, 1);
+    assert_eq!(store.next_counter("acme/*").await, 0);
+    assert_eq!(store.backend_status().kind, BackendKind::Memory);
+    assert!(store.ready());
+}
+
+#[tokio::test]
+async fn state_file_restart_preserves_a_window_cooldown_with_its_remaining_time() {
+    let dir = TempDir::new("statefile").unwrap();
+    let file = dir.path().join("state.json");
+    let text = config_text(2, &format!("state_file = {:?}", file.display().to_string()));
+    let a0 = AccountId::from("a0");
+    let now = now_ms();
+    let reset = now + 3 * HOUR_MS;
+    {
+        let store = Store::open(config(&text)).await.unwrap();
+        assert!(matches!(
+            store.take_boot_state(),
+            Some(BootState::StateFile(StateFileLoad::Missing))
+        ));
+        store.record_failure(&attempt(&a0, now), &window_exhausted(reset), now);
+        store.mark_used(&a0, now);
+        assert_eq!(store.next_counter("acme/g").await, 0);
+        store.persist(now).await.unwrap(); // what shutdown does
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        leftovers,
+        [std::ffi::OsString::from("state.json")],
+        "no temp file left behind"
+    );
+
+    let later = now + 60_000;
+    let store = Store::open(config(&text)).await.unwrap();
+    assert!(matches!(
+        store.take_boot_state(),
+        Some(BootState::StateFile(StateFileLoad::Loaded(_)))
+    ));
+    // the same absolute expiry: 3 h − 1 min left at `later`, not a fresh 60 s
+    assert_eq!(
+        store.health().cooldowns.cooldown_until(&a0, later),
+        Some(reset)
+    );
+    let c = store.config();
+    let snap = store.snapshot(&c.resolve("acme", "team").unwrap(), later);
+    assert_eq!(snap.iter().find(|c| c.id == a0).unwrap().last_used, now);
+    assert_eq!(store.next_counter("acme/g").await, 1, "counter continues");
+}
+
+#[tokio::test]
+async fn corrupt_state_file_is_moved_aside_and_reported_never_deleted() {
+    let dir = TempDir::new("corrupt").unwrap();
+    let file = dir.path().join("state.json");
+    std::fs::write(&file, b"{ this is not json").unwrap();
+    let text = config_text(1, &format!("state_file = {:?}", file.display().to_string()));
+    let store = Store::open(config(&text)).await.unwrap();
+    match store.take_boot_state() {
+        Some(BootState::StateFile(StateFileLoad::Corrupt { moved_to, reason })) => {
+            assert!(
+                moved_to
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("state.json.corrupt-")
+            );
+            assert_eq!(std::fs::read(&moved_to).unwrap(), b"{ this is not json");
+            assert!(!reason.is_empty());
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert!(!file.exists());
+    // the store serves, and its next snapshot writes a good file
+    store.persist(now_ms()).await.unwrap();
+    let again = Store::open(config(&text)).await.unwrap();
+    assert!(matches!(
+        again.take_boot_state(),
+        Some(BootState::StateFile(StateFileLoad::Loaded(_)))
+    ));
+}
+
+#[tokio::test]
+async fn state_file_of_another_version_is_set_aside_too() {
+    let dir = TempDir::new("version").unwrap();
+    let file = dir.path().join("state.json");
+    std::fs::write(&file, br#"{"version":99,"exported_at":0,"health":{},"rating":{"accounts":[]},"counters":{},"last_used":{}}"#).unwrap();
+    let text = config_text(1, &format!("state_file = {:?}", file.display().to_string()));
+    let store = Store::open(config(&text)).await.unwrap();
+    assert!(matches!(
+        store.take_boot_state(),
+        Some(BootState::StateFile(StateFileLoad::Corrupt { .. }))
+    ));
+}
