@@ -6,6 +6,7 @@
 //!             [--input-tokens N] [--threads N]
 //! ```
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -65,7 +66,8 @@ fn parse(mut args: impl Iterator<Item = String>) -> anyhow::Result<Option<Args>>
 
 fn main() -> anyhow::Result<()> {
     let Some(args) = parse(std::env::args().skip(1))? else {
-        println!("{USAGE}");
+        // A closed stdout (`keypool-sim --help | head -1`) is not an error worth a panic.
+        let _ = writeln!(std::io::stdout(), "{USAGE}");
         return Ok(());
     };
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
