@@ -234,7 +234,6 @@ impl ErrorReply {
 /// # Panics
 /// If `name` is not a valid lowercase header name or `value` holds control characters.
 pub(crate) fn header_pair(name: &'static str, value: &str) -> (HeaderName, HeaderValue) {
-    #[allow(clippy::expect_used)]
     let value = HeaderValue::from_str(value).expect("header value without control characters");
     (HeaderName::from_static(name), value)
 }
@@ -400,7 +399,6 @@ impl Behaviour {
     /// # Panics
     /// If `status` is not in `100..=999`.
     pub fn status(status: u16) -> Self {
-        #[allow(clippy::expect_used)]
         let status = StatusCode::from_u16(status).expect("an HTTP status in 100..=999");
         Behaviour::Error(ErrorReply::new(status))
     }
