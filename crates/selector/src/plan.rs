@@ -260,14 +260,347 @@ fn fan_out<A: ?Sized>(
     if input.strategy == Strategy::Race {
         return FanOut::Race { partner };
     }
-    // The primary's own p90; without recent samples, the TTFT it was ranked with.
+    // The primary's own p90; without recent samples, the TTFT it was ranked with (its
+    // own average, or the group median that filled its gap).
     let primary_ttft = input
         .rating
         .p90_ttft_ms(&primary.id, input.now)
-        .or_else(|| median_ttft.map(|m| m.ceil() as u64))
-        .unwrap_or(0);
+        .map(|p90| p90 as f64)
+        .or_else(|| input.rating.rating(&primary.id, input.now).ttft_ms)
+        .or(median_ttft)
+        .map_or(0, |ms| ms.ceil() as u64);
     FanOut::Hedge {
         partner,
         delay_ms: primary_ttft.max(input.hedge_min_delay_ms),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use keypool_core::{AuthType, Provider};
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::*;
+    use crate::availability::{AlwaysAvailable, StaticAvailability};
+    use crate::rating::Sample;
+
+    const NOW: UnixMs = 1_000_000;
+
+    fn cand(id: &str, url: Option<&str>) -> Candidate {
+        Candidate {
+            base_url: url.map(Arc::from),
+            ..Candidate::new(id, Provider::Anthropic, AuthType::OAuth)
+        }
+    }
+
+    fn ids(p: &Plan, snapshot: &[Candidate]) -> Vec<String> {
+        p.candidates(snapshot).map(|c| c.id.to_string()).collect()
+    }
+
+    fn run(input: &PlanInput<'_, impl Availability + ?Sized>) -> Plan {
+        plan(input, &mut StdRng::seed_from_u64(9)).unwrap()
+    }
+
+    fn ok(ttft_ms: u64) -> Sample {
+        Sample::Success {
+            ttft_ms,
+            total_ms: ttft_ms * 4,
+        }
+    }
+
+    #[test]
+    fn weighted_three_two_one_walks_a_a_a_b_b_c() {
+        let mut snapshot = vec![cand("A", None), cand("B", None), cand("C", None)];
+        snapshot[0].weight = 3;
+        snapshot[1].weight = 2;
+        snapshot[2].weight = 1;
+        let rating = RatingEngine::new();
+        let leaders: String = (0..9)
+            .map(|counter| {
+                let input = PlanInput::new(
+                    &snapshot,
+                    &AlwaysAvailable,
+                    Strategy::Weighted,
+                    &rating,
+                    NOW,
+                )
+                .with_counter(counter);
+                ids(&run(&input), &snapshot)[0].clone()
+            })
+            .collect();
+        assert_eq!(leaders, "AAABBCAAA");
+        let input = PlanInput::new(
+            &snapshot,
+            &AlwaysAvailable,
+            Strategy::Weighted,
+            &rating,
+            NOW,
+        )
+        .with_counter(4);
+        assert_eq!(ids(&run(&input), &snapshot), ["B", "C", "A"]);
+    }
+
+    #[test]
+    fn round_robin_rotates_and_priority_keeps_the_snapshot() {
+        let snapshot = vec![cand("a", None), cand("b", None), cand("c", None)];
+        let rating = RatingEngine::new();
+        let rr = |counter| {
+            let input = PlanInput::new(
+                &snapshot,
+                &AlwaysAvailable,
+                Strategy::RoundRobin,
+                &rating,
+                NOW,
+            )
+            .with_counter(counter);
+            ids(&run(&input), &snapshot)
+        };
+        assert_eq!(rr(0), ["a", "b", "c"]);
+        assert_eq!(rr(1), ["b", "c", "a"]);
+        assert_eq!(rr(5), ["c", "a", "b"]);
+        assert_eq!(rr(u64::MAX), ["a", "b", "c"]); // u64::MAX % 3 == 0
+        let input = PlanInput::new(
+            &snapshot,
+            &AlwaysAvailable,
+            Strategy::Priority,
+            &rating,
+            NOW,
+        )
+        .with_counter(7);
+        assert_eq!(ids(&run(&input), &snapshot), ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn error_rate_outweighs_latency() {
+        let snapshot = vec![cand("flaky", None), cand("slow", None)];
+        let rating = RatingEngine::new();
+        let fast_call = Sample::Success {
+            ttft_ms: 100,
+            total_ms: 0,
+        };
+        let slow_call = Sample::Success {
+            ttft_ms: 3_000,
+            total_ms: 0,
+        };
+        // flaky: 100 ms TTFT and error rate 0.25 (2,500 points) = 2,600 < 3,000.
+        rating.record(&snapshot[0].id, fast_call, NOW);
+        rating.record(&snapshot[0].id, Sample::Failure, NOW);
+        rating.record(&snapshot[1].id, slow_call, NOW);
+        let input = PlanInput::new(&snapshot, &AlwaysAvailable, Strategy::Rated, &rating, NOW);
+        assert_eq!(ids(&run(&input), &snapshot), ["flaky", "slow"]);
+        // One more failure: error rate 0.4375, 4,475 points > 3,000.
+        rating.record(&snapshot[0].id, Sample::Failure, NOW);
+        assert_eq!(ids(&run(&input), &snapshot), ["slow", "flaky"]);
+        // reset_aware is planned like rated for now.
+        let input = PlanInput::new(
+            &snapshot,
+            &AlwaysAvailable,
+            Strategy::ResetAware,
+            &rating,
+            NOW,
+        );
+        assert_eq!(ids(&run(&input), &snapshot), ["slow", "flaky"]);
+    }
+
+    #[test]
+    fn hedge_delay_is_the_larger_of_min_delay_and_primary_p90() {
+        let snapshot = vec![
+            cand("a", None),
+            cand("b", Some("https://b")),
+            cand("c", None),
+        ];
+        let rating = RatingEngine::new();
+        for ttft in [100, 120, 150] {
+            rating.record(&snapshot[0].id, ok(ttft), NOW);
+        }
+        rating.record(&snapshot[1].id, ok(900), NOW);
+        let input = PlanInput::new(&snapshot, &AlwaysAvailable, Strategy::Hedge, &rating, NOW);
+        let p = run(&input);
+        // p90 of 100, 120, 150 is 150 < 200.
+        assert_eq!(
+            p.fan_out,
+            FanOut::Hedge {
+                partner: 1,
+                delay_ms: 200
+            }
+        );
+        // a's no-sample neighbour c keeps its place after the partner moved up.
+        assert_eq!(ids(&p, &snapshot), ["a", "b", "c"]);
+        let p = run(&input.with_hedge_min_delay_ms(50));
+        assert_eq!(
+            p.fan_out,
+            FanOut::Hedge {
+                partner: 1,
+                delay_ms: 150
+            }
+        );
+    }
+
+    #[test]
+    fn primary_without_samples_hedges_after_the_group_median() {
+        let snapshot = vec![
+            cand("a", None),
+            cand("b", Some("https://b")),
+            cand("c", None),
+        ];
+        let rating = RatingEngine::new();
+        // a: 400 ms + 1,600 ms total + 25 % errors = 3,060; b: 800 + 3,200 total = 1,120;
+        // c (no sample): median 600 + median total 2,400 = 840.
+        rating.record(&snapshot[0].id, ok(400), NOW);
+        rating.record(&snapshot[0].id, Sample::Failure, NOW);
+        rating.record(&snapshot[1].id, ok(800), NOW);
+        let input = PlanInput::new(&snapshot, &AlwaysAvailable, Strategy::Hedge, &rating, NOW);
+        let p = run(&input);
+        assert_eq!(ids(&p, &snapshot), ["c", "b", "a"]);
+        // c has no TTFT of its own: its delay is the median it was ranked with.
+        assert_eq!(
+            p.fan_out,
+            FanOut::Hedge {
+                partner: 1,
+                delay_ms: 600
+            }
+        );
+    }
+
+    #[test]
+    fn equal_scores_keep_the_snapshot_order() {
+        let snapshot = vec![cand("b", Some("https://b")), cand("c", None)];
+        let rating = RatingEngine::new();
+        rating.record(&snapshot[0].id, ok(900), NOW);
+        // c enters with the group median, 900: a tie, so b stays first.
+        let input = PlanInput::new(&snapshot, &AlwaysAvailable, Strategy::Race, &rating, NOW);
+        let p = run(&input);
+        assert_eq!(ids(&p, &snapshot), ["b", "c"]);
+        assert_eq!(p.fan_out, FanOut::Race { partner: 1 });
+    }
+
+    #[test]
+    fn race_moves_the_first_partner_in_rated_order_to_second_place() {
+        let snapshot = vec![
+            cand("p", None),
+            cand("same-url", None),
+            cand("other-auth", Some("https://x")),
+            cand("partner", Some("https://x")),
+            cand("tail", Some("https://y")),
+        ];
+        let mut snapshot = snapshot;
+        snapshot[2].auth = AuthType::ApiKey;
+        let rating = RatingEngine::new();
+        for (i, ttft) in [100, 200, 300, 400, 500].into_iter().enumerate() {
+            rating.record(&snapshot[i].id, ok(ttft), NOW);
+        }
+        let input = PlanInput::new(&snapshot, &AlwaysAvailable, Strategy::Race, &rating, NOW);
+        let p = run(&input);
+        assert_eq!(p.fan_out, FanOut::Race { partner: 3 });
+        assert_eq!(
+            ids(&p, &snapshot),
+            ["p", "partner", "same-url", "other-auth", "tail"]
+        );
+    }
+
+    #[test]
+    fn gate_reasons_in_order() {
+        let rating = RatingEngine::new();
+        let pair = vec![cand("a", None), cand("b", Some("https://b"))];
+        let reason = |snapshot: &[Candidate], av: &StaticAvailability, ct: bool, budget| {
+            let mut input =
+                PlanInput::new(snapshot, av, Strategy::Hedge, &rating, NOW).with_count_tokens(ct);
+            input.hedge_budget = budget;
+            run(&input).fan_out.gate_reason()
+        };
+        let none = StaticAvailability::new();
+        // No TTFT yet, and count_tokens is checked before it.
+        assert_eq!(
+            reason(&pair, &none, true, None),
+            Some(GateReason::CountTokens)
+        );
+        assert_eq!(
+            reason(&pair, &none, false, None),
+            Some(GateReason::NoTtftData)
+        );
+        rating.record(&pair[0].id, ok(100), NOW);
+        assert_eq!(reason(&pair, &none, false, None), None);
+        // Same URL: no partner.
+        let same = vec![cand("a", None), cand("b", None)];
+        assert_eq!(
+            reason(&same, &none, false, None),
+            Some(GateReason::NoPartner)
+        );
+        // b cooling: one survivor.
+        let mut cooling = StaticAvailability::new();
+        cooling.cool_until(pair[1].id.clone(), NOW + 5);
+        assert_eq!(
+            reason(&pair, &cooling, false, None),
+            Some(GateReason::FewerThanTwo)
+        );
+        // Everything cooling: the last resort is a single path too.
+        cooling.cool_until(pair[0].id.clone(), NOW + 9);
+        let p = run(&PlanInput::new(
+            &pair,
+            &cooling,
+            Strategy::Race,
+            &rating,
+            NOW,
+        ));
+        assert!(p.last_resort);
+        assert_eq!(ids(&p, &pair), ["b"]);
+        assert_eq!(p.fan_out, FanOut::Single(GateReason::FewerThanTwo));
+        // A fresh 10 % budget: the first request may not fan out.
+        let budget = HedgeBudget::default();
+        assert_eq!(
+            reason(&pair, &none, false, Some(&budget)),
+            Some(GateReason::BudgetSpent)
+        );
+        for _ in 0..8 {
+            budget.record_request(NOW);
+        }
+        // 10th request of the minute: one extra allowed.
+        assert_eq!(reason(&pair, &none, false, Some(&budget)), None);
+        assert_eq!(budget.usage(NOW), (10, 1));
+    }
+
+    #[test]
+    fn ranking_sees_new_accounts_and_new_snapshots() {
+        let snapshot = vec![cand("a", None), cand("b", None), cand("c", None)];
+        let rating = RatingEngine::new();
+        rating.record(&snapshot[0].id, ok(500), NOW);
+        let rated = |snapshot: &[Candidate]| {
+            let input = PlanInput::new(snapshot, &AlwaysAvailable, Strategy::Rated, &rating, NOW);
+            ids(&run(&input), snapshot)
+        };
+        assert_eq!(rated(&snapshot), ["a", "b", "c"]);
+        // c gets its first sample after the snapshot's slots were cached.
+        rating.record(&snapshot[2].id, ok(100), NOW);
+        assert_eq!(rated(&snapshot), ["c", "b", "a"]);
+        // A known account improves: no new slot, the cached slots still point at it.
+        for _ in 0..10 {
+            rating.record(&snapshot[0].id, ok(1), NOW);
+        }
+        // a ≈ 28 ms; b fills with the median of a and c.
+        assert_eq!(rated(&snapshot), ["a", "b", "c"]);
+        // Same ids in new allocations, another order: a different snapshot whose
+        // position 0 must not inherit a's slot.
+        let other = vec![cand("c", None), cand("b", None), cand("a", None)];
+        assert_eq!(rated(&other), ["a", "b", "c"]);
+        // Another engine over the same snapshot does not reuse the first one's slots.
+        let fresh = RatingEngine::new();
+        fresh.record(&snapshot[1].id, ok(10), NOW);
+        let input = PlanInput::new(&snapshot, &AlwaysAvailable, Strategy::Rated, &fresh, NOW);
+        assert_eq!(ids(&run(&input), &snapshot), ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn errors_come_from_the_filter() {
+        let rating = RatingEngine::new();
+        let input = PlanInput::new(&[], &AlwaysAvailable, Strategy::Rated, &rating, NOW);
+        assert_eq!(
+            plan(&input, &mut StdRng::seed_from_u64(0)),
+            Err(SelectError::EmptyPool)
+        );
+        assert!(needs_counter(Strategy::RoundRobin) && needs_counter(Strategy::Weighted));
+        assert!(!needs_counter(Strategy::Rated) && !needs_counter(Strategy::Hedge));
     }
 }

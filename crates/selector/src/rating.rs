@@ -26,6 +26,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use keypool_core::{AccountId, UnixMs};
@@ -185,16 +186,29 @@ pub struct RatingState {
     pub accounts: Vec<AccountRatingState>,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+/// `at` of an average that never had a sample.
+const NEVER: UnixMs = UnixMs::MAX;
+
+/// One moving average: 16 bytes, so that ranking reads few cache lines.
+#[derive(Debug, Clone, Copy)]
 struct Ewma {
     value: f64,
+    /// When the newest sample was taken; [`NEVER`] when there was none.
     at: UnixMs,
-    seen: bool,
+}
+
+impl Default for Ewma {
+    fn default() -> Self {
+        Self {
+            value: 0.0,
+            at: NEVER,
+        }
+    }
 }
 
 impl Ewma {
     fn is_fresh(&self, now: UnixMs, max_age: u64) -> bool {
-        self.seen && now.saturating_sub(self.at) <= max_age
+        self.at != NEVER && now.saturating_sub(self.at) <= max_age
     }
 
     fn get(&self, now: UnixMs, max_age: u64) -> Option<f64> {
@@ -207,8 +221,11 @@ impl Ewma {
         } else {
             x
         };
-        self.at = self.at.max(now);
-        self.seen = true;
+        self.at = if self.at == NEVER {
+            now
+        } else {
+            self.at.max(now)
+        };
     }
 
     fn export(&self, now: UnixMs, max_age: u64) -> Option<EwmaState> {
@@ -221,11 +238,11 @@ impl Ewma {
     /// Takes `other` when it is newer and sane.
     fn merge(&mut self, other: Option<EwmaState>) {
         let Some(o) = other else { return };
-        if o.value.is_finite() && o.value >= 0.0 && (!self.seen || o.updated_at > self.at) {
+        let sane = o.value.is_finite() && o.value >= 0.0 && o.updated_at != NEVER;
+        if sane && (self.at == NEVER || o.updated_at > self.at) {
             *self = Ewma {
                 value: o.value,
                 at: o.updated_at,
-                seen: true,
             };
         }
     }
@@ -275,34 +292,121 @@ impl RecentTtft {
     }
 }
 
+/// The three averages of one account (48 bytes; the TTFT ring lives apart, it is read
+/// only for the primary).
 #[derive(Debug, Clone, Copy, Default)]
-struct AccountStats {
+struct Averages {
     ttft: Ewma,
     total: Ewma,
     error: Ewma,
-    recent: RecentTtft,
 }
+
+/// No slot: the account has never had a sample.
+const NO_SLOT: u32 = u32::MAX;
 
 #[derive(Debug, Default)]
 struct Table {
-    slots: HashMap<AccountId, usize, BuildHasherDefault<IdHasher>>,
-    stats: Vec<AccountStats>,
+    slots: HashMap<AccountId, u32, BuildHasherDefault<IdHasher>>,
+    averages: Vec<Averages>,
+    recent: Vec<RecentTtft>,
+    /// Bumped whenever an account gets a slot, so cached slot lists know to refresh.
+    epoch: u64,
 }
 
 impl Table {
-    fn get(&self, id: &AccountId) -> Option<&AccountStats> {
-        self.slots.get(id).map(|&slot| &self.stats[slot])
+    fn slot(&self, id: &AccountId) -> u32 {
+        self.slots.get(id).copied().unwrap_or(NO_SLOT)
     }
 
-    fn get_or_insert(&mut self, id: &AccountId) -> &mut AccountStats {
-        let next = self.stats.len();
+    fn averages(&self, slot: u32) -> Option<&Averages> {
+        self.averages.get(slot as usize)
+    }
+
+    fn get(&self, id: &AccountId) -> Option<(&Averages, &RecentTtft)> {
+        let slot = *self.slots.get(id)? as usize;
+        Some((&self.averages[slot], &self.recent[slot]))
+    }
+
+    fn get_or_insert(&mut self, id: &AccountId) -> (&mut Averages, &mut RecentTtft) {
+        let next = u32::try_from(self.averages.len()).unwrap_or(NO_SLOT);
         let slot = *self.slots.entry(id.clone()).or_insert(next);
         if slot == next {
-            self.stats.push(AccountStats::default());
+            self.averages.push(Averages::default());
+            self.recent.push(RecentTtft::default());
+            self.epoch += 1;
         }
-        &mut self.stats[slot]
+        let slot = slot as usize;
+        (&mut self.averages[slot], &mut self.recent[slot])
     }
 }
+
+/// The rating slots of one snapshot's accounts, cached per thread: resolving them costs
+/// one hash lookup per account, and the proxy plans many requests over the same cached
+/// snapshot. The entry holds clones of the ids, so their allocations stay alive and
+/// pointer equality with the snapshot's ids proves they are the same accounts.
+#[derive(Debug)]
+struct CachedSlots {
+    engine: u64,
+    epoch: u64,
+    ids: Vec<AccountId>,
+    slots: Vec<u32>,
+}
+
+impl CachedSlots {
+    fn matches(&self, engine: u64, epoch: u64, snapshot: &[Candidate]) -> bool {
+        self.engine == engine
+            && self.epoch == epoch
+            && self.ids.len() == snapshot.len()
+            && self
+                .ids
+                .iter()
+                .zip(snapshot)
+                .all(|(a, c)| std::ptr::eq(a.as_str(), c.id.as_str()))
+    }
+}
+
+/// How many snapshots each thread remembers (several groups share a worker thread).
+const CACHED_SNAPSHOTS: usize = 4;
+
+#[derive(Debug, Default)]
+struct SlotCache {
+    entries: Vec<CachedSlots>,
+    next: usize,
+}
+
+impl SlotCache {
+    fn slots(&mut self, engine: u64, table: &Table, snapshot: &[Candidate]) -> &[u32] {
+        let epoch = table.epoch;
+        let found = self
+            .entries
+            .iter()
+            .position(|e| e.matches(engine, epoch, snapshot));
+        let at = match found {
+            Some(at) => at,
+            None => {
+                let fresh = CachedSlots {
+                    engine,
+                    epoch,
+                    ids: snapshot.iter().map(|c| c.id.clone()).collect(),
+                    slots: snapshot.iter().map(|c| table.slot(&c.id)).collect(),
+                };
+                if self.entries.len() < CACHED_SNAPSHOTS {
+                    self.entries.push(fresh);
+                    self.entries.len() - 1
+                } else {
+                    let at = self.next;
+                    self.next = (self.next + 1) % CACHED_SNAPSHOTS;
+                    self.entries[at] = fresh;
+                    at
+                }
+            }
+        };
+        &self.entries[at].slots
+    }
+}
+
+/// Gives every engine a distinct id for the slot cache (addresses can be reused).
+static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(0);
 
 /// Per-account metrics as read for one ranking (`NaN` = no fresh sample).
 #[derive(Debug, Clone, Copy)]
@@ -317,16 +421,24 @@ struct Metrics {
 pub(crate) struct GroupSummary {
     /// At least one ranked account had a fresh TTFT.
     pub has_ttft: bool,
-    /// The group's median TTFT, when it has one.
+    /// The group's median TTFT, when it filled the gap of an account without one.
     pub median_ttft: Option<f64>,
+}
+
+/// Buffers reused from plan to plan (per thread), so ranking does not allocate.
+#[derive(Default)]
+struct ScoreBuffers {
+    metrics: Vec<Metrics>,
+    values: Vec<f64>,
+    scores: Vec<f64>,
+    keys: Vec<u64>,
+    old: Vec<usize>,
 }
 
 #[derive(Default)]
 struct Scratch {
-    metrics: Vec<Metrics>,
-    values: Vec<f64>,
-    scores: Vec<f64>,
-    keys: Vec<u128>,
+    cache: SlotCache,
+    buffers: ScoreBuffers,
 }
 
 thread_local! {
@@ -334,10 +446,17 @@ thread_local! {
 }
 
 /// The key-rating engine, shared by every request (see the module docs for the rules).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RatingEngine {
+    id: u64,
     config: RatingConfig,
     table: RwLock<Table>,
+}
+
+impl Default for RatingEngine {
+    fn default() -> Self {
+        Self::with_valid_config(RatingConfig::default())
+    }
 }
 
 impl RatingEngine {
@@ -349,10 +468,15 @@ impl RatingEngine {
     /// An engine with `config`, once [`RatingConfig::validate`] accepts it.
     pub fn try_new(config: RatingConfig) -> Result<Self, SelectError> {
         config.validate()?;
-        Ok(Self {
+        Ok(Self::with_valid_config(config))
+    }
+
+    fn with_valid_config(config: RatingConfig) -> Self {
+        Self {
+            id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
             config,
             table: RwLock::default(),
-        })
+        }
     }
 
     /// The configuration in use.
@@ -370,17 +494,18 @@ impl RatingEngine {
         let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
         match sample {
             Sample::Success { ttft_ms, total_ms } => {
-                let stats = table.get_or_insert(id);
-                stats.ttft.observe(ttft_ms as f64, now, alpha, max_age);
-                stats.total.observe(total_ms as f64, now, alpha, max_age);
-                stats.error.observe(0.0, now, alpha, max_age);
-                stats.recent.push(TtftSample {
+                let (avg, recent) = table.get_or_insert(id);
+                avg.ttft.observe(ttft_ms as f64, now, alpha, max_age);
+                avg.total.observe(total_ms as f64, now, alpha, max_age);
+                avg.error.observe(0.0, now, alpha, max_age);
+                recent.push(TtftSample {
                     at: now,
                     ttft_ms: u32::try_from(ttft_ms).unwrap_or(u32::MAX),
                 });
             }
             Sample::Failure => table
                 .get_or_insert(id)
+                .0
                 .error
                 .observe(1.0, now, alpha, max_age),
             Sample::RequestError => {}
@@ -392,7 +517,7 @@ impl RatingEngine {
         let max_age = self.config.max_sample_age_ms;
         self.read()
             .get(id)
-            .map(|s| AccountRating {
+            .map(|(s, _)| AccountRating {
                 ttft_ms: s.ttft.get(now, max_age),
                 total_ms: s.total.get(now, max_age),
                 error_rate: s.error.get(now, max_age),
@@ -404,65 +529,75 @@ impl RatingEngine {
     pub fn p90_ttft_ms(&self, id: &AccountId, now: UnixMs) -> Option<u64> {
         self.read()
             .get(id)
-            .and_then(|s| s.recent.p90(now, self.config.max_sample_age_ms))
+            .and_then(|(_, recent)| recent.p90(now, self.config.max_sample_age_ms))
     }
 
     /// The score of each of `candidates` at `now`, taking them as one group (for the
     /// admin page and tests; the planner uses the same computation).
     pub fn scores(&self, candidates: &[Candidate], now: UnixMs) -> Vec<f64> {
-        let mut scratch = Scratch::default();
+        let mut buffers = ScoreBuffers::default();
         let table = self.read();
-        self.score_group(&table, candidates.iter().map(|c| &c.id), now, &mut scratch);
-        scratch.scores
+        let averages = candidates
+            .iter()
+            .map(|c| table.get(&c.id).map(|(avg, _)| avg));
+        self.score_group(averages, now, &mut buffers);
+        buffers.scores
     }
 
-    /// Reads every account's metrics, fills the gaps with the group medians and writes
-    /// one score per account into `scratch.scores`.
-    fn score_group<'a>(
+    /// Reads every account's averages (`None` = never sampled), fills the gaps with the
+    /// group medians and writes one score per account into `buffers.scores`.
+    fn score_group<'t>(
         &self,
-        table: &Table,
-        ids: impl Iterator<Item = &'a AccountId>,
+        averages: impl Iterator<Item = Option<&'t Averages>>,
         now: UnixMs,
-        scratch: &mut Scratch,
+        buffers: &mut ScoreBuffers,
     ) -> GroupSummary {
         let max_age = self.config.max_sample_age_ms;
-        let Scratch {
+        let ScoreBuffers {
             metrics,
             values,
             scores,
             ..
-        } = scratch;
+        } = buffers;
         metrics.clear();
         scores.clear();
-        for id in ids {
-            let m = match table.get(id) {
-                Some(s) => Metrics {
-                    ttft: s.ttft.get(now, max_age).unwrap_or(f64::NAN),
-                    total: s.total.get(now, max_age).unwrap_or(f64::NAN),
-                    error: s.error.get(now, max_age).unwrap_or(0.0),
-                },
-                None => Metrics {
-                    ttft: f64::NAN,
-                    total: f64::NAN,
-                    error: 0.0,
-                },
-            };
-            metrics.push(m);
-        }
-        values.clear();
-        values.extend(metrics.iter().map(|m| m.ttft).filter(|v| !v.is_nan()));
-        let median_ttft = median(values);
-        let Some(fill_ttft) = median_ttft else {
+        metrics.extend(averages.map(|avg| match avg {
+            Some(a) => Metrics {
+                ttft: a.ttft.get(now, max_age).unwrap_or(f64::NAN),
+                total: a.total.get(now, max_age).unwrap_or(f64::NAN),
+                error: a.error.get(now, max_age).unwrap_or(0.0),
+            },
+            None => Metrics {
+                ttft: f64::NAN,
+                total: f64::NAN,
+                error: 0.0,
+            },
+        }));
+        let ttft_gaps = metrics.iter().filter(|m| m.ttft.is_nan()).count();
+        if ttft_gaps == metrics.len() {
             // No TTFT anywhere in the group: all scores equal.
             scores.resize(metrics.len(), 0.0);
             return GroupSummary {
                 has_ttft: false,
                 median_ttft: None,
             };
+        }
+        // The medians are only needed when some account has a gap to fill.
+        let median_ttft = if ttft_gaps > 0 {
+            values.clear();
+            values.extend(metrics.iter().map(|m| m.ttft).filter(|v| !v.is_nan()));
+            median(values)
+        } else {
+            None
         };
-        values.clear();
-        values.extend(metrics.iter().map(|m| m.total).filter(|v| !v.is_nan()));
-        let fill_total = median(values).unwrap_or(0.0);
+        let fill_ttft = median_ttft.unwrap_or(0.0);
+        let fill_total = if metrics.iter().any(|m| m.total.is_nan()) {
+            values.clear();
+            values.extend(metrics.iter().map(|m| m.total).filter(|v| !v.is_nan()));
+            median(values).unwrap_or(0.0)
+        } else {
+            0.0
+        };
         let w = self.config.weights;
         scores.extend(metrics.iter().map(|m| {
             let ttft = if m.ttft.is_nan() { fill_ttft } else { m.ttft };
@@ -490,33 +625,22 @@ impl RatingEngine {
     ) -> GroupSummary {
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
-            let scratch = &mut *scratch;
+            let Scratch { cache, buffers } = &mut *scratch;
             let summary = {
                 let table = self.read();
-                self.score_group(
-                    &table,
-                    indices.iter().map(|&i| &snapshot[i].id),
-                    now,
-                    scratch,
-                )
+                let slots = cache.slots(self.id, &table, snapshot);
+                let averages = indices.iter().map(|&i| table.averages(slots[i]));
+                self.score_group(averages, now, buffers)
             };
             if !summary.has_ttft {
                 return summary;
             }
-            // Scores are finite and >= 0, so their bit patterns sort like the numbers;
-            // the low half (the position) makes equal scores keep their order.
-            scratch.keys.clear();
-            scratch.keys.extend(
-                scratch
-                    .scores
-                    .iter()
-                    .zip(indices.iter())
-                    .map(|(s, &i)| (u128::from(s.to_bits()) << 64) | i as u128),
+            sort_by_score(
+                indices,
+                &buffers.scores,
+                &mut buffers.keys,
+                &mut buffers.old,
             );
-            scratch.keys.sort_unstable();
-            for (slot, key) in indices.iter_mut().zip(&scratch.keys) {
-                *slot = (*key as u64) as usize;
-            }
             summary
         })
     }
@@ -524,14 +648,15 @@ impl RatingEngine {
     /// The fresh state of `id`, for mirroring after a sample.
     pub fn export_account(&self, id: &AccountId, now: UnixMs) -> Option<AccountRatingState> {
         let table = self.read();
-        let stats = table.get(id)?;
-        self.export_stats(id, stats, now)
+        let (avg, recent) = table.get(id)?;
+        self.export_stats(id, avg, recent, now)
     }
 
     fn export_stats(
         &self,
         id: &AccountId,
-        s: &AccountStats,
+        s: &Averages,
+        recent: &RecentTtft,
         now: UnixMs,
     ) -> Option<AccountRatingState> {
         let max_age = self.config.max_sample_age_ms;
@@ -540,8 +665,7 @@ impl RatingEngine {
             ttft: s.ttft.export(now, max_age),
             total: s.total.export(now, max_age),
             error: s.error.export(now, max_age),
-            recent_ttft: s
-                .recent
+            recent_ttft: recent
                 .iter()
                 .filter(|t| now.saturating_sub(t.at) <= max_age)
                 .collect(),
@@ -559,7 +683,10 @@ impl RatingEngine {
         let mut accounts: Vec<AccountRatingState> = table
             .slots
             .iter()
-            .filter_map(|(id, &slot)| self.export_stats(id, &table.stats[slot], now))
+            .filter_map(|(id, &slot)| {
+                let slot = slot as usize;
+                self.export_stats(id, &table.averages[slot], &table.recent[slot], now)
+            })
             .collect();
         accounts.sort_by(|a, b| a.id.cmp(&b.id));
         RatingState { accounts }
@@ -571,12 +698,12 @@ impl RatingEngine {
     pub fn import(&self, state: &RatingState) {
         let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
         for account in &state.accounts {
-            let stats = table.get_or_insert(&account.id);
-            stats.ttft.merge(account.ttft);
-            stats.total.merge(account.total);
-            stats.error.merge(account.error);
+            let (avg, recent_ttft) = table.get_or_insert(&account.id);
+            avg.ttft.merge(account.ttft);
+            avg.total.merge(account.total);
+            avg.error.merge(account.error);
             let imported_newest = account.recent_ttft.iter().map(|s| s.at).max();
-            if imported_newest > stats.recent.newest_at() {
+            if imported_newest > recent_ttft.newest_at() {
                 let mut recent = RecentTtft::default();
                 let skip = account
                     .recent_ttft
@@ -585,9 +712,42 @@ impl RatingEngine {
                 account.recent_ttft[skip..]
                     .iter()
                     .for_each(|&s| recent.push(s));
-                stats.recent = recent;
+                *recent_ttft = recent;
             }
         }
+    }
+}
+
+/// Reorders `indices` by ascending `scores` (one per index, same order), stable.
+///
+/// Scores are finite and `>= 0`, so their bit patterns order like the numbers. Each key
+/// is the score's bits with the low bits replaced by the position, sorted as a `u64`;
+/// cutting those low bits can only merge scores that differ in their last mantissa bits,
+/// and a final insertion pass over the (nearly sorted) keys restores the exact order.
+fn sort_by_score(indices: &mut [usize], scores: &[f64], keys: &mut Vec<u64>, old: &mut Vec<usize>) {
+    let n = indices.len();
+    let position_bits = usize::BITS - n.saturating_sub(1).leading_zeros();
+    let mask = (1u64 << position_bits) - 1;
+    let exact = |key: u64| (scores[(key & mask) as usize].to_bits(), key & mask);
+    keys.clear();
+    keys.extend(
+        scores
+            .iter()
+            .enumerate()
+            .map(|(position, s)| (s.to_bits() & !mask) | position as u64),
+    );
+    keys.sort_unstable();
+    for i in 1..n {
+        let mut j = i;
+        while j > 0 && exact(keys[j]) < exact(keys[j - 1]) {
+            keys.swap(j, j - 1);
+            j -= 1;
+        }
+    }
+    old.clear();
+    old.extend_from_slice(indices);
+    for (index, key) in indices.iter_mut().zip(keys.iter()) {
+        *index = old[(key & mask) as usize];
     }
 }
 
@@ -619,6 +779,25 @@ mod tests {
 
     fn ok(ttft_ms: u64, total_ms: u64) -> Sample {
         Sample::Success { ttft_ms, total_ms }
+    }
+
+    proptest::proptest! {
+        /// The u64-key sort with its insertion fix-up equals a plain stable sort by
+        /// exact score, also for scores that differ only in their last mantissa bits.
+        #[test]
+        fn sort_by_score_is_a_stable_sort_by_exact_score(
+            ulps in proptest::collection::vec(0u64..4_000, 0..300),
+            base in proptest::prop_oneof![proptest::strategy::Just(0.0f64), 1.0f64..1e6],
+            stride in 1usize..4,
+        ) {
+            let scores: Vec<f64> = ulps.iter().map(|&u| f64::from_bits(base.to_bits() + u)).collect();
+            let mut indices: Vec<usize> = (0..scores.len()).map(|i| i * stride).collect();
+            let mut expected: Vec<(f64, usize)> = scores.iter().copied().zip(indices.iter().copied()).collect();
+            expected.sort_by(|a, b| a.0.total_cmp(&b.0));
+            sort_by_score(&mut indices, &scores, &mut Vec::new(), &mut Vec::new());
+            let expected: Vec<usize> = expected.into_iter().map(|e| e.1).collect();
+            proptest::prop_assert_eq!(indices, expected);
+        }
     }
 
     #[test]
