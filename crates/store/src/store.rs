@@ -566,7 +566,11 @@ impl Store {
                         source: std::io::Error::other(e),
                     })?
             }
-            Backend::Redis(m) => m.push_rating(&self.inner.state.rating.export(now)).await,
+            Backend::Redis(m) => {
+                let state = &self.inner.state;
+                m.push(&state.health.export(now), &state.rating.export(now), now)
+                    .await
+            }
         }
     }
 }

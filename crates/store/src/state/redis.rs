@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use fred::clients::{Client, SubscriberClient};
@@ -26,7 +27,7 @@ use fred::prelude::{
     ClientLike, Config as FredConfig, EventInterface, Expiration, HashesInterface, KeysInterface,
     PubsubInterface, ReconnectPolicy,
 };
-use fred::types::Builder;
+use fred::types::{Builder, ConnectHandle};
 use keypool_cooldown::{CooldownRecord, DisabledRecord, HealthExport, WindowRecord};
 use keypool_core::{AccountId, UnixMs};
 use keypool_selector::{AccountRatingState, RatingState};
@@ -102,6 +103,7 @@ pub(crate) struct RedisMirror {
     fallbacks: AtomicU64,
     writes: mpsc::Sender<StateEvent>,
     resubscriber: tokio::task::AbortHandle,
+    connections: Mutex<(ConnectHandle, ConnectHandle)>,
 }
 
 impl std::fmt::Debug for RedisMirror {
@@ -140,9 +142,9 @@ impl RedisMirror {
             .set_policy(ReconnectPolicy::new_constant(0, 100));
         let client = builder.build().map_err(redis_err)?;
         let subscriber = builder.build_subscriber_client().map_err(redis_err)?;
-        // the connection tasks end when the clients quit (see `close`)
-        drop(client.connect());
-        drop(subscriber.connect());
+        // the connection tasks end when the clients quit (see `close`), or when a first
+        // connection fails (then `ping` starts them again)
+        let connections = Mutex::new((client.connect(), subscriber.connect()));
         let resubscriber = subscriber.manage_subscriptions().abort_handle();
         let connected = tokio::time::timeout(connect_wait, client.wait_for_connect())
             .await
@@ -161,6 +163,7 @@ impl RedisMirror {
             fallbacks: AtomicU64::new(u64::from(!connected)),
             writes,
             resubscriber,
+            connections,
         };
         Ok((mirror, rx))
     }
@@ -409,8 +412,21 @@ impl RedisMirror {
         self.client.reconnect_rx()
     }
 
-    /// `PING`, bounded.
+    /// `PING`, bounded. Restarts a connection task that gave up (fred does not retry
+    /// a first connection that failed).
     pub(crate) async fn ping(&self) -> Result<(), StoreError> {
+        {
+            let mut tasks = self
+                .connections
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if tasks.0.is_finished() {
+                tasks.0 = self.client.connect();
+            }
+            if tasks.1.is_finished() {
+                tasks.1 = self.subscriber.connect();
+            }
+        }
         let _: String = self.bounded(self.client.ping(None)).await?;
         Ok(())
     }

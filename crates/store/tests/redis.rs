@@ -1,0 +1,211 @@
+//! The Redis backend against a real `redis-server` that each test starts on a free port.
+//! Under `CI=true` a missing `redis-server` fails these tests instead of skipping them.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::*;
+use keypool_core::AccountId;
+use keypool_store::testing::RedisServer;
+use keypool_store::{BackendKind, BootState, Store, now_ms};
+
+fn redis_config(redis: &RedisServer, n: usize) -> keypool_store::config::Config {
+    config(&config_text(
+        n,
+        &format!("redis_url = {:?}\nredis_timeout_ms = 200", redis.url()),
+    ))
+}
+
+/// Polls `cond` every 10 ms until it holds or `within` passes; returns the time it took.
+/// Only for cross-process propagation, which has no event to wait on.
+async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if cond() {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cond().then(|| start.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_of_keypool_preserves_a_window_cooldown_with_its_remaining_time() {
+    let Some(redis) = RedisServer::start_or_skip("redis_restart_preserves_expiry") else {
+        return;
+    };
+    let a0 = AccountId::from("a0");
+    let now = now_ms();
+    let reset = now + 3 * HOUR_MS;
+    {
+        let store = Store::open(redis_config(&redis, 2)).await.unwrap();
+        assert!(matches!(
+            store.take_boot_state(),
+            Some(BootState::Redis { loaded: true })
+        ));
+        assert_eq!(store.backend_status().kind, BackendKind::Redis);
+        store.record_failure(&attempt(&a0, now), &window_exhausted(reset), now);
+        store.persist(now).await.unwrap(); // what shutdown does
+    }
+    // in Redis with an absolute expiry (PXAT): its TTL is about 3 hours
+    let ttl = redis.command("PTTL keypool:cooldown:a0").unwrap();
+    let ttl: i64 = ttl.trim_start_matches(':').trim().parse().unwrap();
+    assert!(
+        ttl > (3 * HOUR_MS - 60_000) as i64 && ttl <= (3 * HOUR_MS) as i64,
+        "PTTL {ttl}"
+    );
+
+    let store = Store::open(redis_config(&redis, 2)).await.unwrap();
+    assert!(matches!(
+        store.take_boot_state(),
+        Some(BootState::Redis { loaded: true })
+    ));
+    let later = now_ms();
+    assert_eq!(
+        store.health().cooldowns.cooldown_until(&a0, later),
+        Some(reset),
+        "same absolute expiry, not a fresh 60 s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stores_share_the_rotation_and_see_each_others_cooldowns_within_one_second() {
+    let Some(redis) = RedisServer::start_or_skip("two_stores_share") else {
+        return;
+    };
+    let n = 5;
+    let a = Store::open(redis_config(&redis, n)).await.unwrap();
+    let b = Store::open(redis_config(&redis, n)).await.unwrap();
+    let config = a.config();
+    let route = config.resolve("acme", "grp").unwrap();
+    let snapshot = a.snapshot(&route, now_ms());
+    let pool = route.pool_key();
+    // n picks alternating between the replicas cover every account exactly once
+    let mut picked = Vec::new();
+    for i in 0..n {
+        let store = if i % 2 == 0 { &a } else { &b };
+        let counter = store.next_counter(pool.as_str()).await;
+        picked.push(snapshot[(counter % n as u64) as usize].id.clone());
+    }
+    let distinct: BTreeSet<_> = picked.iter().collect();
+    assert_eq!(distinct.len(), n, "picks {picked:?}");
+
+    // a cooldown set by A is honoured by B within 1 s (pub/sub)
+    let a3 = AccountId::from("a3");
+    let now = now_ms();
+    let until = a
+        .record_failure(&attempt(&a3, now), &plain_429(), now)
+        .cooldown_until;
+    assert_eq!(until, Some(now + 60_000));
+    let took = eventually(Duration::from_secs(1), || {
+        b.health().cooldowns.cooldown_until(&a3, now_ms()) == Some(now + 60_000)
+    })
+    .await;
+    assert!(took.is_some(), "B did not see A's cooldown within 1 s");
+
+    // disabling and re-enabling travel too
+    let a1 = AccountId::from("a1");
+    assert!(b.disable(&a1, "operator", now));
+    assert!(
+        eventually(Duration::from_secs(1), || a
+            .health()
+            .disabled
+            .is_disabled(&a1))
+        .await
+        .is_some()
+    );
+    a.reenable(&a1);
+    assert!(
+        eventually(Duration::from_secs(1), || !b
+            .health()
+            .disabled
+            .is_disabled(&a1))
+        .await
+        .is_some()
+    );
+    // and so does an operator's cleared cooldown
+    b.clear_cooldown(&a3);
+    assert!(
+        eventually(Duration::from_secs(1), || a
+            .health()
+            .cooldowns
+            .cooldown_until(&a3, now_ms())
+            .is_none())
+        .await
+        .is_some()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_test_memory_answers_and_restarted_redis_catches_up() {
+    let Some(mut redis) = RedisServer::start_or_skip("redis_killed") else {
+        return;
+    };
+    let store = Store::open(redis_config(&redis, 3)).await.unwrap();
+    assert!(store.ready());
+    assert_eq!(store.next_counter("acme/g").await, 0);
+    assert_eq!(store.next_counter("acme/g").await, 1);
+
+    redis.kill();
+    // every operation still answers, from memory, within the configured bound
+    let started = Instant::now();
+    let counter = store.next_counter("acme/g").await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        counter, 2,
+        "the local counter continues the shared rotation"
+    );
+    let a2 = AccountId::from("a2");
+    let now = now_ms();
+    let reset = now + 3 * HOUR_MS;
+    store.record_failure(&attempt(&a2, now), &window_exhausted(reset), now);
+    assert_eq!(
+        store.health().cooldowns.cooldown_until(&a2, now),
+        Some(reset)
+    );
+    assert!(!store.ready());
+    let status = store.backend_status();
+    assert_eq!(status.redis_ready, Some(false));
+    assert!(status.redis_fallbacks >= 1);
+
+    // a fresh, empty Redis on the same port: the store reconnects and pushes its state
+    redis.restart().unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || store.ready())
+            .await
+            .is_some(),
+        "not ready again"
+    );
+    let other = Store::open(redis_config(&redis, 3)).await.unwrap();
+    assert_eq!(
+        other.health().cooldowns.cooldown_until(&a2, now_ms()),
+        Some(reset)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_opens_and_serves_when_redis_is_down_at_boot() {
+    let Some(mut redis) = RedisServer::start_or_skip("redis_down_at_boot") else {
+        return;
+    };
+    redis.kill();
+    let store = Store::open(redis_config(&redis, 2)).await.unwrap();
+    assert!(matches!(
+        store.take_boot_state(),
+        Some(BootState::Redis { loaded: false })
+    ));
+    assert!(!store.ready());
+    assert_eq!(store.next_counter("acme/g").await, 0);
+    redis.restart().unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || store.ready())
+            .await
+            .is_some()
+    );
+}
