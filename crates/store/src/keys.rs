@@ -135,3 +135,40 @@ mod tests {
         assert_eq!(presented_key(None, None), None);
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+
+    proptest! {
+        #[test]
+        fn every_generated_key_is_well_formed_and_hashes_to_its_line(seed in any::<u64>()) {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let k = generate_lb_key(&mut rng);
+            prop_assert!(k.key.starts_with(LB_KEY_PREFIX));
+            prop_assert_eq!(k.key.len(), LB_KEY_PREFIX.len() + LB_KEY_RANDOM_CHARS);
+            prop_assert!(k.key[LB_KEY_PREFIX.len()..].bytes().all(|b| b.is_ascii_alphanumeric()));
+            prop_assert_eq!(hash_key(&k.key).to_hex(), k.sha256_hex);
+        }
+
+        #[test]
+        fn presented_key_never_returns_a_client_oauth_token(
+            x in proptest::option::of("(sk-ant-oat01-|sk-lb-|)[a-z]{0,8}"),
+            bearer in proptest::option::of("(sk-ant-oat01-|sk-lb-|)[a-z]{0,8}"),
+        ) {
+            let auth = bearer.as_ref().map(|b| format!("Bearer {b}"));
+            let got = presented_key(x.as_deref(), auth.as_deref());
+            if let Some(k) = got {
+                prop_assert!(!k.starts_with(CLIENT_OAUTH_PREFIX));
+                prop_assert!(!k.is_empty());
+            }
+            // an LB key present in either header is always the one picked
+            let lb = [x.as_deref(), bearer.as_deref()].into_iter().flatten().find(|v| v.starts_with(LB_KEY_PREFIX));
+            if let Some(lb) = lb {
+                prop_assert_eq!(got, Some(lb));
+            }
+        }
+    }
+}

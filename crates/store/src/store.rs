@@ -11,7 +11,7 @@ use dashmap::DashMap;
 use keypool_cooldown::headers::RateLimitInfo;
 use keypool_cooldown::{
     Attempt, Classification, CooldownRecord, DisabledAccount, DisabledRecord, FailureEffect,
-    PoolHealth, WindowRecord,
+    OutOfWindow, PoolHealth, WindowRecord,
 };
 use keypool_core::{AccountId, UnixMs};
 use keypool_selector::{Candidate, Counter, RatingEngine, Sample, sort_snapshot};
@@ -423,11 +423,7 @@ impl Store {
     /// Records an upstream response's rate-limit headers; mirrors the window state when
     /// it keeps the account out (or just stopped doing so).
     pub fn observe_windows(&self, account: &AccountId, info: &RateLimitInfo, now: UnixMs) {
-        let threshold = self
-            .config()
-            .account(account.as_str())
-            .and_then(|a| a.window_threshold())
-            .map(|t| t.get());
+        let threshold = self.window_threshold(account);
         let windows = &self.inner.state.health.windows;
         let before = windows.out_of_window(account, threshold, now);
         windows.observe(account, info, now);
@@ -443,6 +439,24 @@ impl Store {
                 },
             });
         }
+    }
+
+    /// Whether `account` is out of a usage window at `now`, with its own
+    /// `window_threshold` (or the default).
+    pub fn out_of_window(&self, account: &AccountId, now: UnixMs) -> Option<OutOfWindow> {
+        let threshold = self.window_threshold(account);
+        self.inner
+            .state
+            .health
+            .windows
+            .out_of_window(account, threshold, now)
+    }
+
+    fn window_threshold(&self, account: &AccountId) -> Option<f64> {
+        self.config()
+            .account(account.as_str())
+            .and_then(|a| a.window_threshold())
+            .map(|t| t.get())
     }
 
     /// Records a rating sample (mirrored periodically, best-effort).
@@ -589,6 +603,7 @@ async fn reconcile(
     state: &RuntimeState,
     now: UnixMs,
 ) -> Result<(), StoreError> {
+    mirror.begin_reconcile();
     mirror.ping().await?;
     mirror.ensure_subscribed().await?;
     let remote = mirror.pull().await?;

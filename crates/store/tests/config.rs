@@ -507,3 +507,69 @@ fn load_reads_the_file_and_names_it_in_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn cooldown_table_feeds_the_cooldown_books_and_server_switches_win() {
+    let text = BASE.to_owned()
+        + "[server]\nauto_disable_on_error = false\ndefault_window_threshold = 0.8\ncircuit_breaker = true\n[cooldown]\nrate_limit_ms = 30000\n";
+    let c = parse(&text).unwrap();
+    let s = c.cooldown().settings();
+    assert_eq!(s.rate_limit_ms, 30_000);
+    assert!(!s.auto_disable_on_error);
+    assert_eq!(s.window_threshold, 0.8);
+    assert!(s.breaker.enabled);
+    assert_eq!(
+        parse(BASE).unwrap().cooldown().settings().rate_limit_ms,
+        60_000
+    );
+}
+
+#[test]
+fn cooldown_table_problems_are_located() {
+    let text = BASE.to_owned()
+        + "[cooldown]\nauto_disable_on_error = false\nrate_limitt_ms = 1\n[cooldown.breaker]\nenabled = true\n";
+    let errs = errors(&text);
+    let locs = locations(&errs);
+    for expected in [
+        "cooldown.auto_disable_on_error",
+        "cooldown.breaker.enabled",
+        "cooldown.rate_limitt_ms",
+    ] {
+        assert!(locs.contains(&expected), "missing {expected} in {errs}");
+    }
+}
+
+mod properties {
+    use keypool_store::config::{KeyHash, Threshold, Weight};
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn weight_accepts_exactly_1_to_100(w in any::<i64>()) {
+            prop_assert_eq!(Weight::try_new(w).is_some(), (1..=100).contains(&w));
+            if let Some(weight) = Weight::try_new(w) {
+                prop_assert_eq!(i64::from(weight.get()), w);
+            }
+        }
+
+        #[test]
+        fn threshold_accepts_exactly_0_to_1(t in any::<f64>()) {
+            prop_assert_eq!(Threshold::try_new(t).is_some(), (0.0..=1.0).contains(&t));
+        }
+
+        #[test]
+        fn key_hash_hex_round_trips(bytes in any::<[u8; 32]>()) {
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            let hash = KeyHash::from_hex(&hex).unwrap();
+            prop_assert_eq!(hash.as_bytes(), &bytes);
+            prop_assert_eq!(hash.to_hex(), hex.clone());
+            prop_assert_eq!(KeyHash::from_hex(&hex.to_uppercase()), Some(hash));
+        }
+
+        #[test]
+        fn key_hash_rejects_anything_but_64_hex_chars(s in "\\PC{0,80}") {
+            let valid = s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
+            prop_assert_eq!(KeyHash::from_hex(&s).is_some(), valid);
+        }
+    }
+}

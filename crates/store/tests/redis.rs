@@ -125,6 +125,19 @@ async fn two_stores_share_the_rotation_and_see_each_others_cooldowns_within_one_
         .await
         .is_some()
     );
+    // a usage window that takes an account out travels too
+    let a4 = AccountId::from("a4");
+    let reset = now_ms() + HOUR_MS;
+    a.observe_windows(&a4, &five_hour_at(0.99, reset), now_ms());
+    assert!(a.out_of_window(&a4, now_ms()).is_some());
+    assert!(
+        eventually(Duration::from_secs(1), || b
+            .out_of_window(&a4, now_ms())
+            .map(|o| o.until)
+            == Some(reset))
+        .await
+        .is_some()
+    );
     // and so does an operator's cleared cooldown
     b.clear_cooldown(&a3);
     assert!(

@@ -235,3 +235,23 @@ async fn state_file_of_another_version_is_set_aside_too() {
         Some(BootState::StateFile(StateFileLoad::Corrupt { .. }))
     ));
 }
+
+#[tokio::test]
+async fn out_of_window_uses_the_accounts_own_threshold() {
+    let text = config_text(2, "state_file = \"\"")
+        .replace("secret = \"s1\"", "secret = \"s1\"\nwindow_threshold = 0.5");
+    let store = Store::open(config(&text)).await.unwrap();
+    let (a0, a1) = (AccountId::from("a0"), AccountId::from("a1"));
+    let now = 1_000_000;
+    let reset = now + HOUR_MS;
+    store.observe_windows(&a0, &five_hour_at(0.6, reset), now);
+    store.observe_windows(&a1, &five_hour_at(0.6, reset), now);
+    assert_eq!(store.out_of_window(&a0, now), None, "0.6 < default 0.95");
+    let out = store.out_of_window(&a1, now).expect("0.6 ≥ its own 0.5");
+    assert_eq!(out.until, reset);
+    assert_eq!(
+        store.out_of_window(&a1, reset),
+        None,
+        "back at the reset, without a request"
+    );
+}

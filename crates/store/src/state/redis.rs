@@ -227,6 +227,11 @@ impl RedisMirror {
 
     /// Writes one event to its key and publishes it. `now` skips expired entries.
     pub(crate) async fn write(&self, event: &StateEvent, now: UnixMs) -> Result<(), StoreError> {
+        if self.needs_reconcile() {
+            // Redis is known to be away: do not wait for it once per queued write; the
+            // reconciliation pushes the whole local state when it answers again.
+            return Ok(());
+        }
         match event {
             StateEvent::Cooldown { record } => {
                 if record.entry.until <= now {
@@ -392,6 +397,12 @@ impl RedisMirror {
                 .filter_map(|v| serde_json::from_str(v).ok())
                 .collect(),
         })
+    }
+
+    /// Called when a reconciliation starts: writes from now on are mirrored again (a
+    /// failure sets the flag anew).
+    pub(crate) fn begin_reconcile(&self) {
+        self.needs_reconcile.store(false, Ordering::Relaxed);
     }
 
     /// Marks the mirror reconciled and ready.

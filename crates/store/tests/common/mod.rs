@@ -54,3 +54,15 @@ pub fn attempt<'a>(account: &'a AccountId, started_at: UnixMs) -> Attempt<'a> {
 }
 
 pub const HOUR_MS: u64 = 3_600_000;
+
+/// Headers of a response that put the 5-hour window at `utilization`, resetting at `reset`.
+pub fn five_hour_at(utilization: f64, reset: UnixMs) -> keypool_cooldown::headers::RateLimitInfo {
+    keypool_cooldown::headers::RateLimitInfo {
+        five_hour: keypool_cooldown::headers::WindowUsage {
+            utilization: Some(utilization),
+            reset: Some(reset),
+            status: None,
+        },
+        ..Default::default()
+    }
+}
