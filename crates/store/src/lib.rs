@@ -28,6 +28,21 @@
 //! assert_eq!(account.weight().get(), 1);
 //! ```
 //!
+//! The request path, in order (SPEC 3):
+//!
+//! ```text
+//! let config = store.config();                        // Arc<Config>, held for the request
+//! let route = config.resolve(org, url)?;              // or resolve_legacy(url)
+//! let key = keys::presented_key(x_api_key, authorization);
+//! let caller = config.authenticate(&route, key)?;     // 401 / 403 ORG_SUSPENDED
+//! let snapshot = store.snapshot(&route, now);         // Arc<[Candidate]>, SPEC order
+//! let counter = store.next_counter(route.pool_key().as_str()).await;
+//! // ... plan with keypool-selector, call upstream, then per attempt:
+//! store.record_failure(&attempt, &classification, now);   // or record_success
+//! store.observe_windows(&account, &rate_limit_info, now);
+//! store.record_rating(&account, sample, now);
+//! ```
+//!
 //! # Layout
 //! - [`config`]: the TOML schema, validation with located errors, env overrides,
 //!   [`config::Secret`].
@@ -35,6 +50,12 @@
 //! - [`keys`]: LB key hashing, extraction from headers, generation (`keypool keygen`).
 //! - [`resolve`]: org/URL resolution ([`resolve::Route`], [`resolve::ResolveError`]) and
 //!   key validation ([`resolve::Caller`], [`resolve::AuthError`]).
+//! - [`state`]: the runtime state around the policy crates' books, the state file and
+//!   the Redis mirror.
+//! - [`store`]: [`Store`]: live config (`ArcSwap`), snapshots, state writes that are
+//!   mirrored, readiness.
+//! - [`testing`]: a per-test `redis-server` and temp folders, for this crate's tests and
+//!   the end-to-end suites.
 
 pub mod config;
 pub mod error;
