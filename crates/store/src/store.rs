@@ -564,6 +564,38 @@ impl Store {
         self.inner.state.export(now)
     }
 
+    /// The periodic work due at `now` (the background task calls this every 200 ms):
+    /// the state-file snapshot every `state_snapshot_interval`; with Redis, the
+    /// reconciliation when it is due, else the rating sync every interval.
+    pub async fn maintain(&self, now: UnixMs) {
+        let interval = self.config().server().state_snapshot_interval_ms;
+        let due = now.saturating_sub(self.inner.last_saved.load(Ordering::Relaxed)) >= interval;
+        match &self.inner.backend {
+            Backend::Memory { file: None } => {}
+            Backend::Memory { file: Some(_) } => {
+                if due && let Err(e) = self.persist(now).await {
+                    tracing::error!(error = %e, "state file snapshot failed");
+                }
+            }
+            Backend::Redis(mirror) => {
+                if mirror.needs_reconcile() {
+                    match reconcile(mirror, &self.inner.state, now).await {
+                        Ok(()) => tracing::info!("redis answers; state reconciled"),
+                        Err(e) => tracing::debug!(error = %e, "redis still unavailable"),
+                    }
+                } else if due {
+                    self.inner.last_saved.store(now, Ordering::Relaxed);
+                    let rating = &self.inner.state.rating;
+                    if mirror.push_rating(&rating.export(now)).await.is_ok()
+                        && let Ok(remote) = mirror.pull_rating().await
+                    {
+                        rating.import(&remote);
+                    }
+                }
+            }
+        }
+    }
+
     /// Persists now: writes the state file, or pushes ratings to Redis. Call at shutdown
     /// (the background task also does it every `state_snapshot_interval`).
     pub async fn persist(&self, now: UnixMs) -> Result<(), StoreError> {
@@ -615,44 +647,13 @@ async fn reconcile(
     Ok(())
 }
 
-/// The background loop: state-file snapshots, Redis reconciliation and rating sync.
+/// The background loop: runs [`Store::maintain`] every [`TICK`] with the clock.
 async fn maintenance(weak: Weak<Inner>) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_rating_sync = 0;
     loop {
         tick.tick().await;
         let Some(inner) = weak.upgrade() else { return };
-        let store = Store { inner };
-        let now = now_ms();
-        let interval = store.config().server().state_snapshot_interval_ms;
-        match &store.inner.backend {
-            Backend::Memory { file: Some(_) } => {
-                if now.saturating_sub(store.inner.last_saved.load(Ordering::Relaxed)) >= interval
-                    && let Err(e) = store.persist(now).await
-                {
-                    tracing::error!(error = %e, "state file snapshot failed");
-                }
-            }
-            Backend::Memory { file: None } => {}
-            Backend::Redis(mirror) => {
-                if mirror.needs_reconcile() {
-                    match reconcile(mirror, &store.inner.state, now).await {
-                        Ok(()) => tracing::info!("redis answers again; state reconciled"),
-                        Err(e) => tracing::debug!(error = %e, "redis still unavailable"),
-                    }
-                } else if now.saturating_sub(last_rating_sync) >= interval {
-                    last_rating_sync = now;
-                    if mirror
-                        .push_rating(&store.inner.state.rating.export(now))
-                        .await
-                        .is_ok()
-                        && let Ok(remote) = mirror.pull_rating().await
-                    {
-                        store.inner.state.rating.import(&remote);
-                    }
-                }
-            }
-        }
+        Store { inner }.maintain(now_ms()).await;
     }
 }

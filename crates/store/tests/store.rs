@@ -255,3 +255,25 @@ async fn out_of_window_uses_the_accounts_own_threshold() {
         "back at the reset, without a request"
     );
 }
+
+#[tokio::test]
+async fn the_state_file_is_written_every_snapshot_interval() {
+    let dir = TempDir::new("interval").unwrap();
+    let file = dir.path().join("state.json");
+    let text = config_text(
+        1,
+        &format!(
+            "state_file = {:?}\nstate_snapshot_interval_secs = 3600",
+            file.display().to_string()
+        ),
+    );
+    let store = Store::open(config(&text)).await.unwrap();
+    let t0 = now_ms();
+    store.maintain(t0 + 1_000).await;
+    assert!(!file.exists(), "not due yet");
+    store.maintain(t0 + 3_600_000).await;
+    assert!(file.exists(), "written once the interval has passed");
+    std::fs::remove_file(&file).unwrap();
+    store.maintain(t0 + 3_600_001).await;
+    assert!(!file.exists(), "next one is an interval later");
+}
