@@ -66,6 +66,7 @@ impl Availability for AlwaysAvailable {
     fn cooldown_until(&self, _: &AccountId, _: UnixMs) -> Option<UnixMs> {
         None
     }
+    #[inline]
     fn status(&self, _: &AccountId, _: UnixMs) -> AccountStatus {
         AccountStatus::Available
     }
@@ -118,6 +119,7 @@ impl Availability for StaticAvailability {
         self.facts.get(id).and_then(|f| f.cooldown)
     }
 
+    #[inline]
     fn status(&self, id: &AccountId, now: UnixMs) -> AccountStatus {
         if self.facts.is_empty() {
             return AccountStatus::Available;

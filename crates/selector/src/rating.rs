@@ -241,7 +241,8 @@ impl Ewma {
         let sane = o.value.is_finite() && o.value >= 0.0 && o.updated_at != NEVER;
         if sane && (self.at == NEVER || o.updated_at > self.at) {
             *self = Ewma {
-                value: o.value,
+                // `+ 0.0` turns -0.0 into 0.0: ranking orders values by their bits.
+                value: o.value + 0.0,
                 at: o.updated_at,
             };
         }
@@ -429,7 +430,7 @@ pub(crate) struct GroupSummary {
 #[derive(Default)]
 struct ScoreBuffers {
     metrics: Vec<Metrics>,
-    values: Vec<f64>,
+    values: Vec<u64>,
     scores: Vec<f64>,
     keys: Vec<u64>,
     old: Vec<usize>,
@@ -585,7 +586,12 @@ impl RatingEngine {
         // The medians are only needed when some account has a gap to fill.
         let median_ttft = if ttft_gaps > 0 {
             values.clear();
-            values.extend(metrics.iter().map(|m| m.ttft).filter(|v| !v.is_nan()));
+            values.extend(
+                metrics
+                    .iter()
+                    .filter(|m| !m.ttft.is_nan())
+                    .map(|m| m.ttft.to_bits()),
+            );
             median(values)
         } else {
             None
@@ -593,7 +599,12 @@ impl RatingEngine {
         let fill_ttft = median_ttft.unwrap_or(0.0);
         let fill_total = if metrics.iter().any(|m| m.total.is_nan()) {
             values.clear();
-            values.extend(metrics.iter().map(|m| m.total).filter(|v| !v.is_nan()));
+            values.extend(
+                metrics
+                    .iter()
+                    .filter(|m| !m.total.is_nan())
+                    .map(|m| m.total.to_bits()),
+            );
             median(values).unwrap_or(0.0)
         } else {
             0.0
@@ -753,17 +764,20 @@ fn sort_by_score(indices: &mut [usize], scores: &[f64], keys: &mut Vec<u64>, old
 
 /// The median of `values` (reordered); the mean of the two middle values for an even
 /// count; `None` when empty.
-fn median(values: &mut [f64]) -> Option<f64> {
+///
+/// The values are latencies (finite, `>= 0`), handled as their bit patterns, which
+/// order like the numbers and compare faster than floats.
+fn median(values: &mut [u64]) -> Option<f64> {
     let n = values.len();
     if n == 0 {
         return None;
     }
-    let (lower, upper, _) = values.select_nth_unstable_by(n / 2, f64::total_cmp);
-    let upper = *upper;
+    let (lower, upper, _) = values.select_nth_unstable(n / 2);
+    let upper = f64::from_bits(*upper);
     if n % 2 == 1 {
         return Some(upper);
     }
-    let below = lower.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let below = lower.iter().copied().max().map_or(upper, f64::from_bits);
     Some((below + upper) / 2.0)
 }
 
@@ -802,10 +816,12 @@ mod tests {
 
     #[test]
     fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&mut []), None);
-        assert_eq!(median(&mut [5.0]), Some(5.0));
-        assert_eq!(median(&mut [9.0, 1.0, 5.0]), Some(5.0));
-        assert_eq!(median(&mut [9.0, 1.0, 5.0, 3.0]), Some(4.0));
+        let mut bits = |v: &[f64]| median(&mut v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        assert_eq!(bits(&[]), None);
+        assert_eq!(bits(&[5.0]), Some(5.0));
+        assert_eq!(bits(&[9.0, 1.0, 5.0]), Some(5.0));
+        assert_eq!(bits(&[9.0, 1.0, 5.0, 3.0]), Some(4.0));
+        assert_eq!(bits(&[0.0, 1e6]), Some(5e5));
     }
 
     #[test]
@@ -933,12 +949,30 @@ mod tests {
                     value: -5.0,
                     updated_at: 1,
                 }),
-                error: None,
+                error: Some(EwmaState {
+                    value: f64::INFINITY,
+                    updated_at: 1,
+                }),
                 recent_ttft: vec![],
             }],
         };
         e.import(&state);
         assert_eq!(e.rating(&a, 1), AccountRating::default());
+        let negative_zero = RatingState {
+            accounts: vec![AccountRatingState {
+                id: a.clone(),
+                ttft: Some(EwmaState {
+                    value: -0.0,
+                    updated_at: 1,
+                }),
+                total: None,
+                error: None,
+                recent_ttft: vec![],
+            }],
+        };
+        e.import(&negative_zero);
+        let ttft = e.rating(&a, 1).ttft_ms.unwrap();
+        assert!(ttft == 0.0 && ttft.is_sign_positive());
     }
 
     #[test]
