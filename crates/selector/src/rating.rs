@@ -816,7 +816,7 @@ mod tests {
 
     #[test]
     fn median_of_odd_and_even_counts() {
-        let mut bits = |v: &[f64]| median(&mut v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        let bits = |v: &[f64]| median(&mut v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
         assert_eq!(bits(&[]), None);
         assert_eq!(bits(&[5.0]), Some(5.0));
         assert_eq!(bits(&[9.0, 1.0, 5.0]), Some(5.0));
