@@ -51,8 +51,8 @@ impl Route {
 pub struct PoolKey(Arc<str>);
 
 impl PoolKey {
-    /// `org/group`, or `org/*` when `group` is `None` (group ids cannot contain `/`… nor
-    /// can `*` collide: it is not a valid group reference of a URL config).
+    /// `org/group`, or `org/*` when `group` is `None` (org slugs and group ids are
+    /// path segments, so neither `/` nor `*` can make two pools collide).
     pub fn new(org: &str, group: Option<&str>) -> Self {
         Self(Arc::from(format!("{org}/{}", group.unwrap_or("*"))))
     }

@@ -490,12 +490,17 @@ fn relative_state_file_is_anchored_at_the_config_folder() {
 }
 
 #[test]
-fn orphan_url_with_a_group_and_reserved_names_are_reported() {
+fn orphan_url_with_a_group_and_bad_or_reserved_names_are_reported() {
     let text = BASE.to_owned()
-        + "[[urls]]\ncustom_url = \"legacy\"\ngroup = \"g\"\n[[urls]]\ncustom_url = \"admin\"\norg = \"acme\"\n[[urls]]\ncustom_url = \"a/b\"\norg = \"acme\"\n";
+        + "[[urls]]\ncustom_url = \"legacy\"\ngroup = \"g\"\n[[urls]]\ncustom_url = \"admin\"\norg = \"acme\"\n[[urls]]\ncustom_url = \"a/b\"\norg = \"acme\"\n[[groups]]\nid = \"*\"\norg = \"acme\"\naccounts = [\"a1\"]\n";
     assert_eq!(
         locations(&errors(&text)),
-        ["urls[2].group", "urls[3].custom_url", "urls[4].custom_url"]
+        [
+            "groups[1].id",
+            "urls[2].group",
+            "urls[3].custom_url",
+            "urls[4].custom_url"
+        ]
     );
 }
 

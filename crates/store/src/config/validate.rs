@@ -347,8 +347,7 @@ pub(super) fn parse_and_validate(
     for (i, g) in &groups {
         let p = format!("groups[{i}]");
         let mut ok = true;
-        if g.id.trim().is_empty() {
-            issues.push(format!("{p}.id"), "group id is empty");
+        if !check_segment(&g.id, &format!("{p}.id"), "group id", &mut issues) {
             ok = false;
         }
         let org = org_ref(&org_builders, &g.org, format!("{p}.org"), &mut issues);
