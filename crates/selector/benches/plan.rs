@@ -12,8 +12,8 @@ use std::sync::Arc;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use keypool_core::{AuthType, Provider, Strategy, UnixMs, Window};
 use keypool_selector::{
-    Candidate, HedgeBudget, PlanInput, RatingEngine, Sample, StaticAvailability, plan,
-    sort_snapshot,
+    AlwaysAvailable, Candidate, HedgeBudget, PlanInput, RatingEngine, Sample, StaticAvailability,
+    plan, sort_snapshot,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -123,5 +123,31 @@ fn bench_plan(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_plan);
+/// The planner's own cost at 1,000 accounts: the same pool without availability facts
+/// ([`AlwaysAvailable`]), so no map lookup per account.
+fn bench_plan_without_facts(c: &mut Criterion) {
+    let f = fixture(1_000);
+    let mut group = c.benchmark_group("plan_without_facts/1000");
+    for strategy in STRATEGIES {
+        group.bench_with_input(
+            BenchmarkId::from_parameter(strategy.as_str()),
+            &strategy,
+            |b, &strategy| {
+                let mut rng = SmallRng::seed_from_u64(1);
+                let mut counter = 0u64;
+                b.iter(|| {
+                    counter += 1;
+                    let input =
+                        PlanInput::new(&f.snapshot, &AlwaysAvailable, strategy, &f.rating, NOW)
+                            .with_counter(counter)
+                            .with_hedge_budget(&f.budget);
+                    black_box(plan(black_box(&input), &mut rng))
+                });
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_plan, bench_plan_without_facts);
 criterion_main!(benches);
