@@ -1,4 +1,70 @@
-//! The keypool hyper service: composes selection, cooldown, streaming and providers into the request path.
+//! The keypool server: the hyper service that composes the library crates into the
+//! request path of SPEC 3 and 4.
 //!
-//! This crate is a placeholder laid down by the workspace foundation; its issue fills it.
-//! See `docs/ARCHITECTURE.md` for what it will own.
+//! A request arrives; [`App::handle`] routes it ([`route`]), enforces the body limit,
+//! resolves the org and URL config and validates the LB key (`keypool-store`), parses
+//! the body (`keypool-providers`), captures the pool's snapshot and plans the attempts
+//! (`keypool-selector` over the health books of `keypool-cooldown`, read through
+//! [`availability::HealthAvailability`]), then walks the plan: one attempt per account,
+//! each built by the provider adapter and sent with one pooled upstream client,
+//! streams held until their commit point (`keypool-sse` + the providers' commit gate),
+//! hedge/race partners run side by side, every outcome credited to the account that
+//! produced it. Whatever goes wrong ends in [`rescue::rescue`]: an Anthropic-shaped
+//! error, never a panic or a bare hyper error.
+//!
+//! ```no_run
+//! use keypool_proxy::{App, run};
+//! use keypool_store::{Store, config::Config};
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = Config::load("keypool.toml".as_ref())?;
+//! let store = Store::open(config).await?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! let server = tokio::spawn(run(listener, App::new(store), async { let _ = stopped.await; }));
+//! // … send requests …
+//! let _ = stop.send(());
+//! server.await??;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//! - [`server`]: [`run`], the accept loop, header read timeout, graceful drain.
+//! - `app`: [`App`], steps 1–4 of SPEC 3 (limits, resolution, key, body), the fixed
+//!   routes (`HEAD`, `/healthz`, `/readyz`, `/metrics`).
+//! - [`route`]: path matching ([`route::match_path`]).
+//! - `failover`: steps 5–8 and SPEC 4: plan, the attempt walker with hedge/race,
+//!   crediting outcomes, the generic 503 and the 429/402 pass-through.
+//! - `attempt`: one upstream attempt up to its commit point (the streaming hold).
+//! - [`body`]: [`body::ProxyBody`], including the committed stream that forwards frames
+//!   unchanged and ends with one generic error frame when the upstream fails.
+//! - [`availability`]: the selector's `Availability` over the store's books.
+//! - [`headers`]: the response header allowlist, `x-request-id`, legacy headers.
+//! - [`rescue`]: [`rescue::Reject`] and the one function that turns it into a response.
+//! - [`metrics`]: the Prometheus registry of SPEC 10.
+//! - [`upstream`]: the pooled HTTP/1.1 + HTTP/2 client (rustls, plain HTTP for loopback).
+//! - [`signals`] (Unix): `SIGTERM`/`SIGINT` shutdown, `SIGHUP` reload.
+//! - `admin`: the place of the admin API (issue 8); answers 404 until then.
+//! - `log`: the one log line per request.
+//! - [`error`]: [`ProxyError`].
+
+mod admin;
+mod app;
+mod attempt;
+pub mod availability;
+pub mod body;
+pub mod error;
+mod failover;
+pub mod headers;
+mod log;
+pub mod metrics;
+pub mod rescue;
+pub mod route;
+pub mod server;
+#[cfg(unix)]
+pub mod signals;
+pub mod upstream;
+
+pub use app::App;
+pub use body::ProxyBody;
+pub use error::ProxyError;
+pub use server::run;

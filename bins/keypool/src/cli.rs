@@ -1,0 +1,179 @@
+//! The commands: `serve`, `check-config`, `keygen`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+use keypool_proxy::{App, run, signals};
+use keypool_store::config::Config;
+use keypool_store::{BootState, Store, StoreError};
+use rand::SeedableRng;
+
+/// Success.
+pub const EXIT_OK: u8 = 0;
+/// The configuration is invalid or unreadable (every problem is printed).
+pub const EXIT_CONFIG: u8 = 1;
+/// The server could not start or failed while running (e.g. the address is in use).
+pub const EXIT_RUNTIME: u8 = 3;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success (serve: stopped by SIGTERM/SIGINT after draining; check-config: valid)
+  1  the configuration file is invalid or unreadable; every problem is printed
+  2  command-line usage error
+  3  the server could not start or failed (address in use, signal handlers, ...)";
+
+/// keypool: a load balancer for LLM provider credentials.
+///
+/// Clients send their own `sk-lb-…` key to keypool instead of the provider; keypool
+/// picks an upstream account out of the organisation's pool, fails over when one is
+/// rate-limited, exhausted or broken, and streams the answer back untouched.
+#[derive(Debug, Parser)]
+#[command(name = "keypool", version, after_help = EXIT_CODES)]
+pub struct Cli {
+    /// Log format on stderr: `human` (one readable line per event) or `json` (one JSON
+    /// object per line). The level comes from `RUST_LOG` (default `info`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true)]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Readable lines.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the proxy: load and validate the config, restore runtime state (state file or
+    /// Redis), listen on `server.listen` (`KEYPOOL_LISTEN` overrides).
+    ///
+    /// SIGHUP reloads the config file (an invalid file is rejected, its problems logged,
+    /// and the old config keeps serving). SIGTERM or SIGINT stop accepting, let requests
+    /// and streams in flight finish for up to `server.shutdown_grace_secs`, save the
+    /// runtime state and exit 0.
+    #[command(after_help = EXIT_CODES)]
+    Serve {
+        /// The configuration file (TOML).
+        #[arg(long, short = 'c', value_name = "FILE", default_value = "keypool.toml")]
+        config: PathBuf,
+    },
+    /// Validate a configuration file without starting anything: prints every problem
+    /// with its location (`accounts[2].weight: …`) and exits 1, or prints a summary and
+    /// exits 0. Secrets written as `$NAME` are read from the environment, as `serve`
+    /// would; their values are never printed.
+    #[command(name = "check-config", after_help = EXIT_CODES)]
+    CheckConfig {
+        /// The configuration file (TOML).
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Generate a new LB key for a caller. Prints two lines on stdout: the key
+    /// (`sk-lb-…`, give it to the caller once; keypool never stores it) and the
+    /// `sha256 = "…"` line to paste into a `[[keys]]` table of the config.
+    Keygen,
+}
+
+/// Installs the `tracing` subscriber on stderr.
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+/// Runs a command; `Err` is a runtime failure (exit 3).
+pub fn execute(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::CheckConfig { file } => Ok(check_config(&file)),
+        Command::Keygen => {
+            let key = keypool_store::keys::generate_lb_key(&mut rand::rngs::StdRng::from_os_rng());
+            println!("{}", key.key);
+            println!("{}", key.config_line());
+            eprintln!(
+                "Give the first line to the caller (it is shown only now); paste the second \
+                 into a [[keys]] table of keypool.toml."
+            );
+            Ok(ExitCode::from(EXIT_OK))
+        }
+        Command::Serve { config } => serve(&config),
+    }
+}
+
+/// Loads `path`, printing every problem on stderr.
+fn load(path: &Path) -> Result<Config, ExitCode> {
+    match Config::load(path) {
+        Ok(config) => Ok(config),
+        Err(StoreError::InvalidConfig { path, errors }) => {
+            eprintln!("{}: {} problem(s):", path.display(), errors.issues().len());
+            for issue in errors.issues() {
+                eprintln!("  {issue}");
+            }
+            Err(ExitCode::from(EXIT_CONFIG))
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            Err(ExitCode::from(EXIT_CONFIG))
+        }
+    }
+}
+
+fn check_config(path: &Path) -> ExitCode {
+    match load(path) {
+        Ok(config) => {
+            println!(
+                "{}: OK ({} org(s), {} account(s), {} key(s))",
+                path.display(),
+                config.orgs().count(),
+                config.accounts().count(),
+                config.keys().count()
+            );
+            ExitCode::from(EXIT_OK)
+        }
+        Err(code) => code,
+    }
+}
+
+fn serve(path: &Path) -> anyhow::Result<ExitCode> {
+    let config = match load(path) {
+        Ok(config) => config,
+        Err(code) => return Ok(code),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    runtime.block_on(async {
+        let listen = config.server().listen;
+        let store = Store::open(config)
+            .await
+            .context("cannot open the runtime state")?;
+        match store.take_boot_state() {
+            Some(BootState::Redis { loaded: false }) => {
+                tracing::warn!("redis unreachable at boot; serving from memory until it answers")
+            }
+            Some(state) => tracing::debug!(?state, "runtime state restored"),
+            None => {}
+        }
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        let shutdown = signals::terminate_signal()?;
+        let _reload = signals::spawn_reload_on_sighup(store.clone(), path.to_path_buf())?;
+        run(listener, App::new(store), shutdown).await?;
+        Ok(ExitCode::from(EXIT_OK))
+    })
+}

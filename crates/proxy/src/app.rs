@@ -1,0 +1,366 @@
+//! [`App`]: the shared state of the server and the request path of SPEC 3 steps 1–4.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use http::request::Parts;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use keypool_providers::{Endpoint, inspect_request};
+use keypool_selector::HedgeBudget;
+use keypool_store::resolve::PoolKey;
+use keypool_store::{Store, now_ms};
+
+use crate::attempt::Call;
+use crate::body::ProxyBody;
+use crate::headers::{X_REQUEST_ID, add_legacy_headers};
+use crate::log::RequestLog;
+use crate::metrics::{Metrics, UNRESOLVED};
+use crate::rescue::{Reject, rescue};
+use crate::route::{RouteMatch, match_path};
+use crate::upstream::{UpstreamClient, build_client};
+use crate::{admin, failover};
+
+/// The proxy application: the store, the upstream client, metrics and per-pool hedge
+/// budgets. Cheap to clone (an `Arc`); build one per process with [`App::new`] (or
+/// `App::from(store)`) and hand it to [`run`](crate::run).
+#[derive(Clone)]
+pub struct App {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    client: UpstreamClient,
+    metrics: Metrics,
+    budgets: DashMap<PoolKey, Option<Arc<HedgeBudget>>>,
+    ids: AtomicU64,
+    seed: u64,
+    unresolved: Arc<str>,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("store", &self.inner.store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<Store> for App {
+    fn from(store: Store) -> Self {
+        App::new(store)
+    }
+}
+
+impl App {
+    /// An application serving `store`'s configuration, with a fresh upstream client
+    /// (connection pool) and empty metrics. Must be called inside a tokio runtime.
+    pub fn new(store: Store) -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()).rotate_left(32);
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                client: build_client(),
+                metrics: Metrics::new(),
+                budgets: DashMap::new(),
+                ids: AtomicU64::new(0),
+                seed,
+                unresolved: Arc::from(UNRESOLVED),
+            }),
+        }
+    }
+
+    /// The store (configuration, runtime state).
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    pub(crate) fn client(&self) -> &UpstreamClient {
+        &self.inner.client
+    }
+
+    /// A seed for one request's random choices (ties between cooldown expiries).
+    pub(crate) fn next_seed(&self) -> u64 {
+        let n = self.inner.ids.fetch_add(1, Ordering::Relaxed);
+        splitmix(self.inner.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    }
+
+    /// The pool's hedge budget (`None` when the configured ratio is invalid, which the
+    /// config validation prevents).
+    pub(crate) fn hedge_budget(&self, pool: &PoolKey, ratio: f64) -> Option<Arc<HedgeBudget>> {
+        if let Some(b) = self.inner.budgets.get(pool) {
+            return b.clone();
+        }
+        self.inner
+            .budgets
+            .entry(pool.clone())
+            .or_insert_with(|| HedgeBudget::try_new(ratio).ok().map(Arc::new))
+            .clone()
+    }
+
+    fn request_id(&self) -> Arc<str> {
+        let n = self.inner.ids.fetch_add(1, Ordering::Relaxed);
+        let id = format!("req_kp_{:016x}", splitmix(self.inner.seed.wrapping_add(n)));
+        Arc::from(id)
+    }
+
+    /// Answers one request: never fails, never panics on bad input; every response
+    /// carries `x-request-id`.
+    pub async fn handle<B>(&self, request: Request<B>) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let started = Instant::now();
+        let request_id = self.request_id();
+        let (parts, body) = request.into_parts();
+        let mut labels = (self.inner.unresolved.clone(), self.inner.unresolved.clone());
+        let mut response = self
+            .dispatch(parts, body, &request_id, started, &mut labels)
+            .await;
+        self.metrics()
+            .request(&labels.0, &labels.1, response.status().as_u16());
+        if let Ok(value) = HeaderValue::from_str(&request_id) {
+            response.headers_mut().insert(X_REQUEST_ID, value);
+        }
+        response
+    }
+
+    async fn dispatch<B>(
+        &self,
+        parts: Parts,
+        body: B,
+        request_id: &Arc<str>,
+        started: Instant,
+        labels: &mut (Arc<str>, Arc<str>),
+    ) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        // HEAD answers 200 for anything, before any lookup (SPEC 2).
+        if parts.method == Method::HEAD {
+            return Response::new(ProxyBody::empty());
+        }
+        let route = match_path(parts.uri.path());
+        let get = parts.method == Method::GET;
+        match route {
+            RouteMatch::Health if get => text(StatusCode::OK, "ok\n"),
+            RouteMatch::Ready if get => self.readyz(),
+            RouteMatch::Metrics if get => {
+                let mut response = text(
+                    StatusCode::OK,
+                    self.metrics().render(self.store(), now_ms()),
+                );
+                response.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                response
+            }
+            RouteMatch::Admin(rest) => {
+                let limit = self.store().config().server().max_body_bytes;
+                match read_limited(&parts, body, limit).await {
+                    Ok(bytes) => admin::handle(self, &parts, bytes, rest, request_id).await,
+                    Err(reject) => rescue(&reject, request_id),
+                }
+            }
+            RouteMatch::Api { org, url, endpoint } => {
+                let legacy = route.is_legacy();
+                let mut response = if parts.method == Method::POST {
+                    self.messages(
+                        &parts, body, org, url, endpoint, request_id, started, labels,
+                    )
+                    .await
+                } else {
+                    rescue(&Reject::method_not_allowed(), request_id)
+                };
+                if legacy {
+                    let sunset = self.store().config().server().legacy_routes_until_unix_secs;
+                    add_legacy_headers(response.headers_mut(), sunset);
+                }
+                response
+            }
+            _ => rescue(&Reject::unknown_path(), request_id),
+        }
+    }
+
+    fn readyz(&self) -> Response<ProxyBody> {
+        if self.store().ready() {
+            text(StatusCode::OK, "ready\n")
+        } else {
+            text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not ready: redis is configured but unreachable; serving from memory\n",
+            )
+        }
+    }
+
+    /// SPEC 3 for a Messages route.
+    #[allow(clippy::too_many_arguments)]
+    async fn messages<B>(
+        &self,
+        parts: &Parts,
+        body: B,
+        org: Option<&str>,
+        url: &str,
+        endpoint: Endpoint,
+        request_id: &Arc<str>,
+        started: Instant,
+        labels: &mut (Arc<str>, Arc<str>),
+    ) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let mut log = Some(RequestLog::new(request_id.clone(), started));
+        let response = self
+            .messages_inner(
+                parts, body, org, url, endpoint, request_id, labels, &mut log,
+            )
+            .await;
+        if let Some(log) = log.as_mut() {
+            log.status = response.status().as_u16();
+        }
+        response
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn messages_inner<B>(
+        &self,
+        parts: &Parts,
+        body: B,
+        org: Option<&str>,
+        url: &str,
+        endpoint: Endpoint,
+        request_id: &str,
+        labels: &mut (Arc<str>, Arc<str>),
+        log: &mut Option<RequestLog>,
+    ) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let config = self.store().config();
+        let settings = config.server();
+        // 1. Receive, within the limits.
+        let bytes = match read_limited(parts, body, settings.max_body_bytes).await {
+            Ok(bytes) => bytes,
+            Err(reject) => return rescue(&reject, request_id),
+        };
+        // Legacy routes end at `legacy_routes_until` (answered without any lookup).
+        if org.is_none() && now_ms() / 1000 > settings.legacy_routes_until_unix_secs {
+            return rescue(&Reject::legacy_gone(url), request_id);
+        }
+        // 2. Resolve org and URL config.
+        let resolved = match org {
+            Some(org) => config.resolve(org, url),
+            None => config.resolve_legacy(url),
+        };
+        let route = match resolved {
+            Ok(route) => route,
+            Err(e) => return rescue(&Reject::from(e), request_id),
+        };
+        *labels = (
+            Arc::from(route.org().slug()),
+            Arc::from(route.url().custom_url()),
+        );
+        if let Some(log) = log.as_mut() {
+            log.org = Some(labels.0.clone());
+            log.url = Some(labels.1.clone());
+            log.strategy = Some(route.strategy());
+            log.count_tokens = endpoint == Endpoint::CountTokens;
+        }
+        // 3. Validate the LB key.
+        let header = |name| {
+            parts
+                .headers
+                .get(name)
+                .and_then(|v: &HeaderValue| v.to_str().ok())
+        };
+        let presented = keypool_store::keys::presented_key(
+            header(keypool_providers::upstream::X_API_KEY),
+            header(AUTHORIZATION),
+        );
+        let caller = match config.authenticate(&route, presented) {
+            Ok(caller) => caller,
+            Err(e) => return rescue(&Reject::from(e), request_id),
+        };
+        if let Some(log) = log.as_mut() {
+            log.caller = Some(caller);
+        }
+        // 4. The key is stripped by the upstream head builder's allowlist; parse the body.
+        let info = match inspect_request(&bytes) {
+            Ok(info) => info,
+            Err(e) => return rescue(&Reject::from(e), request_id),
+        };
+        if let Some(log) = log.as_mut() {
+            log.stream = info.stream;
+        }
+        // 5–8. Filter, choose, call and fail over, answer.
+        let call = Call {
+            app: self,
+            config: &config,
+            uri: &parts.uri,
+            headers: &parts.headers,
+            body: bytes,
+            endpoint,
+            stream: info.stream,
+        };
+        failover::serve(&call, &route, log, request_id).await
+    }
+}
+
+/// Reads a request body of at most `limit` bytes: `413` from the `content-length` alone
+/// when it announces more, else while reading (never buffering past the limit).
+async fn read_limited<B>(parts: &Parts, body: B, limit: u64) -> Result<Bytes, Reject>
+where
+    B: Body<Data = Bytes> + Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let announced = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > limit) {
+        return Err(Reject::too_large(limit));
+    }
+    let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
+    match Limited::new(body, limit_usize).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(Reject::too_large(limit)),
+        Err(_) => Err(Reject::unreadable_body()),
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

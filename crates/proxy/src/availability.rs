@@ -1,0 +1,176 @@
+//! The selector's [`Availability`] over the store's health books (SPEC 3.5).
+//!
+//! Usage windows come from [`WindowBook::out_of_window`](keypool_cooldown::WindowBook)
+//! with each account's own `window_threshold` (else the default); cooldowns from the
+//! cooldown book.
+//!
+//! **Decision: an API-key request limit is a cooldown, not a window.** The window book
+//! also reports `anthropic-ratelimit-requests-remaining: 0` as
+//! [`UsageLimit::Requests`]. SPEC 3.5.2's immediate `429` names a subscription window
+//! (`5h` or `weekly`), and a request limit resets within about a minute, so this adapter
+//! reports it as "cooling until the reset": the account leaves rotation until then like
+//! any cooling account, and when every account is cooling the earliest one is still
+//! tried (the last resort of SPEC 3.5.3) instead of refusing the request outright.
+
+use keypool_cooldown::{PoolHealth, UsageLimit};
+use keypool_core::{AccountId, UnixMs};
+use keypool_selector::{AccountStatus, Availability, WindowBlock};
+use keypool_store::config::Config;
+
+/// Window and cooldown facts of the live books, for one request.
+#[derive(Debug, Clone, Copy)]
+pub struct HealthAvailability<'a> {
+    health: &'a PoolHealth,
+    config: &'a Config,
+}
+
+impl<'a> HealthAvailability<'a> {
+    /// Reads `health`, with per-account window thresholds from `config`.
+    pub fn new(health: &'a PoolHealth, config: &'a Config) -> Self {
+        Self { health, config }
+    }
+
+    fn facts(&self, id: &AccountId, now: UnixMs) -> (Option<WindowBlock>, Option<UnixMs>) {
+        let threshold = self
+            .config
+            .account(id.as_str())
+            .and_then(|a| a.window_threshold())
+            .map(|t| t.get());
+        let cooldown = self.health.cooldowns.cooldown_until(id, now);
+        match self.health.windows.out_of_window(id, threshold, now) {
+            Some(out) => match out.limit {
+                UsageLimit::Window(window) => (
+                    Some(WindowBlock {
+                        window,
+                        until: out.until,
+                    }),
+                    cooldown,
+                ),
+                UsageLimit::Requests => {
+                    (None, Some(cooldown.map_or(out.until, |c| c.max(out.until))))
+                }
+            },
+            None => (None, cooldown),
+        }
+    }
+}
+
+impl Availability for HealthAvailability<'_> {
+    fn window_block(&self, id: &AccountId, now: UnixMs) -> Option<WindowBlock> {
+        self.facts(id, now).0
+    }
+
+    fn cooldown_until(&self, id: &AccountId, now: UnixMs) -> Option<UnixMs> {
+        self.facts(id, now).1
+    }
+
+    fn status(&self, id: &AccountId, now: UnixMs) -> AccountStatus {
+        match self.facts(id, now) {
+            (Some(block), _) if block.until > now => AccountStatus::OutOfWindow(block),
+            (_, Some(until)) if until > now => AccountStatus::CoolingUntil(until),
+            _ => AccountStatus::Available,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keypool_cooldown::headers::{RateLimitInfo, UnifiedStatus, WindowUsage};
+    use keypool_cooldown::{AttemptFailure, classify};
+    use keypool_core::Window;
+
+    const NOW: UnixMs = 1_800_000_000_000;
+
+    fn config() -> Config {
+        let toml = r#"
+            [server]
+            state_file = ""
+            [[orgs]]
+            slug = "acme"
+            [[accounts]]
+            id = "strict"
+            org = "acme"
+            provider = "anthropic"
+            auth = "oauth"
+            secret = "s1"
+            window_threshold = 0.5
+            [[accounts]]
+            id = "plain"
+            org = "acme"
+            provider = "anthropic"
+            auth = "api_key"
+            secret = "s2"
+        "#;
+        Config::from_toml_str(toml, None, &|_| None).unwrap()
+    }
+
+    fn five_hour(utilization: f64, reset: UnixMs) -> RateLimitInfo {
+        RateLimitInfo {
+            five_hour: WindowUsage {
+                utilization: Some(utilization),
+                reset: Some(reset),
+                status: Some(UnifiedStatus::Allowed),
+            },
+            ..RateLimitInfo::default()
+        }
+    }
+
+    #[test]
+    fn per_account_threshold_decides_the_window() {
+        let config = config();
+        let health = PoolHealth::new(config.cooldown().clone());
+        let (strict, plain) = (AccountId::from("strict"), AccountId::from("plain"));
+        let reset = NOW + 3_600_000;
+        health.windows.observe(&strict, &five_hour(0.6, reset), NOW);
+        health.windows.observe(&plain, &five_hour(0.6, reset), NOW);
+        let av = HealthAvailability::new(&health, &config);
+        assert_eq!(
+            av.status(&strict, NOW),
+            AccountStatus::OutOfWindow(WindowBlock {
+                window: Window::FiveHour,
+                until: reset
+            })
+        );
+        // 0.6 is under the default 0.95.
+        assert_eq!(av.status(&plain, NOW), AccountStatus::Available);
+        // Back exactly at the reset, without any request.
+        assert_eq!(av.status(&strict, reset), AccountStatus::Available);
+    }
+
+    #[test]
+    fn a_request_limit_is_reported_as_a_cooldown() {
+        let config = config();
+        let health = PoolHealth::new(config.cooldown().clone());
+        let plain = AccountId::from("plain");
+        let info = RateLimitInfo {
+            requests_remaining: Some(0),
+            requests_reset: Some(NOW + 20_000),
+            ..RateLimitInfo::default()
+        };
+        health.windows.observe(&plain, &info, NOW);
+        let av = HealthAvailability::new(&health, &config);
+        assert_eq!(av.window_block(&plain, NOW), None);
+        assert_eq!(
+            av.status(&plain, NOW),
+            AccountStatus::CoolingUntil(NOW + 20_000)
+        );
+        // A longer cooldown of the same account wins.
+        let rl = RateLimitInfo {
+            retry_after_ms: Some(60_000),
+            ..RateLimitInfo::default()
+        };
+        let failure = AttemptFailure::Status {
+            status: http::StatusCode::TOO_MANY_REQUESTS,
+            rate_limit: &rl,
+        };
+        health
+            .cooldowns
+            .record_failure(&plain, &classify(&failure, NOW), NOW, 2, NOW);
+        assert_eq!(
+            av.status(&plain, NOW),
+            AccountStatus::CoolingUntil(NOW + 60_000)
+        );
+        assert_eq!(av.status(&plain, NOW + 60_000), AccountStatus::Available);
+    }
+}

@@ -1,0 +1,252 @@
+//! The response body keypool writes: empty, one buffer, or a committed SSE stream that
+//! forwards each upstream frame's original bytes as it arrives.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use keypool_cooldown::TransportFailure;
+use keypool_providers::{StreamUsage, Usage, stream_error};
+use keypool_sse::{Decoder, overloaded_error_frame};
+use tokio::time::{Instant, Sleep};
+
+/// The body of every response keypool writes. It never fails: a committed stream whose
+/// upstream breaks ends with one generic `event: error` frame instead (SPEC 3.8).
+#[derive(Debug)]
+pub struct ProxyBody {
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Empty,
+    Full(Option<Bytes>),
+    Stream(Box<StreamBody>),
+}
+
+impl ProxyBody {
+    /// No body.
+    pub fn empty() -> Self {
+        Self { kind: Kind::Empty }
+    }
+
+    /// One buffer.
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        let bytes = bytes.into();
+        if bytes.is_empty() {
+            return Self::empty();
+        }
+        Self {
+            kind: Kind::Full(Some(bytes)),
+        }
+    }
+
+    pub(crate) fn stream(stream: StreamBody) -> Self {
+        Self {
+            kind: Kind::Stream(Box::new(stream)),
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match &mut self.kind {
+            Kind::Empty => Poll::Ready(None),
+            Kind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Stream(stream) => stream
+                .poll_next(cx)
+                .map(|chunk| chunk.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Empty => true,
+            Kind::Full(bytes) => bytes.is_none(),
+            Kind::Stream(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Empty => SizeHint::with_exact(0),
+            Kind::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Stream(_) => SizeHint::default(),
+        }
+    }
+}
+
+/// How a committed stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The upstream sent `message_stop` and ended the body.
+    Completed,
+    /// The upstream failed after the head was written (error frame, cut, reset, idle
+    /// timeout); the client got the generic error frame.
+    Failed(TransportFailure),
+    /// The client went away before the end (the upstream request was dropped with it).
+    ClientGone,
+}
+
+/// Called exactly once when a committed stream ends, however it ends.
+pub(crate) trait StreamFinish: Send + Sync + 'static {
+    /// `usage` is what the stream's frames reported so far.
+    fn finish(self: Box<Self>, end: StreamEnd, usage: Option<Usage>);
+}
+
+/// A committed stream: the frames held before the commit point, then every upstream
+/// frame's original bytes as they come. Usage and mid-stream `error` frames are
+/// observed on the side; an upstream `error` frame, a cut, a reset or
+/// `stream_idle_timeout` of silence ends it with one generic error frame.
+pub(crate) struct StreamBody {
+    pending: VecDeque<Bytes>,
+    decoder: Decoder,
+    upstream: Option<Incoming>,
+    idle: Duration,
+    sleep: Pin<Box<Sleep>>,
+    usage: StreamUsage,
+    saw_stop: bool,
+    done: bool,
+    finish: Option<Box<dyn StreamFinish>>,
+}
+
+impl std::fmt::Debug for StreamBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamBody")
+            .field("pending", &self.pending.len())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StreamBody {
+    /// `held` are the frames before the commit point (already observed for usage by the
+    /// caller: pass that `usage` and whether `message_stop` was among them); `decoder`
+    /// may still hold decoded-but-unread frames of the upstream body.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        held: Vec<Bytes>,
+        decoder: Decoder,
+        upstream: Incoming,
+        idle: Duration,
+        usage: StreamUsage,
+        saw_stop: bool,
+        finish: Box<dyn StreamFinish>,
+    ) -> Self {
+        Self {
+            pending: held.into(),
+            decoder,
+            upstream: Some(upstream),
+            idle,
+            sleep: Box::pin(tokio::time::sleep(idle)),
+            usage,
+            saw_stop,
+            done: false,
+            finish: Some(finish),
+        }
+    }
+
+    fn end(&mut self, end: StreamEnd) {
+        if end != StreamEnd::Completed && end != StreamEnd::ClientGone {
+            self.pending.push_back(overloaded_error_frame());
+        }
+        self.done = true;
+        // Dropping the upstream body closes the upstream connection.
+        self.upstream = None;
+        if let Some(finish) = self.finish.take() {
+            finish.finish(end, self.usage.usage());
+        }
+    }
+
+    /// Takes every complete frame out of the decoder into `pending`; ends the stream on
+    /// an upstream error frame or a framing error.
+    fn drain_decoder(&mut self, eof: bool) {
+        while !self.done {
+            let next = if eof {
+                self.decoder.finish()
+            } else {
+                self.decoder.next_frame()
+            };
+            match next {
+                Ok(Some(frame)) => {
+                    if stream_error(&frame).is_some() {
+                        self.end(StreamEnd::Failed(TransportFailure::Reset));
+                        return;
+                    }
+                    self.usage.observe(&frame);
+                    if frame.is_event("message_stop") {
+                        self.saw_stop = true;
+                    }
+                    self.pending.push_back(frame.into_raw());
+                }
+                Ok(None) => return,
+                Err(_) => {
+                    self.end(StreamEnd::Failed(TransportFailure::Reset));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        loop {
+            if let Some(bytes) = self.pending.pop_front() {
+                return Poll::Ready(Some(bytes));
+            }
+            if self.done {
+                return Poll::Ready(None);
+            }
+            self.drain_decoder(false);
+            if !self.pending.is_empty() || self.done {
+                continue;
+            }
+            let Some(upstream) = self.upstream.as_mut() else {
+                self.end(StreamEnd::Failed(TransportFailure::Reset));
+                continue;
+            };
+            match Pin::new(upstream).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.decoder.push(&data);
+                        let deadline = Instant::now() + self.idle;
+                        self.sleep.as_mut().reset(deadline);
+                    }
+                }
+                Poll::Ready(Some(Err(_))) => self.end(StreamEnd::Failed(TransportFailure::Reset)),
+                Poll::Ready(None) => {
+                    self.drain_decoder(true);
+                    if !self.done {
+                        if self.saw_stop {
+                            self.end(StreamEnd::Completed);
+                        } else {
+                            self.end(StreamEnd::Failed(TransportFailure::Reset));
+                        }
+                    }
+                }
+                Poll::Pending => {
+                    ready!(self.sleep.as_mut().poll(cx));
+                    self.end(StreamEnd::Failed(TransportFailure::Timeout));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for StreamBody {
+    fn drop(&mut self) {
+        if let Some(finish) = self.finish.take() {
+            finish.finish(StreamEnd::ClientGone, self.usage.usage());
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! [`ProxyError`]: what can stop the server itself. Request failures never surface here:
+//! they become Anthropic-shaped responses ([`crate::rescue`]).
+
+/// Everything that can go wrong while running the proxy (not while answering one
+/// request). No variant carries a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The listener's address could not be read.
+    #[error("cannot read the listening socket's address: {0}; check the listener is bound")]
+    Listener(#[source] std::io::Error),
+    /// The configured hedge budget is out of range.
+    #[error("invalid server.hedge_budget: {0}")]
+    HedgeBudget(#[from] keypool_selector::SelectError),
+    /// Installing a signal handler failed.
+    #[error("cannot install the {signal} handler: {source}; is this a Unix system?")]
+    Signal {
+        /// Which signal.
+        signal: &'static str,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}

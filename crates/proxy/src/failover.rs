@@ -1,0 +1,512 @@
+//! Steps 5–8 of SPEC 3 and the hedge/race of SPEC 4: plan, walk the plan one attempt
+//! per account, credit every outcome to the account that produced it, answer.
+//!
+//! At most two attempts run at once, and only as primary and hedge/race partner (the
+//! planner guarantees a different `base_url`). Every other attempt starts only when
+//! nothing is in flight, in plan order. The first attempt to reach its commit point
+//! wins; the other is dropped in flight (its upstream connection closes) and credited
+//! with nothing.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+
+use http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use http::{HeaderValue, Response, StatusCode};
+use keypool_cooldown::{Attempt, AttemptFailure, Classification, TransportFailure, classify};
+use keypool_core::{AccountId, UnixMs};
+use keypool_providers::{Endpoint, Usage, passthrough_body};
+use keypool_selector::{Candidate, FanOut, PlanInput, Sample, needs_counter, plan};
+use keypool_store::config::Account;
+use keypool_store::now_ms;
+use keypool_store::resolve::Route;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use crate::App;
+use crate::attempt::{Call, Failure, Ready, ReadyKind, attempt};
+use crate::availability::HealthAvailability;
+use crate::body::{ProxyBody, StreamBody, StreamEnd, StreamFinish};
+use crate::headers::copy_safe_response_headers;
+use crate::log::RequestLog;
+use crate::metrics::FanOutRole;
+use crate::rescue::{Reject, json_error, rescue};
+
+type AttemptFuture<'a> = Pin<Box<dyn Future<Output = Result<Ready, Failure>> + Send + 'a>>;
+
+struct Slot<'a> {
+    future: AttemptFuture<'a>,
+    /// Index into the snapshot.
+    index: usize,
+    started_at: UnixMs,
+    role: FanOutRole,
+    first_chunk: Arc<AtomicBool>,
+}
+
+enum Event {
+    Done(usize, Result<Ready, Failure>),
+    HedgeDelay,
+}
+
+/// Plans and runs the attempts of one request; returns the response and the number of
+/// attempts made.
+pub(crate) async fn serve<'c>(
+    call: &'c Call<'c>,
+    route: &Route,
+    log: &mut Option<RequestLog>,
+    request_id: &str,
+) -> Response<ProxyBody> {
+    let app = call.app;
+    let store = app.store();
+    let settings = call.config.server();
+    let now = now_ms();
+    let snapshot = store.snapshot(route, now);
+    let strategy = route.strategy();
+    let pool = route.pool_key();
+    let counter = if needs_counter(strategy) {
+        store.next_counter(pool.as_str()).await
+    } else {
+        0
+    };
+    let budget = app.hedge_budget(&pool, settings.hedge_budget);
+    let availability = HealthAvailability::new(store.health(), call.config);
+    let mut input = PlanInput::new(&snapshot, &availability, strategy, store.rating(), now)
+        .with_counter(counter)
+        .with_count_tokens(call.endpoint == Endpoint::CountTokens)
+        .with_hedge_min_delay_ms(settings.hedge_min_delay_ms);
+    if let Some(budget) = &budget {
+        input = input.with_hedge_budget(budget);
+    }
+    let mut rng = SmallRng::seed_from_u64(app.next_seed());
+    let plan = match plan(&input, &mut rng) {
+        Ok(plan) => plan,
+        Err(e) => {
+            app.metrics().attempts(0);
+            return rescue(&Reject::from(e), request_id);
+        }
+    };
+    if let Some(reason) = plan.fan_out.gate_reason() {
+        app.metrics().gate(reason);
+    }
+
+    let order = &plan.attempts;
+    let mut slots: [Option<Slot<'c>>; 2] = [None, None];
+    let mut next = 0usize;
+    let mut started = 0usize;
+    let mut limit = usize::MAX;
+    let mut request_errors = 0usize;
+    let mut last_failure: Option<Failure> = None;
+    let mut hedge: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let mut backup_pending = false;
+
+    let start = |slot: &mut Option<Slot<'c>>, index: usize, role, account: Arc<Account>| {
+        let first_chunk = Arc::new(AtomicBool::new(false));
+        *slot = Some(Slot {
+            future: Box::pin(attempt(call, account, first_chunk.clone())),
+            index,
+            started_at: now_ms(),
+            role,
+            first_chunk,
+        });
+    };
+    let account_of = |c: &Candidate| call.config.account(c.id.as_str()).cloned();
+
+    match plan.fan_out {
+        FanOut::Race { .. } | FanOut::Hedge { .. } => {
+            if let (Some(a), Some(b)) = (
+                account_of(&snapshot[order[0]]),
+                order.get(1).and_then(|&i| account_of(&snapshot[i])),
+            ) {
+                start(&mut slots[0], order[0], FanOutRole::Primary, a);
+                next = 1;
+                started = 1;
+                match plan.fan_out {
+                    FanOut::Race { .. } => {
+                        start(&mut slots[1], order[1], FanOutRole::Backup, b);
+                        app.metrics().backup_fired(true);
+                        next = 2;
+                        started = 2;
+                    }
+                    FanOut::Hedge { delay_ms, .. } => {
+                        hedge = Some(Box::pin(tokio::time::sleep(Duration::from_millis(
+                            delay_ms,
+                        ))));
+                        backup_pending = true;
+                    }
+                    FanOut::Single(_) => {}
+                }
+            }
+        }
+        FanOut::Single(_) => {}
+    }
+
+    loop {
+        if slots.iter().all(Option::is_none) {
+            if backup_pending {
+                // The primary failed before the hedge delay: the partner is simply the
+                // next attempt of the plan; the budget's extra attempt is given back.
+                backup_pending = false;
+                hedge = None;
+                if let Some(budget) = &budget {
+                    budget.refund(now_ms());
+                }
+            }
+            let mut launched = false;
+            while started < limit && next < order.len() {
+                let index = order[next];
+                next += 1;
+                let candidate = &snapshot[index];
+                let Some(account) = account_of(candidate) else {
+                    continue;
+                };
+                let base_url = candidate.base_url.as_deref().unwrap_or("");
+                if !store.health().breakers.allow(base_url, now_ms()) {
+                    push_attempt(log, &candidate.id, "breaker_open");
+                    continue;
+                }
+                start(&mut slots[0], index, FanOutRole::Primary, account);
+                started += 1;
+                launched = true;
+                break;
+            }
+            if !launched {
+                break;
+            }
+        }
+        let event = std::future::poll_fn(|cx| {
+            for (i, slot) in slots.iter_mut().enumerate() {
+                if let Some(slot) = slot
+                    && let Poll::Ready(result) = slot.future.as_mut().poll(cx)
+                {
+                    return Poll::Ready(Event::Done(i, result));
+                }
+            }
+            if let Some(sleep) = hedge.as_mut()
+                && sleep.as_mut().poll(cx).is_ready()
+            {
+                return Poll::Ready(Event::HedgeDelay);
+            }
+            Poll::Pending
+        })
+        .await;
+        match event {
+            Event::HedgeDelay => {
+                hedge = None;
+                backup_pending = false;
+                let primary_has_chunk = slots[0]
+                    .as_ref()
+                    .is_some_and(|s| s.first_chunk.load(Ordering::Acquire));
+                let partner = order.get(1).and_then(|&i| account_of(&snapshot[i]));
+                match partner {
+                    Some(account) if slots[0].is_some() && !primary_has_chunk && next == 1 => {
+                        start(&mut slots[1], order[1], FanOutRole::Backup, account);
+                        app.metrics().backup_fired(false);
+                        next = 2;
+                        started += 1;
+                    }
+                    _ => {
+                        if let Some(budget) = &budget {
+                            budget.refund(now_ms());
+                        }
+                    }
+                }
+            }
+            Event::Done(i, result) => {
+                let Some(slot) = slots[i].take() else {
+                    continue;
+                };
+                match result {
+                    Ok(ready) => {
+                        let fanned_out = !matches!(plan.fan_out, FanOut::Single(_));
+                        if fanned_out {
+                            app.metrics().fan_out_win(slot.role);
+                        }
+                        if backup_pending && let Some(budget) = &budget {
+                            budget.refund(now_ms());
+                        }
+                        // The other attempt, if any, is aborted in flight: dropped
+                        // with `slots`, credited with nothing.
+                        for other in slots.iter_mut().filter_map(Option::take) {
+                            push_attempt(log, &snapshot[other.index].id, "aborted");
+                        }
+                        app.metrics().attempts(started as u64);
+                        let candidate = &snapshot[slot.index];
+                        return commit(
+                            call,
+                            candidate,
+                            slot.started_at,
+                            snapshot.len(),
+                            ready,
+                            log,
+                        );
+                    }
+                    Err(failure) => {
+                        let candidate = &snapshot[slot.index];
+                        let c = record_failure(
+                            app,
+                            candidate,
+                            slot.started_at,
+                            snapshot.len(),
+                            &failure,
+                        );
+                        push_attempt(log, &candidate.id, c.trigger.as_str());
+                        if c.is_request_error() {
+                            request_errors += 1;
+                            if request_errors >= 2 {
+                                limit = 0;
+                            } else {
+                                // At most one more account after a request error.
+                                let in_flight = slots.iter().filter(|s| s.is_some()).count();
+                                limit = limit.min(started + usize::from(in_flight == 0));
+                            }
+                        }
+                        last_failure = Some(failure);
+                        if limit == 0 {
+                            for other in slots.iter_mut().filter_map(Option::take) {
+                                push_attempt(log, &snapshot[other.index].id, "aborted");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    app.metrics().attempts(started as u64);
+    exhausted(call, &snapshot, last_failure, request_id)
+}
+
+fn push_attempt(log: &mut Option<RequestLog>, account: &AccountId, outcome: &'static str) {
+    if let Some(log) = log {
+        log.attempts.push((account.clone(), outcome));
+    }
+}
+
+/// Credits a failed attempt to its account: classification, cooldown or disabling,
+/// breaker, rating sample, metrics.
+fn record_failure(
+    app: &App,
+    candidate: &Candidate,
+    started_at: UnixMs,
+    snapshot_len: usize,
+    failure: &Failure,
+) -> Classification {
+    let now = now_ms();
+    let attempt_failure = match failure {
+        Failure::Status {
+            status, rate_limit, ..
+        } => AttemptFailure::Status {
+            status: *status,
+            rate_limit,
+        },
+        Failure::Transport(t) => AttemptFailure::Transport(*t),
+    };
+    let c = classify(&attempt_failure, now);
+    let attempt = Attempt {
+        account: &candidate.id,
+        base_url: candidate.base_url.as_deref().unwrap_or(""),
+        started_at,
+        snapshot_len,
+    };
+    let store = app.store();
+    store.record_failure(&attempt, &c, now);
+    let sample = if c.is_request_error() {
+        Sample::RequestError
+    } else {
+        Sample::Failure
+    };
+    store.record_rating(&candidate.id, sample, now);
+    app.metrics().failover(&c);
+    c
+}
+
+/// Seconds until the earliest cooldown of the pool ends, at least 1.
+fn earliest_cooldown_secs(app: &App, snapshot: &[Candidate]) -> u64 {
+    let now = now_ms();
+    snapshot
+        .iter()
+        .filter_map(|c| app.store().health().cooldowns.cooldown_until(&c.id, now))
+        .min()
+        .map_or(1, |until| until.saturating_sub(now).div_ceil(1000).max(1))
+}
+
+/// Every attempt failed (or none could be made): the generic `503`, or the
+/// pass-through of a terminal `429`/`402` (or another `passthrough_statuses` code).
+fn exhausted(
+    call: &Call<'_>,
+    snapshot: &[Candidate],
+    last: Option<Failure>,
+    request_id: &str,
+) -> Response<ProxyBody> {
+    let wait = earliest_cooldown_secs(call.app, snapshot);
+    if let Some(Failure::Status {
+        status,
+        rate_limit,
+        body,
+    }) = &last
+        && call
+            .config
+            .server()
+            .passthrough_statuses
+            .contains(&status.as_u16())
+    {
+        let retry_after = (*status == StatusCode::TOO_MANY_REQUESTS).then(|| {
+            rate_limit
+                .retry_after_ms
+                .map_or(wait, |ms| ms.div_ceil(1000))
+                .max(1)
+        });
+        return json_error(
+            *status,
+            passthrough_body(*status, body, Some(request_id)),
+            retry_after,
+        );
+    }
+    rescue(&Reject::overloaded(wait), request_id)
+}
+
+/// Writes the winner: a complete answer, or the head of a committed stream.
+fn commit(
+    call: &Call<'_>,
+    candidate: &Candidate,
+    started_at: UnixMs,
+    snapshot_len: usize,
+    ready: Ready,
+    log: &mut Option<RequestLog>,
+) -> Response<ProxyBody> {
+    let app = call.app;
+    let account = ready.account.id().clone();
+    app.metrics().ttft(&account, ready.ttft_ms);
+    push_attempt(log, &account, "ok");
+    if let Some(log) = log.as_mut() {
+        log.served_by = Some(account.clone());
+        log.ttft_ms = Some(ready.ttft_ms);
+        log.upstream_request_id = ready.upstream_request_id;
+    }
+    let base_url: Arc<str> = candidate.base_url.clone().unwrap_or_else(|| Arc::from(""));
+    match ready.kind {
+        ReadyKind::Full {
+            status,
+            headers,
+            body,
+            usage,
+            total_ms,
+        } => {
+            let now = now_ms();
+            let attempt = Attempt {
+                account: &account,
+                base_url: &base_url,
+                started_at,
+                snapshot_len,
+            };
+            app.store().record_success(&attempt, now);
+            app.store().record_rating(
+                &account,
+                Sample::Success {
+                    ttft_ms: ready.ttft_ms,
+                    total_ms,
+                },
+                now,
+            );
+            app.metrics().total(&account, total_ms);
+            if let Some(log) = log.as_mut() {
+                log.usage = usage;
+            }
+            let mut response = Response::new(ProxyBody::full(body));
+            *response.status_mut() = status;
+            copy_safe_response_headers(&headers, response.headers_mut());
+            response
+        }
+        ReadyKind::Stream {
+            held,
+            decoder,
+            body,
+            usage,
+            saw_stop,
+            started,
+        } => {
+            app.store().mark_used(&account, now_ms());
+            if let Some(log) = log.as_mut() {
+                log.status = StatusCode::OK.as_u16();
+            }
+            let finish = StreamCompletion {
+                app: app.clone(),
+                account,
+                base_url,
+                started_at,
+                started,
+                snapshot_len,
+                ttft_ms: ready.ttft_ms,
+                log: log.take(),
+            };
+            let idle = Duration::from_millis(call.config.server().stream_idle_timeout_ms);
+            let stream =
+                StreamBody::new(held, decoder, body, idle, usage, saw_stop, Box::new(finish));
+            let mut response = Response::new(ProxyBody::stream(stream));
+            let headers = response.headers_mut();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+            headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            response
+        }
+    }
+}
+
+/// Credits the end of a committed stream to the account that served it.
+struct StreamCompletion {
+    app: App,
+    account: AccountId,
+    base_url: Arc<str>,
+    started_at: UnixMs,
+    started: tokio::time::Instant,
+    snapshot_len: usize,
+    ttft_ms: u64,
+    log: Option<RequestLog>,
+}
+
+impl StreamFinish for StreamCompletion {
+    fn finish(self: Box<Self>, end: StreamEnd, usage: Option<Usage>) {
+        let this = *self;
+        let now = now_ms();
+        let total_ms = this.started.elapsed().as_millis() as u64;
+        let attempt = Attempt {
+            account: &this.account,
+            base_url: &this.base_url,
+            started_at: this.started_at,
+            snapshot_len: this.snapshot_len,
+        };
+        let store = this.app.store();
+        let outcome = match end {
+            StreamEnd::Completed => {
+                store.record_success(&attempt, now);
+                store.record_rating(
+                    &this.account,
+                    Sample::Success {
+                        ttft_ms: this.ttft_ms,
+                        total_ms,
+                    },
+                    now,
+                );
+                this.app.metrics().total(&this.account, total_ms);
+                "completed"
+            }
+            StreamEnd::Failed(failure) => {
+                let c = classify(&AttemptFailure::Transport(failure), now);
+                store.record_failure(&attempt, &c, now);
+                store.record_rating(&this.account, Sample::Failure, now);
+                this.app.metrics().failover(&c);
+                this.app.metrics().stream_failure();
+                match failure {
+                    TransportFailure::Timeout => "idle_timeout",
+                    _ => "upstream_failed",
+                }
+            }
+            StreamEnd::ClientGone => "client_gone",
+        };
+        if let Some(mut log) = this.log {
+            log.usage = usage;
+            log.stream_end = Some(outcome);
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! A small Prometheus registry of atomics (SPEC 10), rendered in the text format.
+//!
+//! Labels are low-cardinality by construction: org slugs, custom URLs and account ids
+//! come from the configuration (a request for an unknown org or URL is counted under
+//! `-`), classes, triggers and gate reasons are static names. No secret and no LB key is
+//! ever a label.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dashmap::DashMap;
+use keypool_cooldown::Classification;
+use keypool_core::{AccountId, UnixMs};
+use keypool_selector::GateReason;
+use keypool_store::Store;
+
+/// Upper bounds (seconds) of the latency histogram buckets.
+pub const LATENCY_BUCKETS_SECS: [f64; 12] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// Upper bounds of the attempts-per-request histogram.
+pub const ATTEMPT_BUCKETS: [u64; 6] = [1, 2, 3, 4, 5, 10];
+
+/// A cumulative histogram of atomics.
+#[derive(Debug)]
+struct Histogram<const N: usize> {
+    buckets: [AtomicU64; N],
+    count: AtomicU64,
+    /// Sum in the unit the histogram is rendered in, times 1000 (ms for latencies).
+    sum_milli: AtomicU64,
+}
+
+impl<const N: usize> Default for Histogram<N> {
+    fn default() -> Self {
+        Self {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_milli: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<const N: usize> Histogram<N> {
+    /// Counts one value; `bucket` is the index of the first bound ≥ value (N = +Inf).
+    fn observe(&self, bucket: usize, milli: u64) {
+        if let Some(b) = self.buckets.get(bucket) {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_milli.fetch_add(milli, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str, bounds: &[String]) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        let mut cumulative = 0;
+        for (bound, bucket) in bounds.iter().zip(&self.buckets) {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        let sum = self.sum_milli.load(Ordering::Relaxed) as f64 / 1000.0;
+        let braces = |s: &str| {
+            if s.is_empty() {
+                String::new()
+            } else {
+                format!("{{{s}}}")
+            }
+        };
+        let _ = writeln!(out, "{name}_sum{} {sum}", braces(labels));
+        let _ = writeln!(out, "{name}_count{} {count}", braces(labels));
+    }
+}
+
+fn latency_bucket(ms: u64) -> usize {
+    LATENCY_BUCKETS_SECS
+        .iter()
+        .position(|&b| (ms as f64) <= b * 1000.0)
+        .unwrap_or(LATENCY_BUCKETS_SECS.len())
+}
+
+/// `-` stands for "not resolved" (unknown org or URL, or not a Messages route).
+pub const UNRESOLVED: &str = "-";
+
+type RequestKey = (Arc<str>, Arc<str>, u16);
+
+/// Which attempt of a hedge/race served the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FanOutRole {
+    /// The primary.
+    Primary,
+    /// The backup (partner).
+    Backup,
+}
+
+/// Every series keypool exports.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: DashMap<RequestKey, AtomicU64>,
+    attempts: Histogram<6>,
+    failovers: DashMap<(&'static str, &'static str), AtomicU64>,
+    gate: [AtomicU64; 6],
+    fired: [AtomicU64; 2],
+    wins: [AtomicU64; 2],
+    stream_failures: AtomicU64,
+    ttft: DashMap<AccountId, Histogram<12>>,
+    total: DashMap<AccountId, Histogram<12>>,
+}
+
+impl Metrics {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One answered request (`org`/`url` are [`UNRESOLVED`] when not resolved).
+    pub fn request(&self, org: &Arc<str>, url: &Arc<str>, status: u16) {
+        let key = (org.clone(), url.clone(), status);
+        if let Some(c) = self.requests.get(&key) {
+            c.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.requests
+            .entry(key)
+            .or_default()
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many upstream attempts one request made (0 for requests answered without any).
+    pub fn attempts(&self, n: u64) {
+        let bucket = ATTEMPT_BUCKETS
+            .iter()
+            .position(|&b| n <= b)
+            .unwrap_or(ATTEMPT_BUCKETS.len());
+        self.attempts.observe(bucket, n * 1000);
+    }
+
+    /// One failed attempt, by class and trigger.
+    pub fn failover(&self, c: &Classification) {
+        let key = (c.class.as_str(), c.trigger.as_str());
+        if let Some(n) = self.failovers.get(&key) {
+            n.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.failovers
+            .entry(key)
+            .or_default()
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The hedge/race gate sent a request down the single path for `reason`.
+    pub fn gate(&self, reason: GateReason) {
+        if let Some(i) = GateReason::ALL.iter().position(|r| *r == reason) {
+            self.gate[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A backup attempt was fired (`race` true for race, false for hedge).
+    pub fn backup_fired(&self, race: bool) {
+        self.fired[usize::from(race)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request that fanned out was won by `role`.
+    pub fn fan_out_win(&self, role: FanOutRole) {
+        self.wins[usize::from(role == FanOutRole::Backup)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A committed stream failed after its head.
+    pub fn stream_failure(&self) {
+        self.stream_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// TTFT of a served attempt.
+    pub fn ttft(&self, account: &AccountId, ms: u64) {
+        observe_account(&self.ttft, account, ms);
+    }
+
+    /// Total latency of a served attempt.
+    pub fn total(&self, account: &AccountId, ms: u64) {
+        observe_account(&self.total, account, ms);
+    }
+
+    /// The Prometheus text exposition, with gauges read from `store` at `now`.
+    pub fn render(&self, store: &Store, now: UnixMs) -> String {
+        let mut out = String::with_capacity(4096);
+        out.push_str("# HELP keypool_requests_total Requests answered, by org, URL config and status.\n# TYPE keypool_requests_total counter\n");
+        let mut rows: Vec<_> = self
+            .requests
+            .iter()
+            .map(|e| (e.key().clone(), e.value().load(Ordering::Relaxed)))
+            .collect();
+        rows.sort();
+        for ((org, url, status), n) in rows {
+            let _ = writeln!(
+                out,
+                "keypool_requests_total{{org=\"{}\",url=\"{}\",status=\"{status}\"}} {n}",
+                escape(&org),
+                escape(&url)
+            );
+        }
+
+        out.push_str("# HELP keypool_attempts_per_request Upstream attempts made per request.\n# TYPE keypool_attempts_per_request histogram\n");
+        let bounds: Vec<String> = ATTEMPT_BUCKETS.iter().map(u64::to_string).collect();
+        self.attempts
+            .render(&mut out, "keypool_attempts_per_request", "", &bounds);
+
+        out.push_str("# HELP keypool_failovers_total Failed upstream attempts, by failure class and trigger.\n# TYPE keypool_failovers_total counter\n");
+        let mut rows: Vec<_> = self
+            .failovers
+            .iter()
+            .map(|e| (*e.key(), e.value().load(Ordering::Relaxed)))
+            .collect();
+        rows.sort();
+        for ((class, trigger), n) in rows {
+            let _ = writeln!(
+                out,
+                "keypool_failovers_total{{class=\"{class}\",trigger=\"{trigger}\"}} {n}"
+            );
+        }
+
+        out.push_str("# HELP keypool_stream_failures_total Committed streams that failed after their head (ended with the generic error frame).\n# TYPE keypool_stream_failures_total counter\n");
+        let _ = writeln!(
+            out,
+            "keypool_stream_failures_total {}",
+            self.stream_failures.load(Ordering::Relaxed)
+        );
+
+        out.push_str("# HELP keypool_hedge_gate_total Requests that took the single path, by the hedge/race gate reason.\n# TYPE keypool_hedge_gate_total counter\n");
+        for (reason, n) in GateReason::ALL.iter().zip(&self.gate) {
+            let _ = writeln!(
+                out,
+                "keypool_hedge_gate_total{{reason=\"{}\"}} {}",
+                reason.as_str(),
+                n.load(Ordering::Relaxed)
+            );
+        }
+        out.push_str("# HELP keypool_hedge_backups_total Backup attempts fired, by strategy.\n# TYPE keypool_hedge_backups_total counter\n");
+        for (kind, n) in ["hedge", "race"].iter().zip(&self.fired) {
+            let _ = writeln!(
+                out,
+                "keypool_hedge_backups_total{{strategy=\"{kind}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
+        out.push_str("# HELP keypool_hedge_wins_total Fanned-out requests, by the attempt that served them.\n# TYPE keypool_hedge_wins_total counter\n");
+        for (role, n) in ["primary", "backup"].iter().zip(&self.wins) {
+            let _ = writeln!(
+                out,
+                "keypool_hedge_wins_total{{winner=\"{role}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
+
+        let bounds: Vec<String> = LATENCY_BUCKETS_SECS.iter().map(f64::to_string).collect();
+        for (name, help, map) in [
+            (
+                "keypool_ttft_seconds",
+                "Time to first token of served attempts (first valid frame; response headers when not streaming), by account.",
+                &self.ttft,
+            ),
+            (
+                "keypool_request_duration_seconds",
+                "Total latency of served attempts, by account.",
+                &self.total,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            let mut accounts: Vec<AccountId> = map.iter().map(|e| e.key().clone()).collect();
+            accounts.sort();
+            for account in accounts {
+                if let Some(h) = map.get(&account) {
+                    let labels = format!("account=\"{}\"", escape(account.as_str()));
+                    h.render(&mut out, name, &labels, &bounds);
+                }
+            }
+        }
+
+        let config = store.config();
+        let health = store.health();
+        let mut cooling = 0;
+        let mut disabled = 0;
+        let mut per_account = String::new();
+        let mut ids: Vec<&AccountId> = config.accounts().map(|a| a.id()).collect();
+        ids.sort();
+        for id in ids {
+            let until = health.cooldowns.cooldown_until(id, now);
+            let off = health.disabled.is_disabled(id)
+                || config.account(id.as_str()).is_some_and(|a| !a.active());
+            cooling += u64::from(until.is_some());
+            disabled += u64::from(off);
+            let _ = writeln!(
+                per_account,
+                "keypool_account_cooldown_seconds{{account=\"{}\"}} {}",
+                escape(id.as_str()),
+                until.map_or(0.0, |u| u.saturating_sub(now) as f64 / 1000.0)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP keypool_accounts_cooling Accounts in cooldown now.\n# TYPE keypool_accounts_cooling gauge\nkeypool_accounts_cooling {cooling}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP keypool_accounts_disabled Accounts out of rotation (inactive in the file or disabled at runtime).\n# TYPE keypool_accounts_disabled gauge\nkeypool_accounts_disabled {disabled}"
+        );
+        out.push_str("# HELP keypool_account_cooldown_seconds Seconds until each account's cooldown ends (0 when not cooling).\n# TYPE keypool_account_cooldown_seconds gauge\n");
+        out.push_str(&per_account);
+
+        let backend = store.backend_status();
+        if let Some(ready) = backend.redis_ready {
+            let _ = writeln!(
+                out,
+                "# HELP keypool_redis_ready Whether Redis answers (1) or keypool serves from memory (0).\n# TYPE keypool_redis_ready gauge\nkeypool_redis_ready {}",
+                u8::from(ready)
+            );
+            let _ = writeln!(
+                out,
+                "# HELP keypool_redis_fallbacks_total Redis operations that fell back to memory.\n# TYPE keypool_redis_fallbacks_total counter\nkeypool_redis_fallbacks_total {}",
+                backend.redis_fallbacks
+            );
+        }
+        out
+    }
+}
+
+fn observe_account(map: &DashMap<AccountId, Histogram<12>>, account: &AccountId, ms: u64) {
+    let bucket = latency_bucket(ms);
+    if let Some(h) = map.get(account) {
+        h.observe(bucket, ms);
+        return;
+    }
+    map.entry(account.clone()).or_default().observe(bucket, ms);
+}
+
+/// Escapes a label value (`\`, `"`, newline).
+fn escape(value: &str) -> std::borrow::Cow<'_, str> {
+    if !value.contains(['\\', '"', '\n']) {
+        return value.into();
+    }
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_and_escaping() {
+        assert_eq!(latency_bucket(0), 0);
+        assert_eq!(latency_bucket(50), 0);
+        assert_eq!(latency_bucket(51), 1);
+        assert_eq!(latency_bucket(300_000), 11);
+        assert_eq!(latency_bucket(300_001), 12);
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        assert_eq!(escape("plain"), "plain");
+    }
+
+    #[test]
+    fn histogram_renders_cumulative_buckets() {
+        let h: Histogram<6> = Histogram::default();
+        let bounds: Vec<String> = ATTEMPT_BUCKETS.iter().map(u64::to_string).collect();
+        h.observe(0, 1000);
+        h.observe(1, 2000);
+        h.observe(6, 20_000);
+        let mut out = String::new();
+        h.render(&mut out, "x", "", &bounds);
+        assert!(out.contains("x_bucket{le=\"1\"} 1\n"));
+        assert!(out.contains("x_bucket{le=\"2\"} 2\n"));
+        assert!(out.contains("x_bucket{le=\"10\"} 2\n"));
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"));
+        assert!(out.contains("x_sum 23\n"));
+        assert!(out.contains("x_count 3\n"));
+    }
+}

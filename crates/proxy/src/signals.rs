@@ -1,0 +1,56 @@
+//! Unix signals for the binary: `SIGTERM`/`SIGINT` end the server gracefully, `SIGHUP`
+//! reloads the configuration file (SPEC 9, 10).
+
+use std::path::PathBuf;
+
+use keypool_store::Store;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::task::JoinHandle;
+
+use crate::ProxyError;
+
+/// A future that completes at the first `SIGTERM` or `SIGINT`: pass it to
+/// [`run`](crate::run) as the shutdown future. Installs the handlers at once.
+///
+/// # Errors
+/// [`ProxyError::Signal`] when a handler cannot be installed.
+pub fn terminate_signal() -> Result<impl Future<Output = ()> + Send + 'static, ProxyError> {
+    let install = |kind, name| {
+        signal(kind).map_err(|source| ProxyError::Signal {
+            signal: name,
+            source,
+        })
+    };
+    let mut term = install(SignalKind::terminate(), "SIGTERM")?;
+    let mut int = install(SignalKind::interrupt(), "SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT received: shutting down"),
+        }
+    })
+}
+
+/// Spawns a task that reloads `path` into `store` at every `SIGHUP`. An invalid file is
+/// rejected with every problem logged; the old configuration keeps serving.
+///
+/// # Errors
+/// [`ProxyError::Signal`] when the handler cannot be installed.
+pub fn spawn_reload_on_sighup(store: Store, path: PathBuf) -> Result<JoinHandle<()>, ProxyError> {
+    let mut hup = signal(SignalKind::hangup()).map_err(|source| ProxyError::Signal {
+        signal: "SIGHUP",
+        source,
+    })?;
+    Ok(tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match store.reload(&path) {
+                Ok(()) => tracing::info!(config = %path.display(), "configuration reloaded"),
+                Err(e) => tracing::error!(
+                    config = %path.display(),
+                    error = %e,
+                    "configuration reload rejected; the previous configuration keeps serving"
+                ),
+            }
+        }
+    }))
+}
