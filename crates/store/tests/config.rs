@@ -578,3 +578,21 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn wrong_type_message_names_the_field_without_quoting_the_value() {
+    let errs = errors(&BASE.replace("weight = 5", "weight = \"SECRET-VALUE-heavy\""));
+    assert_eq!(errs.issues().len(), 1, "{errs}");
+    let issue = &errs.issues()[0];
+    assert_eq!(issue.location, "accounts[1].weight", "{errs}");
+    assert_eq!(issue.message, "invalid type: a string, expected i64");
+    let errs =
+        errors(&(BASE.to_owned() + "[server]\nauto_disable_on_error = \"yes\"\nlisten = 8080\n"));
+    let mut locs = locations(&errs);
+    locs.sort_unstable();
+    assert_eq!(
+        locs,
+        ["server.auto_disable_on_error", "server.listen"],
+        "{errs}"
+    );
+}

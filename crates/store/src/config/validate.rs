@@ -1062,21 +1062,52 @@ fn check_element<T: DeserializeOwned>(
         .filter(|(k, _)| known.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    match toml::Value::Table(cleaned).try_into::<T>() {
-        Ok(t) => Some(t),
-        Err(e) => {
-            let msg = e.message().trim().to_owned();
-            let field = msg
-                .strip_prefix("missing field `")
-                .and_then(|rest| rest.split('`').next())
-                .map(str::to_owned);
-            match field {
-                Some(f) => issues.push(join(loc, &f), format!("missing field `{f}`")),
-                None => issues.push(loc, sanitize(&msg)),
+    // Each round reports one problem; a value of the wrong type is reported at its key
+    // and removed, so that the next round finds the next one.
+    let mut table = cleaned;
+    let mut removed: Vec<String> = Vec::new();
+    loop {
+        let e = match toml::Value::Table(table.clone()).try_into::<T>() {
+            Ok(t) => return removed.is_empty().then_some(t),
+            Err(e) => e,
+        };
+        let msg = e.message().trim().to_owned();
+        if let Some(f) = msg
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next())
+        {
+            if !removed.iter().any(|r| r == f) {
+                issues.push(join(loc, f), format!("missing field `{f}`"));
             }
-            None
+            return None;
+        }
+        match offending_key::<T>(&table).filter(|k| table.contains_key(k)) {
+            Some(key) => {
+                issues.push(join(loc, &key), sanitize(&msg));
+                table.remove(&key);
+                removed.push(key);
+            }
+            None => {
+                issues.push(loc, sanitize(&msg));
+                return None;
+            }
         }
     }
+}
+
+/// The key whose value a type error is about: the element is written back as TOML
+/// text and parsed again, which gives the error a span; the key is read from the line
+/// at that span. The text (it may hold a secret) is never shown.
+fn offending_key<T: DeserializeOwned>(element: &toml::Table) -> Option<String> {
+    let text = toml::to_string(element).ok()?;
+    let span = toml::from_str::<T>(&text).err()?.span()?;
+    let line_start = text[..span.start.min(text.len())]
+        .rfind('\n')
+        .map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next()?;
+    let (key, _) = line.split_once('=')?;
+    let key = key.trim().trim_matches('"');
+    (!key.is_empty() && !key.starts_with('[')).then(|| key.to_owned())
 }
 
 fn deserialize_lenient<T: DeserializeOwned>(value: &toml::Value) -> Option<T> {
