@@ -9,6 +9,8 @@
 //! The stages are computed in one pass over the snapshot (one [`Availability::status`]
 //! call per active account); the result is the same as running them one after the other.
 
+use std::cell::Cell;
+
 use keypool_core::UnixMs;
 use rand::Rng;
 
@@ -62,11 +64,34 @@ where
     if snapshot.is_empty() {
         return Err(SelectError::EmptyPool);
     }
+    // Cooling accounts are only remembered while no survivor has been seen: they matter
+    // only when every remaining account is cooling. The list is reused from plan to plan
+    // (per thread), so planning does not allocate for it.
+    let mut cooling = COOLING.take();
+    cooling.clear();
+    let result = filter_stages(snapshot, availability, now, rng, out, &mut cooling);
+    COOLING.set(cooling);
+    result
+}
+
+thread_local! {
+    static COOLING: Cell<Vec<(usize, UnixMs)>> = const { Cell::new(Vec::new()) };
+}
+
+fn filter_stages<A, R>(
+    snapshot: &[Candidate],
+    availability: &A,
+    now: UnixMs,
+    rng: &mut R,
+    out: &mut Vec<usize>,
+    cooling: &mut Vec<(usize, UnixMs)>,
+) -> Result<bool, SelectError>
+where
+    A: Availability + ?Sized,
+    R: Rng + ?Sized,
+{
     let mut active = 0usize;
     let mut limited = EarliestWindowReset::default();
-    // Cooling accounts are only remembered while no survivor has been seen: they matter
-    // only when every remaining account is cooling.
-    let mut cooling: Vec<(usize, UnixMs)> = Vec::new();
     for (index, candidate) in snapshot.iter().enumerate() {
         // Stage 1: inactive accounts are dropped.
         if !candidate.active {
@@ -82,12 +107,7 @@ where
                     cooling.push((index, until));
                 }
             }
-            _ => {
-                if out.is_empty() {
-                    cooling = Vec::new();
-                }
-                out.push(index);
-            }
+            _ => out.push(index),
         }
     }
     if active == 0 {
@@ -98,7 +118,7 @@ where
     if !out.is_empty() {
         return Ok(false);
     }
-    match pick_earliest_cooldown_expiry(&cooling, rng) {
+    match pick_earliest_cooldown_expiry(cooling, rng) {
         Some(index) => {
             out.push(index);
             Ok(true)
