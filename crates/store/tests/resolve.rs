@@ -212,3 +212,60 @@ fn suspension_is_checked_only_after_the_key_is_valid() {
         Err(AuthError::Unauthenticated)
     );
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    const URLS: [&str; 4] = ["u0", "u1", "u2", "u3"];
+    const ORGS: [&str; 3] = ["o0", "o1", "o2"];
+
+    /// `orgs[i]` = which of URLS org i has; `orphans` = which exist without org.
+    fn build(orgs: &[[bool; 4]; 3], orphans: &[bool; 4]) -> Config {
+        let mut s = String::new();
+        for (i, org) in ORGS.iter().enumerate() {
+            s += &format!("[[orgs]]\nslug = \"{org}\"\n");
+            for (u, has) in URLS.iter().zip(orgs[i]) {
+                if has {
+                    s += &format!("[[urls]]\ncustom_url = \"{u}\"\norg = \"{org}\"\n");
+                }
+            }
+        }
+        for (u, has) in URLS.iter().zip(orphans) {
+            if *has {
+                s += &format!("[[urls]]\ncustom_url = \"{u}\"\n");
+            }
+        }
+        Config::from_toml_str(&s, None, &|_| None).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    proptest! {
+        #[test]
+        fn resolution_matches_the_counting_model(
+            orgs in any::<[[bool; 4]; 3]>(),
+            orphans in any::<[bool; 4]>(),
+        ) {
+            let c = build(&orgs, &orphans);
+            for (k, url) in URLS.iter().enumerate() {
+                let owners: Vec<&str> = (0..3).filter(|&i| orgs[i][k]).map(|i| ORGS[i]).collect();
+                let total = owners.len() + usize::from(orphans[k]);
+                let got = c.resolve_legacy(url).map(|r| r.org().slug().to_owned());
+                let expected = match (total, owners.first()) {
+                    (0, _) => Err(ResolveError::NotFound),
+                    (1, Some(org)) => Ok((*org).to_owned()),
+                    (1, None) => Err(ResolveError::NoPool),
+                    _ => Err(ResolveError::LegacyConflict),
+                };
+                prop_assert_eq!(got, expected, "legacy {}", url);
+                for (i, org) in ORGS.iter().enumerate() {
+                    let r = c.resolve(org, url);
+                    prop_assert_eq!(r.is_ok(), orgs[i][k]);
+                    if let Err(e) = r {
+                        prop_assert_eq!(e, ResolveError::NotFound);
+                    }
+                }
+                prop_assert_eq!(c.resolve("nope", url).unwrap_err(), ResolveError::NotFound);
+            }
+        }
+    }
+}

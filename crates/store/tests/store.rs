@@ -277,3 +277,33 @@ async fn the_state_file_is_written_every_snapshot_interval() {
     store.maintain(t0 + 3_600_001).await;
     assert!(!file.exists(), "next one is an interval later");
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn snapshot_is_always_sorted_by_priority_last_used_id(
+            uses in proptest::collection::vec((0usize..6, 0u64..1_000), 0..20),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let store = rt.block_on(Store::open(config(&config_text(6, "state_file = \"\"\nsnapshot_ttl_secs = 0")))).unwrap();
+            for (i, at) in &uses {
+                store.mark_used(&AccountId::from(format!("a{i}")), *at);
+            }
+            let c = store.config();
+            let snap = store.snapshot(&c.resolve("acme", "team").unwrap(), 10_000);
+            prop_assert_eq!(snap.len(), 6);
+            for pair in snap.windows(2) {
+                let key = |c: &keypool_selector::Candidate| (c.priority, c.last_used, c.id.clone());
+                prop_assert!(key(&pair[0]) < key(&pair[1]));
+            }
+            for c in snap.iter() {
+                let last = uses.iter().filter(|(i, _)| format!("a{i}") == c.id.as_str()).map(|(_, at)| *at).max().unwrap_or(0);
+                prop_assert_eq!(c.last_used, last);
+            }
+        }
+    }
+}
