@@ -22,6 +22,9 @@
 //!
 //! The engine is thread-safe: one `RwLock` over a table of accounts; ranking takes the
 //! read lock once per plan, recording takes the write lock for a few field updates.
+//! Each thread remembers the rating slots of the last few snapshots it ranked (checked by
+//! id pointer identity and invalidated when an account gets its first sample), so
+//! ranking a cached snapshot does not hash every account id.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
