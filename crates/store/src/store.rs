@@ -24,6 +24,11 @@ use crate::state::file::{self, StateFileLoad};
 use crate::state::redis::{RedisMirror, StateEvent};
 use crate::state::{RuntimeState, StateExport};
 
+type RedisReceivers = (
+    tokio::sync::mpsc::Receiver<StateEvent>,
+    tokio::sync::broadcast::Receiver<fred::types::Message>,
+);
+
 /// How often the background task looks at Redis health and the state-file timer.
 const TICK: Duration = Duration::from_millis(200);
 
@@ -141,7 +146,8 @@ impl Store {
             Some(url) => {
                 let timeout = Duration::from_millis(settings.redis_timeout_ms);
                 let wait = timeout.max(Duration::from_secs(1));
-                let (mirror, rx) = RedisMirror::connect(url.expose(), timeout, wait).await?;
+                let connected = RedisMirror::connect(url.expose(), timeout, wait).await?;
+                let mirror = connected.mirror;
                 let mut loaded = false;
                 if mirror.ready() {
                     loaded = reconcile(&mirror, &state, now).await.is_ok();
@@ -149,7 +155,7 @@ impl Store {
                 (
                     Backend::Redis(Arc::new(mirror)),
                     BootState::Redis { loaded },
-                    Some(rx),
+                    Some((connected.writes, connected.messages)),
                 )
             }
             None => match &settings.state_file {
@@ -194,22 +200,21 @@ impl Store {
         Ok(store)
     }
 
-    fn spawn_tasks(&self, writes: Option<tokio::sync::mpsc::Receiver<StateEvent>>) {
+    fn spawn_tasks(&self, redis: Option<RedisReceivers>) {
         let mut tasks = Vec::new();
         let weak = Arc::downgrade(&self.inner);
         tasks.push(tokio::spawn(maintenance(weak.clone())));
-        if let Backend::Redis(mirror) = &self.inner.backend {
-            if let Some(mut rx) = writes {
-                let mirror = mirror.clone();
-                tasks.push(tokio::spawn(async move {
-                    while let Some(event) = rx.recv().await {
-                        if let Err(e) = mirror.write(&event, now_ms()).await {
-                            tracing::debug!(error = %e, "redis mirror write fell back to memory");
-                        }
+        if let Backend::Redis(mirror) = &self.inner.backend
+            && let Some((mut rx, mut messages)) = redis
+        {
+            let writer = mirror.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(event) = rx.recv().await {
+                    if let Err(e) = writer.write(&event, now_ms()).await {
+                        tracing::debug!(error = %e, "redis mirror write fell back to memory");
                     }
-                }));
-            }
-            let mut messages = mirror.messages();
+                }
+            }));
             let w = weak.clone();
             tasks.push(tokio::spawn(async move {
                 loop {

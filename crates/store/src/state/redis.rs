@@ -92,6 +92,15 @@ pub(crate) struct RemoteState {
     pub rating: RatingState,
 }
 
+/// A new mirror and the receiving ends its background tasks consume.
+pub(crate) struct Connected {
+    pub mirror: RedisMirror,
+    /// Mirrored writes queued by the request path.
+    pub writes: mpsc::Receiver<StateEvent>,
+    /// Messages published on the events channel.
+    pub messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
+}
+
 /// Connection, readiness and fallback accounting of the Redis mirror.
 pub(crate) struct RedisMirror {
     client: Client,
@@ -128,7 +137,7 @@ impl RedisMirror {
         url: &str,
         timeout: Duration,
         connect_wait: Duration,
-    ) -> Result<(Self, mpsc::Receiver<StateEvent>), StoreError> {
+    ) -> Result<Connected, StoreError> {
         let config = FredConfig::from_url(url)
             .map_err(|_| StoreError::Redis("redis_url is not a valid Redis URL".into()))?;
         let mut builder = Builder::from_config(config);
@@ -138,10 +147,16 @@ impl RedisMirror {
                 c.internal_command_timeout = timeout.max(Duration::from_millis(500));
                 c.max_command_attempts = 1;
             })
-            .with_performance_config(|p| p.default_command_timeout = timeout)
+            .with_performance_config(|p| {
+                p.default_command_timeout = timeout;
+                // a burst of events beyond this makes the subscriber reconcile instead
+                p.broadcast_channel_capacity = 1024;
+            })
             .set_policy(ReconnectPolicy::new_constant(0, 100));
         let client = builder.build().map_err(redis_err)?;
         let subscriber = builder.build_subscriber_client().map_err(redis_err)?;
+        // before anything can be published to us, so that no event is missed
+        let messages = subscriber.message_rx();
         // the connection tasks end when the clients quit (see `close`), or when a first
         // connection fails (then `ping` starts them again)
         let connections = Mutex::new((client.connect(), subscriber.connect()));
@@ -165,7 +180,11 @@ impl RedisMirror {
             resubscriber,
             connections,
         };
-        Ok((mirror, rx))
+        Ok(Connected {
+            mirror,
+            writes: rx,
+            messages,
+        })
     }
 
     /// Whether the last Redis operation succeeded (and state is reconciled).
@@ -303,11 +322,6 @@ impl RedisMirror {
                 .await?;
         }
         Ok(())
-    }
-
-    /// The receiver of published messages.
-    pub(crate) fn messages(&self) -> tokio::sync::broadcast::Receiver<fred::types::Message> {
-        self.subscriber.message_rx()
     }
 
     /// Parses a published message; `None` for foreign or own messages.
