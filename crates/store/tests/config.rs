@@ -486,7 +486,20 @@ fn relative_state_file_is_anchored_at_the_config_folder() {
         Some(std::path::Path::new("/etc/keypool/keypool-state.json"))
     );
     let off = BASE.to_owned() + "[server]\nstate_file = \"\"\n";
-    assert_eq!(parse(&off).unwrap().server().state_file, None);
+    assert_eq!(
+        Config::from_toml_str(&off, Some(std::path::Path::new("/etc/keypool")), &env)
+            .unwrap()
+            .server()
+            .state_file,
+        None
+    );
+    // parsed from text with no folder: no default file (nothing written to the cwd)
+    assert_eq!(parse(BASE).unwrap().server().state_file, None);
+    let explicit = BASE.to_owned() + "[server]\nstate_file = \"s.json\"\n";
+    assert_eq!(
+        parse(&explicit).unwrap().server().state_file.as_deref(),
+        Some(std::path::Path::new("s.json"))
+    );
 }
 
 #[test]

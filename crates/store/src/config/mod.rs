@@ -65,7 +65,9 @@ pub struct ServerSettings {
     /// How long a pool's snapshot is reused (`snapshot_ttl_secs`).
     pub snapshot_ttl_ms: u64,
     /// Where the memory backend snapshots its state; `None` keeps state in memory only
-    /// (`state_file`, relative paths are relative to the config file's folder).
+    /// (`state_file`, relative paths are relative to the config file's folder). The
+    /// default `keypool-state.json` applies to a config loaded from a file; a config
+    /// parsed from text without a `base_dir` has no default state file.
     pub state_file: Option<PathBuf>,
     /// How often the state file is written (`state_snapshot_interval_secs`).
     pub state_snapshot_interval_ms: u64,
@@ -512,7 +514,8 @@ pub struct Config {
 impl Config {
     /// Parses and validates a config file's text. `env` looks up environment variables
     /// (for `$ENV_NAME` secrets and the SPEC 9 overrides); pass `|k| std::env::var(k).ok()`
-    /// to use the process environment. `base_dir` anchors a relative `state_file`.
+    /// to use the process environment. `base_dir` (the config file's folder) anchors a
+    /// relative `state_file`; without it there is no default state file.
     pub fn from_toml_str(
         text: &str,
         base_dir: Option<&Path>,

@@ -754,7 +754,11 @@ fn validate_server(
         issues,
     ));
     let state_file = match s.state_file.as_deref() {
-        None => d.state_file.clone().map(|f| anchor(f, base_dir)),
+        // the default file sits next to the config file; a config given as text (tests,
+        // embedders) has no folder and so no default state file
+        None => base_dir
+            .and(d.state_file.clone())
+            .map(|f| anchor(f, base_dir)),
         Some("") => None,
         Some(f) => Some(anchor(PathBuf::from(f), base_dir)),
     };
