@@ -83,7 +83,7 @@ pub(crate) enum Failure {
     /// A non-2xx answer; `body` is at most [`MAX_ERROR_BODY_BYTES`] of it.
     Status {
         status: StatusCode,
-        rate_limit: RateLimitInfo,
+        rate_limit: Box<RateLimitInfo>,
         body: Bytes,
     },
     /// No usable answer.
@@ -140,7 +140,7 @@ pub(crate) async fn attempt(
             .unwrap_or_default();
         return Err(Failure::Status {
             status: parts.status,
-            rate_limit,
+            rate_limit: Box::new(rate_limit),
             body,
         });
     }

@@ -46,6 +46,9 @@ struct Slot<'a> {
     first_chunk: Arc<AtomicBool>,
 }
 
+// Short-lived, on the stack of one request: boxing the result would cost an allocation
+// per attempt for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Event {
     Done(usize, Result<Ready, Failure>),
     HedgeDelay,

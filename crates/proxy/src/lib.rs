@@ -45,7 +45,7 @@
 //! - [`signals`] (Unix): `SIGTERM`/`SIGINT` shutdown, `SIGHUP` reload.
 //! - `admin`: the place of the admin API (issue 8); answers 404 until then.
 //! - `log`: the one log line per request.
-//! - [`error`]: [`ProxyError`].
+//! - [`error`]: the crate error, [`ProxyError`].
 
 mod admin;
 mod app;
