@@ -5,9 +5,9 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
 
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use keypool_store::now_ms;
 use tokio::net::TcpListener;
@@ -18,9 +18,14 @@ use crate::{App, ProxyError};
 /// lets requests and streams in flight finish for up to `shutdown_grace`, persists the
 /// runtime state and returns.
 ///
-/// Connections speak HTTP/1.1 (with `header_read_timeout` for slow clients) or HTTP/2
-/// with prior knowledge. The header read timeout and the grace period are read from the
-/// configuration at start.
+/// Connections speak HTTP/1.1 with keep-alive; a client that has not sent its complete
+/// request head within `header_read_timeout` (from the connection's start or the end of
+/// the previous request) is disconnected. HTTP/2 is deliberately not served: hyper-util's
+/// HTTP/1-or-h2c detection waits for the first 24 bytes without any timeout, so a client
+/// that connects and sends nothing would hold its connection forever; Anthropic clients
+/// speak HTTP/1.1 to a plain-HTTP base URL, and a TLS terminator in front of keypool can
+/// still speak HTTP/2 to clients. The header read timeout and the grace period are read
+/// from the configuration at start.
 ///
 /// # Errors
 /// [`ProxyError::Listener`] when the listener's address cannot be read; accept errors
@@ -33,12 +38,10 @@ pub async fn run(
     let app = app.into();
     let addr = listener.local_addr().map_err(ProxyError::Listener)?;
     let settings = app.store().config().server().clone();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(settings.header_read_timeout_ms));
-    builder.http2().timer(TokioTimer::new());
     let graceful = GracefulShutdown::new();
     tracing::info!(%addr, "keypool listening");
     tokio::pin!(shutdown);
@@ -52,9 +55,7 @@ pub async fn run(
                         let app = app.clone();
                         async move { Ok::<_, Infallible>(app.handle(request).await) }
                     });
-                    let connection = builder
-                        .serve_connection(TokioIo::new(stream), service)
-                        .into_owned();
+                    let connection = builder.serve_connection(TokioIo::new(stream), service);
                     let connection = graceful.watch(connection);
                     tokio::spawn(async move {
                         if let Err(e) = connection.await {

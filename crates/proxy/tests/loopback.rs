@@ -679,3 +679,113 @@ impl http_body::Body for ChannelBody {
             .map(|chunk| chunk.map(|b| Ok(http_body::Frame::data(b))))
     }
 }
+
+#[tokio::test]
+async fn a_client_that_sends_no_headers_is_disconnected() {
+    use tokio::io::AsyncReadExt;
+    let h = start(
+        vec![TestAccount::new("a", Script::ok())],
+        "priority",
+        "header_read_timeout_secs = 1",
+    )
+    .await;
+    for partial in [&b""[..], b"POST /acme/team/v1/mess"] {
+        let mut socket = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut socket, partial)
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "still open after 5 s with {partial:?}");
+        assert!(started.elapsed() >= Duration::from_millis(900));
+    }
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn shutdown_stops_accepting_and_lets_streams_in_flight_finish() {
+    let mut h = start(
+        vec![TestAccount::new(
+            "a",
+            Script::new(OkSpec::default().chunks(8).chunk_interval(Delay::ms(100))),
+        )],
+        "priority",
+        "",
+    )
+    .await;
+    let response = h
+        .send_raw(h.request("POST", "/acme/team/v1/messages", &body("m", true)))
+        .await;
+    assert_eq!(response.status(), 200);
+    h.stop();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // No new connections once draining started.
+    assert!(tokio::net::TcpStream::connect(h.addr).await.is_err());
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let f = frames(&bytes);
+    assert_eq!(f.last().unwrap().0, "message_stop");
+    assert_eq!(
+        f.iter().filter(|(e, _)| e == "content_block_delta").count(),
+        8
+    );
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn legacy_routes_answer_410_after_their_removal_date() {
+    let h = start(
+        vec![TestAccount::new("a", Script::ok())],
+        "priority",
+        "legacy_routes_until = 2020-01-01",
+    )
+    .await;
+    let answer = h.post("/team/v1/messages", &body("m", false)).await;
+    assert_eq!(answer.status, 410);
+    assert_eq!(answer.json()["error"]["type"], "invalid_request_error");
+    let message = answer.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("/{org}/team/v1/messages"), "{message}");
+    assert_eq!(answer.header("deprecation"), Some("true"));
+    assert_eq!(
+        answer.header("sunset"),
+        Some("Wed, 01 Jan 2020 23:59:59 GMT")
+    );
+    // The org-scoped route is unaffected.
+    assert_eq!(h.messages(false).await.status, 200);
+    assert_eq!(h.sim.total_stats().requests, 1);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn readyz_is_503_while_the_configured_redis_is_unreachable() {
+    let toml = "[server]\nstate_file = \"\"\nredis_url = \"redis://127.0.0.1:1/\"\nredis_timeout_ms = 50\n";
+    let config = keypool_store::config::Config::from_toml_str(toml, None, &|_| None).unwrap();
+    let store = keypool_store::Store::open(config).await.unwrap();
+    let app = keypool_proxy::App::new(store);
+    let get = |path: &str| {
+        http::Request::get(path)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    let response = app.handle(get("/readyz")).await;
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().contains_key("x-request-id"));
+    let text = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert!(String::from_utf8_lossy(&text).contains("redis"));
+    // Liveness does not depend on Redis.
+    assert_eq!(app.handle(get("/healthz")).await.status(), 200);
+    let metrics = http_body_util::BodyExt::collect(app.handle(get("/metrics")).await.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert!(String::from_utf8_lossy(&metrics).contains("keypool_redis_ready 0"));
+}

@@ -200,6 +200,13 @@ impl Harness {
         self.sim.stats(id).unwrap().requests
     }
 
+    /// Signals keypool to shut down (graceful drain); [`Harness::finish`] waits for it.
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
     /// Stops keypool (graceful) and checks the global invariant: no `sk-lb-` value ever
     /// reached the upstream.
     pub async fn finish(mut self) {
