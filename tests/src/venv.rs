@@ -1,0 +1,105 @@
+//! The Python virtualenv with the official Anthropic SDK, under `target/py-sdk`.
+//!
+//! Only `std`: `xtask` includes this same file (`#[path]`) to create the venv before the
+//! test step of `cargo xtask ci`, and the SDK suite calls it from a plain `cargo test`.
+//! Concurrent callers (several test binaries, xtask) are serialised by an exclusive lock
+//! on `target/py-sdk.lock`; a venv counts as ready only once the SDK imports, marked by
+//! a `.keypool-ready` file, so an interrupted creation is redone from scratch.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What `pip install` is given.
+const SDK_REQUIREMENT: &str = "anthropic>=0.50";
+/// The marker written once the SDK imports.
+const READY_MARKER: &str = ".keypool-ready";
+
+/// Returns the venv's Python interpreter, creating the venv (`python3 -m venv`, then
+/// `pip install anthropic`) when it is missing or incomplete. `root` is the workspace
+/// root; the venv lives in `$CARGO_TARGET_DIR` (default `<root>/target`) as `py-sdk`.
+/// The interpreter that creates it is `$KEYPOOL_PYTHON`, default `python3`.
+///
+/// # Errors
+/// A message saying which step failed and its output (no Python, no `venv` module, pip
+/// cannot reach the package index, …).
+pub fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|p| if p.is_absolute() { p } else { root.join(p) })
+        .unwrap_or_else(|| root.join("target"));
+    let dir = target.join("py-sdk");
+    let python = venv_python(&dir);
+    let ready = |dir: &Path| {
+        std::fs::read_to_string(dir.join(READY_MARKER)).is_ok_and(|m| m.trim() == SDK_REQUIREMENT)
+    };
+    if ready(&dir) && python.exists() {
+        return Ok(python);
+    }
+    std::fs::create_dir_all(&target)
+        .map_err(|e| format!("cannot create {}: {e}", target.display()))?;
+    let lock_path = target.join("py-sdk.lock");
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
+    lock_file(&lock, &lock_path)?;
+    // Someone else may have finished while we waited for the lock.
+    if ready(&dir) && python.exists() {
+        return Ok(python);
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .map_err(|e| format!("cannot remove the incomplete {}: {e}", dir.display()))?;
+    }
+    let creator = std::env::var("KEYPOOL_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    eprintln!(
+        "creating the Python SDK venv in {} ({creator} -m venv; pip install {SDK_REQUIREMENT})",
+        dir.display()
+    );
+    run(Command::new(&creator).arg("-m").arg("venv").arg(&dir))?;
+    run(Command::new(&python).args([
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--quiet",
+        SDK_REQUIREMENT,
+    ]))?;
+    run(Command::new(&python).args(["-c", "import anthropic"]))?;
+    std::fs::write(dir.join(READY_MARKER), SDK_REQUIREMENT)
+        .map_err(|e| format!("cannot write the venv's ready marker: {e}"))?;
+    Ok(python)
+}
+
+fn venv_python(dir: &Path) -> PathBuf {
+    if cfg!(windows) {
+        dir.join("Scripts").join("python.exe")
+    } else {
+        dir.join("bin").join("python")
+    }
+}
+
+fn lock_file(lock: &File, path: &Path) -> Result<(), String> {
+    // Released when `lock` is closed (at the end of `ensure_venv`, or if we crash).
+    lock.lock()
+        .map_err(|e| format!("cannot lock {}: {e}", path.display()))
+}
+
+fn run(command: &mut Command) -> Result<(), String> {
+    let shown = format!("{command:?}");
+    let output = command
+        .output()
+        .map_err(|e| format!("cannot run {shown}: {e}"))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{shown} failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    ))
+}
