@@ -351,7 +351,7 @@ impl Reply {
     /// the headers that legitimately differ between two answers (`x-request-id`, `date`)
     /// removed: two answers that must be byte-identical except their request ids compare
     /// equal through this.
-    pub fn without_request_id(&self) -> (StatusCode, Vec<(String, Vec<u8>)>, Vec<u8>) {
+    pub fn without_request_id(&self) -> Comparable {
         let id = self.header("x-request-id").unwrap_or("").to_owned();
         let mut headers: Vec<(String, Vec<u8>)> = self
             .headers
@@ -365,8 +365,24 @@ impl Reply {
         } else {
             replace_all(&self.body, id.as_bytes(), b"<request-id>")
         };
-        (self.status, headers, body)
+        Comparable {
+            status: self.status,
+            headers,
+            body,
+        }
     }
+}
+
+/// An answer reduced to what must be identical between two answers that differ only in
+/// their request ids (see [`Reply::without_request_id`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Comparable {
+    /// Status.
+    pub status: StatusCode,
+    /// Headers except `x-request-id` and `date`, sorted.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The body with the request id replaced by `<request-id>`.
+    pub body: Vec<u8>,
 }
 
 fn replace_all(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {

@@ -264,7 +264,7 @@ async fn every_401_is_byte_identical_except_the_request_id() {
             .await,
     ];
     let first = replies[0].without_request_id();
-    assert_eq!(first.0, 401);
+    assert_eq!(first.status, 401);
     for r in &replies[1..] {
         assert_eq!(r.without_request_id(), first, "401 answers differ");
     }
