@@ -30,6 +30,7 @@ use crate::App;
 use crate::attempt::{Call, Failure, Ready, ReadyKind, attempt};
 use crate::availability::HealthAvailability;
 use crate::body::{ProxyBody, StreamBody, StreamEnd, StreamFinish};
+use crate::ceiling::AttemptCeiling;
 use crate::headers::copy_safe_response_headers;
 use crate::log::RequestLog;
 use crate::metrics::FanOutRole;
@@ -98,9 +99,7 @@ pub(crate) async fn serve<'c>(
     let order = &plan.attempts;
     let mut slots: [Option<Slot<'c>>; 2] = [None, None];
     let mut next = 0usize;
-    let mut started = 0usize;
-    let mut limit = usize::MAX;
-    let mut request_errors = 0usize;
+    let mut ceiling = AttemptCeiling::new(order.len());
     let mut last_failure: Option<Failure> = None;
     let mut hedge: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut backup_pending = false;
@@ -125,13 +124,13 @@ pub(crate) async fn serve<'c>(
             ) {
                 start(&mut slots[0], order[0], FanOutRole::Primary, a);
                 next = 1;
-                started = 1;
+                ceiling.start();
                 match plan.fan_out {
                     FanOut::Race { .. } => {
                         start(&mut slots[1], order[1], FanOutRole::Backup, b);
                         app.metrics().backup_fired(true);
                         next = 2;
-                        started = 2;
+                        ceiling.start();
                     }
                     FanOut::Hedge { delay_ms, .. } => {
                         hedge = Some(Box::pin(tokio::time::sleep(Duration::from_millis(
@@ -158,7 +157,7 @@ pub(crate) async fn serve<'c>(
                 }
             }
             let mut launched = false;
-            while started < limit && next < order.len() {
+            while ceiling.may_start() && next < order.len() {
                 let index = order[next];
                 next += 1;
                 let candidate = &snapshot[index];
@@ -171,7 +170,7 @@ pub(crate) async fn serve<'c>(
                     continue;
                 }
                 start(&mut slots[0], index, FanOutRole::Primary, account);
-                started += 1;
+                ceiling.start();
                 launched = true;
                 break;
             }
@@ -208,7 +207,7 @@ pub(crate) async fn serve<'c>(
                         start(&mut slots[1], order[1], FanOutRole::Backup, account);
                         app.metrics().backup_fired(false);
                         next = 2;
-                        started += 1;
+                        ceiling.start();
                     }
                     _ => {
                         if let Some(budget) = &budget {
@@ -235,7 +234,7 @@ pub(crate) async fn serve<'c>(
                         for other in slots.iter_mut().filter_map(Option::take) {
                             push_attempt(log, &snapshot[other.index].id, "aborted");
                         }
-                        app.metrics().attempts(started as u64);
+                        app.metrics().attempts(ceiling.started() as u64);
                         let candidate = &snapshot[slot.index];
                         return commit(
                             call,
@@ -256,18 +255,10 @@ pub(crate) async fn serve<'c>(
                             &failure,
                         );
                         push_attempt(log, &candidate.id, c.trigger.as_str());
-                        if c.is_request_error() {
-                            request_errors += 1;
-                            if request_errors >= 2 {
-                                limit = 0;
-                            } else {
-                                // At most one more account after a request error.
-                                let in_flight = slots.iter().filter(|s| s.is_some()).count();
-                                limit = limit.min(started + usize::from(in_flight == 0));
-                            }
-                        }
+                        let in_flight = slots.iter().filter(|s| s.is_some()).count();
+                        ceiling.failed(c.is_request_error(), in_flight);
                         last_failure = Some(failure);
-                        if limit == 0 {
+                        if ceiling.terminal() {
                             for other in slots.iter_mut().filter_map(Option::take) {
                                 push_attempt(log, &snapshot[other.index].id, "aborted");
                             }
@@ -277,7 +268,7 @@ pub(crate) async fn serve<'c>(
             }
         }
     }
-    app.metrics().attempts(started as u64);
+    app.metrics().attempts(ceiling.started() as u64);
     exhausted(call, &snapshot, last_failure, request_id)
 }
 

@@ -34,6 +34,7 @@
 //! - [`route`]: path matching ([`route::match_path`]).
 //! - `failover`: steps 5–8 and SPEC 4: plan, the attempt walker with hedge/race,
 //!   crediting outcomes, the generic 503 and the 429/402 pass-through.
+//! - `ceiling`: the attempt ceiling and request-error rule of SPEC 3.7 (pure).
 //! - `attempt`: one upstream attempt up to its commit point (the streaming hold).
 //! - [`body`]: [`body::ProxyBody`], including the committed stream that forwards frames
 //!   unchanged and ends with one generic error frame when the upstream fails.
@@ -52,6 +53,7 @@ mod app;
 mod attempt;
 pub mod availability;
 pub mod body;
+mod ceiling;
 pub mod error;
 mod failover;
 pub mod headers;
