@@ -103,6 +103,7 @@ pub(crate) async fn serve<'c>(
     let mut last_failure: Option<Failure> = None;
     let mut hedge: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut backup_pending = false;
+    let mut backup_started = false;
 
     let start = |slot: &mut Option<Slot<'c>>, index: usize, role, account: Arc<Account>| {
         let first_chunk = Arc::new(AtomicBool::new(false));
@@ -129,6 +130,7 @@ pub(crate) async fn serve<'c>(
                     FanOut::Race { .. } => {
                         start(&mut slots[1], order[1], FanOutRole::Backup, b);
                         app.metrics().backup_fired(true);
+                        backup_started = true;
                         next = 2;
                         ceiling.start();
                     }
@@ -206,6 +208,7 @@ pub(crate) async fn serve<'c>(
                     Some(account) if slots[0].is_some() && !primary_has_chunk && next == 1 => {
                         start(&mut slots[1], order[1], FanOutRole::Backup, account);
                         app.metrics().backup_fired(false);
+                        backup_started = true;
                         next = 2;
                         ceiling.start();
                     }
@@ -222,8 +225,8 @@ pub(crate) async fn serve<'c>(
                 };
                 match result {
                     Ok(ready) => {
-                        let fanned_out = !matches!(plan.fan_out, FanOut::Single(_));
-                        if fanned_out {
+                        // A win counts only when primary and backup really ran together.
+                        if backup_started {
                             app.metrics().fan_out_win(slot.role);
                         }
                         if backup_pending && let Some(budget) = &budget {

@@ -247,7 +247,7 @@ impl Metrics {
                 n.load(Ordering::Relaxed)
             );
         }
-        out.push_str("# HELP keypool_hedge_wins_total Fanned-out requests, by the attempt that served them.\n# TYPE keypool_hedge_wins_total counter\n");
+        out.push_str("# HELP keypool_hedge_wins_total Requests whose primary and backup both ran, by the attempt that served them.\n# TYPE keypool_hedge_wins_total counter\n");
         for (role, n) in ["primary", "backup"].iter().zip(&self.wins) {
             let _ = writeln!(
                 out,
