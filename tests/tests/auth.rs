@@ -2,6 +2,9 @@
 //! stripping, body checks. Every rejection is answered by keypool itself: the simulated
 //! upstream receives nothing.
 
+// Test code may unwrap (helpers outside #[test] functions too).
+#![allow(clippy::unwrap_used)]
+
 use keypool_sim::Script;
 use keypool_tests::{AccountSpec, Harness, MODEL, Reply, message_body, secret_of};
 use serde_json::json;

@@ -3,6 +3,9 @@
 //! pass-through, usage windows, the earliest-expiry last resort, model override,
 //! `count_tokens`.
 
+// Test code may unwrap (helpers outside #[test] functions too).
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 
 use keypool_cooldown::Trigger;
