@@ -1,0 +1,255 @@
+//! SPEC 4 hedge and race end to end: the backup fires after the hedge delay, the first
+//! to commit wins, the loser is aborted in flight and credited with nothing, and two
+//! accounts of the same `base_url` never run together.
+
+// Test code may unwrap (helpers outside #[test] functions too).
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use keypool_core::AccountId;
+use keypool_sim::{Behaviour, Delay, OkSpec, Script};
+use keypool_store::now_ms;
+use keypool_tests::{AccountSpec, Harness};
+
+/// `GET /metrics`, one series' value.
+async fn metric(h: &Harness, series: &str) -> u64 {
+    let r = h
+        .client()
+        .request(http::Method::GET, h.url("/metrics"))
+        .send()
+        .await;
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no series {series} in /metrics:\n{text}"))
+}
+
+fn slow_stream(ms: u64) -> Behaviour {
+    OkSpec::default().ttft(Delay::ms(ms)).into()
+}
+
+/// Two accounts on different base URLs (`p` first by priority), after one request that
+/// gives the group TTFT data (served by `p` on the single path).
+async fn warmed_pair(strategy: &str, second_label: &str) -> Harness {
+    let h = Harness::builder()
+        .strategy(strategy)
+        .account(
+            AccountSpec::new("p", Script::ok())
+                .url_label("p")
+                .priority(0),
+        )
+        .account(
+            AccountSpec::new("b", Script::ok())
+                .url_label(second_label)
+                .priority(1),
+        )
+        .start()
+        .await;
+    let r = h.send_stream().await;
+    assert_eq!(r.status, 200);
+    assert_eq!(h.upstream_order(), ["p"], "warm-up on the single path");
+    // the gate's first reason that applies: no partner before no TTFT data
+    let reason = if second_label == "p" {
+        "no_partner"
+    } else {
+        "no_ttft_data"
+    };
+    let series = format!("keypool_hedge_gate_total{{reason=\"{reason}\"}}");
+    assert_eq!(metric(&h, &series).await, 1);
+    h
+}
+
+/// What the store credited to `id`: (TTFT average, error rate, last used).
+fn credit(h: &Harness, id: &str) -> (Option<f64>, Option<f64>, Option<u64>) {
+    let now = now_ms();
+    let account = AccountId::from(id);
+    let rating = h.store().rating().rating(&account, now);
+    let last_used = h.store().export_state(now).last_used.get(&account).copied();
+    (rating.ttft_ms, rating.error_rate, last_used)
+}
+
+#[tokio::test]
+async fn hedge_primary_slow_backup_wins_and_is_credited() {
+    let h = warmed_pair("hedge", "b").await;
+    let (_, p_errors_before, p_used_before) = credit(&h, "p");
+    assert_eq!(credit(&h, "b"), (None, None, None));
+    h.sim().set_default("p", slow_stream(3_000)).unwrap();
+    let started = Instant::now();
+    let r = h.send_stream().await;
+    let took = started.elapsed();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.events().last().map(String::as_str), Some("message_stop"));
+    // the backup fired after the hedge delay (200 ms) and won long before p's 3 s
+    assert!(
+        took >= Duration::from_millis(180) && took < Duration::from_millis(2_500),
+        "{took:?}"
+    );
+    assert_eq!(h.upstream_order(), ["p", "p", "b"]);
+    let b_request = &h.sim().requests_for("b")[0];
+    assert_eq!(
+        r.frames()[0].json()["message"]["id"],
+        format!("msg_sim{:020}", b_request.seq)
+    );
+    // the loser is aborted in flight
+    h.wait_until("p's attempt is aborted", Duration::from_secs(5), |s| {
+        s.stats("p").unwrap().cancelled == 1
+    })
+    .await;
+    // credited: b served (rating sample, last_used); p only keeps what it had
+    let (b_ttft, b_errors, b_used) = credit(&h, "b");
+    assert!(b_ttft.is_some(), "b has a TTFT sample");
+    assert_eq!(b_errors, Some(0.0));
+    assert!(b_used.is_some(), "b's last_used is set");
+    let (_, p_errors, p_used) = credit(&h, "p");
+    assert_eq!(p_errors, p_errors_before, "an abort is not a failure");
+    assert_eq!(p_used, p_used_before, "p did not serve");
+    assert_eq!(h.cooldown("p"), None);
+    assert_eq!(
+        metric(&h, "keypool_hedge_backups_total{strategy=\"hedge\"}").await,
+        1
+    );
+    assert_eq!(
+        metric(&h, "keypool_hedge_wins_total{winner=\"backup\"}").await,
+        1
+    );
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn hedge_primary_fast_fires_no_backup() {
+    let h = warmed_pair("hedge", "b").await;
+    let r = h.send_stream().await;
+    assert_eq!(r.status, 200);
+    assert_eq!(h.upstream_order(), ["p", "p"]);
+    assert_eq!(
+        metric(&h, "keypool_hedge_backups_total{strategy=\"hedge\"}").await,
+        0
+    );
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn hedge_non_streaming_first_complete_answer_wins() {
+    let h = warmed_pair("hedge", "b").await;
+    h.sim()
+        .set_default("p", OkSpec::default().latency(Delay::ms(3_000)))
+        .unwrap();
+    let started = Instant::now();
+    let r = h.send_message().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(started.elapsed() < Duration::from_millis(2_500));
+    assert_eq!(h.upstream_order(), ["p", "p", "b"]);
+    h.wait_until("p's attempt is aborted", Duration::from_secs(5), |s| {
+        s.stats("p").unwrap().cancelled == 1
+    })
+    .await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn race_fires_both_at_once_and_the_first_to_commit_wins() {
+    let h = warmed_pair("race", "b").await;
+    h.sim().set_default("p", slow_stream(3_000)).unwrap();
+    let r = h.send_stream().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let requests = h.sim().requests();
+    assert_eq!(h.upstream_order(), ["p", "p", "b"]);
+    let gap = requests[2].received_at - requests[1].received_at;
+    assert!(
+        gap < Duration::from_millis(150),
+        "race fires at once, not after {gap:?}"
+    );
+    assert_eq!(h.sim().total_stats().peak_in_flight, 2, "both ran together");
+    h.wait_until("p's attempt is aborted", Duration::from_secs(5), |s| {
+        s.stats("p").unwrap().cancelled == 1
+    })
+    .await;
+    assert!(credit(&h, "b").2.is_some(), "b credited");
+    assert_eq!(
+        metric(&h, "keypool_hedge_backups_total{strategy=\"race\"}").await,
+        1
+    );
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn race_never_runs_two_accounts_of_the_same_base_url_together() {
+    // p and b share one base_url: no partner, the single path, one at a time.
+    let h = warmed_pair("race", "p").await;
+    h.sim()
+        .set_default(
+            "p",
+            Behaviour::StallBeforeHeaders(Duration::from_millis(300)),
+        )
+        .unwrap();
+    h.sim().set_default("b", slow_stream(300)).unwrap();
+    for _ in 0..3 {
+        let r = h.send_stream().await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    // request 2: p stalls 300 ms and fails, then b alone; after that p's error rate
+    // puts b first
+    assert_eq!(h.upstream_order(), ["p", "p", "b", "b", "b"]);
+    assert_eq!(
+        h.sim().total_stats().peak_in_flight,
+        1,
+        "two accounts of the same base_url ran together"
+    );
+    assert!(metric(&h, "keypool_hedge_gate_total{reason=\"no_partner\"}").await >= 3);
+    assert_eq!(
+        metric(&h, "keypool_hedge_backups_total{strategy=\"race\"}").await,
+        0
+    );
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn race_partner_is_the_account_with_another_base_url() {
+    // a and b share a base_url, c has its own: the race pairs a with c, never with b.
+    let h = Harness::builder()
+        .strategy("race")
+        .account(
+            AccountSpec::new("a", Script::ok())
+                .url_label("x")
+                .priority(0),
+        )
+        .account(
+            AccountSpec::new("b", Script::ok())
+                .url_label("x")
+                .priority(1),
+        )
+        .account(
+            AccountSpec::new("c", Script::ok())
+                .url_label("y")
+                .priority(2),
+        )
+        .start()
+        .await;
+    assert_eq!(h.send_stream().await.status, 200);
+    assert_eq!(h.upstream_order(), ["a"]);
+    let stall = Behaviour::StallBeforeHeaders(Duration::from_millis(400));
+    h.sim().set_default("a", stall.clone()).unwrap();
+    h.sim().set_default("c", stall).unwrap();
+    let r = h.send_stream().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let requests = h.sim().requests();
+    let order = h.upstream_order();
+    assert_eq!(order[0..1], ["a"]);
+    let mut raced: Vec<&str> = order[1..3].iter().map(String::as_str).collect();
+    raced.sort_unstable();
+    assert_eq!(raced, ["a", "c"], "a races with c");
+    assert_eq!(order[3], "b", "b only after both failed");
+    let a_started = requests[1..3]
+        .iter()
+        .find(|r| r.account.as_ref().is_some_and(|id| id.as_str() == "a"))
+        .unwrap()
+        .received_at;
+    let gap = requests[3].received_at - a_started;
+    assert!(
+        gap >= Duration::from_millis(350),
+        "b started {gap:?} after a, while a was still in flight"
+    );
+    h.finish().await;
+}
