@@ -1,12 +1,18 @@
 //! `cargo xtask`: project automation that would otherwise live in shell scripts.
 //!
 //! - `cargo xtask ci`: formatting check, clippy with warnings denied, the whole test
-//!   suite. This is the README's test command and what `.ci/run` calls.
+//!   suite. This is the README's test command and what `.ci/run` calls. Before the
+//!   tests it creates the Anthropic SDK venv (`target/py-sdk`) the SDK suite uses.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, bail};
+
+/// The SDK venv, shared with the end-to-end suites (`keypool-tests`), so both create it
+/// the same way under the same lock.
+#[path = "../../tests/src/venv.rs"]
+mod venv;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -67,6 +73,13 @@ fn ci(root: &Path) -> anyhow::Result<()> {
             "warnings",
         ],
     )?;
+    // The SDK suite creates the venv itself when missing; creating it here first keeps
+    // pip's output out of the test run. A failure is reported, and the SDK test then
+    // fails with the reason (it never skips under CI=true).
+    match venv::ensure_venv(root) {
+        Ok(python) => eprintln!("xtask ci: Anthropic SDK venv ready ({})", python.display()),
+        Err(e) => eprintln!("xtask ci: could not prepare the Anthropic SDK venv: {e}"),
+    }
     cargo(root, &["test", "--workspace", "--no-fail-fast"])?;
     eprintln!("xtask ci: all checks passed");
     Ok(())
