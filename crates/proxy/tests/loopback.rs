@@ -789,3 +789,41 @@ async fn readyz_is_503_while_the_configured_redis_is_unreachable() {
         .to_bytes();
     assert!(String::from_utf8_lossy(&metrics).contains("keypool_redis_ready 0"));
 }
+
+#[tokio::test]
+async fn window_headers_of_a_successful_stream_take_the_account_out() {
+    let reset = now_ms() / 1000 + 7_200;
+    let weekly = keypool_sim::UnifiedHeaders::allowed().window(
+        keypool_core::Window::Weekly,
+        0.97,
+        reset,
+        "allowed_warning",
+    );
+    let h = start(
+        vec![TestAccount::new("a", Script::ok().unified(&weekly))],
+        "priority",
+        "",
+    )
+    .await;
+    // The stream succeeds and its head carried the window reading: 0.97 ≥ 0.95.
+    let first = h.messages(true).await;
+    assert_eq!(first.status, 200);
+    // The account's window is not the client's business: not forwarded.
+    assert!(
+        first
+            .headers
+            .keys()
+            .all(|k| !k.as_str().starts_with("anthropic-ratelimit"))
+    );
+    let answer = h.messages(false).await;
+    assert_eq!(answer.status, 429);
+    let message = answer.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("weekly usage window"), "{message}");
+    let retry: u64 = answer.header("retry-after").unwrap().parse().unwrap();
+    assert!((7_190..=7_200).contains(&retry), "{retry}");
+    assert_eq!(h.requests("a"), 1);
+    h.finish().await;
+}
