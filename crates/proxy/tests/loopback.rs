@@ -827,3 +827,72 @@ async fn window_headers_of_a_successful_stream_take_the_account_out() {
     assert_eq!(h.requests("a"), 1);
     h.finish().await;
 }
+
+mod bad_input {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use proptest::prelude::*;
+
+    fn request(
+        method: &str,
+        path: &str,
+        key: &[u8],
+        body: Vec<u8>,
+    ) -> Option<http::Request<Full<Bytes>>> {
+        let mut builder = http::Request::builder().method(method).uri(path);
+        if let Ok(value) = http::HeaderValue::from_bytes(key) {
+            builder = builder
+                .header("x-api-key", value.clone())
+                .header("authorization", value);
+        }
+        builder.body(Full::new(Bytes::from(body))).ok()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        /// Whatever arrives, keypool answers: an Anthropic-shaped JSON error (or a fixed
+        /// route), an `x-request-id`, never a panic, never an upstream call (no key is
+        /// valid here).
+        #[test]
+        fn any_request_gets_a_well_formed_answer(
+            method in prop::sample::select(vec!["GET", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"]),
+            path in prop_oneof![
+                "(/[a-z0-9_%.-]{0,8}){0,6}",
+                Just("/acme/team/v1/messages".to_owned()),
+                Just("/team/v1/messages/count_tokens".to_owned()),
+            ],
+            key in prop::collection::vec(any::<u8>(), 0..64),
+            body in prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..256),
+                Just(br#"{"model":"m","stream":true}"#.to_vec()),
+                Just(br#"{"model":1}"#.to_vec()),
+            ],
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                let toml = "[server]\nstate_file = \"\"\n[[orgs]]\nslug = \"acme\"\n[[accounts]]\nid = \"a\"\norg = \"acme\"\nprovider = \"anthropic\"\nauth = \"api_key\"\nsecret = \"s\"\nbase_url = \"http://127.0.0.1:9\"\n[[urls]]\ncustom_url = \"team\"\norg = \"acme\"\n";
+                let config = keypool_store::config::Config::from_toml_str(toml, None, &|_| None).unwrap();
+                let app = keypool_proxy::App::new(keypool_store::Store::open(config).await.unwrap());
+                let Some(request) = request(method, &path, &key, body) else { return };
+                let response = app.handle(request).await;
+                let status = response.status().as_u16();
+                assert!(response.headers().contains_key("x-request-id"));
+                let content_type = response
+                    .headers()
+                    .get("content-type")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                let bytes = response.into_body().collect().await.unwrap().to_bytes();
+                if status >= 400 && path != "/readyz" {
+                    assert_eq!(content_type.as_deref(), Some("application/json"));
+                    let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+                    assert_eq!(json["type"], "error");
+                    assert!(json["error"]["type"].is_string());
+                    assert!(json["request_id"].is_string());
+                } else {
+                    assert!(matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics"), "{status} {path}");
+                }
+                assert!([200, 401, 404, 405, 409, 410, 413].contains(&status), "{status} {path}");
+            });
+        }
+    }
+}
