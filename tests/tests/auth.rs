@@ -47,6 +47,14 @@ org = "globex"
 [[urls]]
 custom_url = "ops"
 org = "initech"
+[[urls]]
+custom_url = "shared"
+org = "acme"
+[[urls]]
+custom_url = "shared"
+org = "globex"
+[[urls]]
+custom_url = "orphan"
 "#,
         )
         .key("bob", "globex", "urls = [\"*\"]")
@@ -436,5 +444,97 @@ async fn successful_answers_carry_only_safe_headers_and_a_request_id() {
     let body = r.json();
     assert_eq!(body["type"], "message");
     assert_eq!(body["content"][0]["text"], "HelloHelloHelloHello");
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn legacy_route_serves_a_unique_url_with_deprecation_headers() {
+    let h = harness().await;
+    let key = h.key("alice");
+    let r = h
+        .client()
+        .post(h.url("/team/v1/messages"))
+        .api_key(&key)
+        .json(&body())
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("deprecation"), Some("true"));
+    assert_eq!(r.header("sunset"), Some("Thu, 31 Dec 2026 23:59:59 GMT"));
+    assert_eq!(h.requests_per_account(&["a1"]), [1]);
+    // ambiguous (acme and globex): 409, with the deprecation headers too
+    let r = h
+        .client()
+        .post(h.url("/shared/v1/messages"))
+        .api_key(&key)
+        .json(&body())
+        .send()
+        .await;
+    r.assert_keypool_error(409, "invalid_request_error");
+    assert_eq!(r.header("deprecation"), Some("true"));
+    // a URL config of no org: 403, there is no global pool
+    let r = h
+        .client()
+        .post(h.url("/orphan/v1/messages"))
+        .api_key(&key)
+        .json(&body())
+        .send()
+        .await;
+    r.assert_keypool_error(403, "permission_error");
+    // unknown: the same 404 as the org-scoped routes
+    let r = h
+        .client()
+        .post(h.url("/nosuchurl/v1/messages"))
+        .api_key(&key)
+        .json(&body())
+        .send()
+        .await;
+    let message = r.assert_keypool_error(404, "not_found_error");
+    assert_eq!(message, "Custom URL config not found");
+    assert_eq!(h.sim().total_stats().requests, 1);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn legacy_route_after_its_removal_date_is_410_naming_the_new_form() {
+    let h = Harness::builder()
+        .account(AccountSpec::new("a1", Script::ok()))
+        .server("legacy_routes_until", "2020-01-01")
+        .start()
+        .await;
+    let r = h
+        .client()
+        .post(h.url("/team/v1/messages"))
+        .api_key(&h.key("alice"))
+        .json(&body())
+        .send()
+        .await;
+    let message = r.assert_keypool_error(410, "invalid_request_error");
+    assert!(message.contains("/team/v1/messages"), "{message}");
+    assert_eq!(r.header("sunset"), Some("Wed, 01 Jan 2020 23:59:59 GMT"));
+    // the org-scoped route keeps working
+    assert_eq!(h.send_message().await.status, 200);
+    assert_eq!(h.sim().total_stats().requests, 1);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let h = harness().await;
+    for path in ["/healthz", "/readyz"] {
+        let r = h
+            .client()
+            .request(http::Method::GET, h.url(path))
+            .send()
+            .await;
+        assert_eq!(r.status, 200, "GET {path}: {}", r.text());
+    }
+    let r = h
+        .client()
+        .request(http::Method::GET, h.url("/metrics"))
+        .send()
+        .await;
+    assert_eq!(r.status, 200);
+    assert!(r.text().contains("keypool_requests_total"));
     h.finish().await;
 }
