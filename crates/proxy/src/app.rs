@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use dashmap::DashMap;
 use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
@@ -173,8 +173,10 @@ impl App {
                 response
             }
             RouteMatch::Admin(rest) => {
-                let limit = self.store().config().server().max_body_bytes;
-                match read_limited(&parts, body, limit).await {
+                let config = self.store().config();
+                let settings = config.server();
+                let idle = Duration::from_millis(settings.header_read_timeout_ms);
+                match read_limited(&parts, body, settings.max_body_bytes, idle).await {
                     Ok(bytes) => admin::handle(self, &parts, bytes, rest, request_id).await,
                     Err(reject) => rescue(&reject, request_id),
                 }
@@ -258,7 +260,8 @@ impl App {
         let config = self.store().config();
         let settings = config.server();
         // 1. Receive, within the limits.
-        let bytes = match read_limited(parts, body, settings.max_body_bytes).await {
+        let idle = Duration::from_millis(settings.header_read_timeout_ms);
+        let bytes = match read_limited(parts, body, settings.max_body_bytes, idle).await {
             Ok(bytes) => bytes,
             Err(reject) => return rescue(&reject, request_id),
         };
@@ -326,8 +329,15 @@ impl App {
 }
 
 /// Reads a request body of at most `limit` bytes: `413` from the `content-length` alone
-/// when it announces more, else while reading (never buffering past the limit).
-async fn read_limited<B>(parts: &Parts, body: B, limit: u64) -> Result<Bytes, Reject>
+/// when it announces more, else while reading (never buffering past the limit). A
+/// client that sends nothing for `idle` in the middle of its body gets `408` (the header
+/// read timeout only covers the head).
+async fn read_limited<B>(
+    parts: &Parts,
+    body: B,
+    limit: u64,
+    idle: Duration,
+) -> Result<Bytes, Reject>
 where
     B: Body<Data = Bytes> + Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -341,11 +351,38 @@ where
         return Err(Reject::too_large(limit));
     }
     let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
-    match Limited::new(body, limit_usize).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(Reject::too_large(limit)),
-        Err(_) => Err(Reject::unreadable_body()),
+    let limited = std::pin::pin!(Limited::new(body, limit_usize));
+    let mut limited = limited;
+    let mut first: Option<Bytes> = None;
+    let mut rest: Option<BytesMut> = None;
+    loop {
+        let frame = match tokio::time::timeout(idle, limited.as_mut().frame()).await {
+            Err(_) => return Err(Reject::body_timeout(idle)),
+            Ok(None) => break,
+            Ok(Some(Err(e))) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                return Err(Reject::too_large(limit));
+            }
+            Ok(Some(Err(_))) => return Err(Reject::unreadable_body()),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        match (&first, &mut rest) {
+            (None, _) => first = Some(data),
+            (Some(f), None) => {
+                let mut buf = BytesMut::with_capacity(f.len() + data.len());
+                buf.extend_from_slice(f);
+                buf.extend_from_slice(&data);
+                rest = Some(buf);
+            }
+            (Some(_), Some(buf)) => buf.extend_from_slice(&data),
+        }
     }
+    Ok(match rest {
+        Some(buf) => buf.freeze(),
+        None => first.unwrap_or_default(),
+    })
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {

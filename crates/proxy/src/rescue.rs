@@ -104,6 +104,18 @@ impl Reject {
         )
     }
 
+    /// `408` when the client stopped sending its body for `idle`.
+    pub fn body_timeout(idle: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            ErrorType::InvalidRequest,
+            format!(
+                "The request body stalled: nothing received for {} ms",
+                idle.as_millis()
+            ),
+        )
+    }
+
     /// `410` after `legacy_routes_until`, naming the new URL form.
     pub fn legacy_gone(url: &str) -> Self {
         Self::new(

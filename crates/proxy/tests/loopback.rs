@@ -704,6 +704,33 @@ async fn a_client_that_sends_no_headers_is_disconnected() {
 }
 
 #[tokio::test]
+async fn a_client_that_stalls_mid_body_gets_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = start(
+        vec![TestAccount::new("a", Script::ok())],
+        "priority",
+        "header_read_timeout_secs = 1",
+    )
+    .await;
+    let mut socket = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let head = format!(
+        "POST /acme/team/v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\ncontent-length: 100\r\n\r\n{{\"model\"",
+        support::KEY
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut buf))
+        .await
+        .expect("answered within 5 s")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("invalid_request_error"));
+    assert_eq!(h.sim.total_stats().requests, 0);
+    h.finish().await;
+}
+
+#[tokio::test]
 async fn shutdown_stops_accepting_and_lets_streams_in_flight_finish() {
     let mut h = start(
         vec![TestAccount::new(
