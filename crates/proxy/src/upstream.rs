@@ -23,8 +23,18 @@ pub fn build_client() -> UpstreamClient {
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(Duration::from_secs(10)));
-    let https = HttpsConnectorBuilder::new()
-        .with_webpki_roots()
+    // ring, named explicitly: rustls' process default would be ambiguous (and panic) if
+    // another crate of the build enabled aws-lc-rs too.
+    let builder = match HttpsConnectorBuilder::new()
+        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
+    {
+        Ok(builder) => builder,
+        Err(e) => {
+            tracing::error!(error = %e, "ring TLS provider unusable; using the process default");
+            HttpsConnectorBuilder::new().with_webpki_roots()
+        }
+    };
+    let https = builder
         .https_or_http()
         .enable_http1()
         .enable_http2()
