@@ -539,3 +539,76 @@ async fn an_attempt_without_headers_in_upstream_timeout_fails_over() {
     .await;
     h.finish().await;
 }
+
+#[tokio::test]
+async fn transient_failures_back_off_from_the_second_consecutive_one() {
+    let h = Harness::with_accounts([
+        ("a", Script::new(Behaviour::status(500))),
+        ("b", Script::ok()),
+    ])
+    .await;
+    assert_eq!(h.send_message().await.status, 200);
+    assert_eq!(h.cooldown("a"), None, "no cooldown for the first failure");
+    assert_eq!(h.send_message().await.status, 200);
+    let a = h
+        .cooldown("a")
+        .expect("backoff from the 2nd consecutive failure");
+    assert_eq!(a.trigger, Trigger::OtherStatus { status: 500 });
+    assert_eq!(a.until - a.set_at, 5_000, "5 s × 2^0");
+    assert_eq!(h.upstream_order(), ["a", "b", "a", "b"]);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn a_plain_429_in_a_pool_of_more_than_100_accounts_cools_10_s() {
+    let mut b = Harness::builder()
+        .account(AccountSpec::new("a000", Script::new(Behaviour::status(429))).priority(0));
+    for i in 1..=100 {
+        b = b.account(AccountSpec::new(&format!("a{i:03}"), Script::ok()).priority(1));
+    }
+    let h = b.start().await;
+    assert_eq!(h.send_message().await.status, 200);
+    let a = h.cooldown("a000").unwrap();
+    assert_eq!(a.trigger, Trigger::PlainRateLimit);
+    assert_eq!(a.until - a.set_at, 10_000, "large pool: 10 s");
+    assert_eq!(h.sim().total_stats().requests, 2);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn without_auto_disable_a_key_error_keeps_the_account_in_rotation() {
+    let h = Harness::builder()
+        .server("auto_disable_on_error", "false")
+        .account(AccountSpec::new("a", Script::new(error(401, "UPSTREAM-MSG-a"))).priority(0))
+        .account(AccountSpec::new("b", Script::ok()).priority(1))
+        .start()
+        .await;
+    assert_eq!(h.send_message().await.status, 200);
+    assert!(
+        !h.store()
+            .health()
+            .disabled
+            .is_disabled(&AccountId::from("a"))
+    );
+    assert_eq!(h.send_message().await.status, 200);
+    assert_eq!(
+        h.upstream_order(),
+        ["a", "b", "a", "b"],
+        "a stays in rotation"
+    );
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn the_body_decides_streaming_not_accept() {
+    let h = Harness::with_accounts([("a", Script::ok())]).await;
+    let r = h
+        .messages(&message_body(MODEL, false))
+        .header("accept", "text/event-stream")
+        .send()
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.json()["type"], "message");
+    h.finish().await;
+}
