@@ -38,7 +38,8 @@
 //!
 //! The standalone program `keypool-sim` (`src/bin/keypool-sim.rs`) serves any
 //! credential with one fixed script, for benchmarks: `--listen`, `--delay-ms`,
-//! `--chunks`, `--chunk-interval-ms`, `--input-tokens`, `--threads`.
+//! `--chunks`, `--chunk-interval-ms`, `--input-tokens`, `--threads`, and
+//! `--rate-limited CREDENTIAL` / `--retry-after-ms` for an account that always answers 429.
 //!
 //! # Layout
 //! - `script`: [`Behaviour`], [`OkSpec`], [`Delay`], [`ErrorReply`], [`UnifiedHeaders`],

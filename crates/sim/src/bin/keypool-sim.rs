@@ -4,16 +4,21 @@
 //! ```text
 //! keypool-sim [--listen ADDR] [--delay-ms N] [--chunks N] [--chunk-interval-ms N]
 //!             [--input-tokens N] [--threads N]
+//!             [--rate-limited CREDENTIAL]... [--retry-after-ms N]
 //! ```
+//!
+//! `--rate-limited` gives one credential its own account that answers every request
+//! with `429 rate_limit_error` and `retry-after-ms` (the failover benchmark's first
+//! account); every other credential is served normally.
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use keypool_sim::{Delay, OkSpec, Script, Sim, SimConfig, Usage};
+use keypool_sim::{Delay, ErrorReply, OkSpec, Script, Sim, SimConfig, Usage};
 
-const USAGE: &str = "usage: keypool-sim [--listen ADDR] [--delay-ms N] [--chunks N] [--chunk-interval-ms N] [--input-tokens N] [--threads N]
+const USAGE: &str = "usage: keypool-sim [--listen ADDR] [--delay-ms N] [--chunks N] [--chunk-interval-ms N] [--input-tokens N] [--threads N] [--rate-limited CREDENTIAL]... [--retry-after-ms N]
 
   --listen ADDR            address to listen on (default 127.0.0.1:8090)
   --delay-ms N             latency of JSON answers and time to first frame of streams (default 0)
@@ -21,6 +26,8 @@ const USAGE: &str = "usage: keypool-sim [--listen ADDR] [--delay-ms N] [--chunks
   --chunk-interval-ms N    pause between deltas (default 0)
   --input-tokens N         reported input tokens (default 12)
   --threads N              tokio worker threads (default: one per core)
+  --rate-limited CRED      this credential answers every request with 429 (repeatable)
+  --retry-after-ms N       retry-after-ms of those 429 answers (default 1000)
 
 Every credential is accepted; streams when the body has \"stream\": true.";
 
@@ -32,6 +39,8 @@ struct Args {
     chunk_interval_ms: u64,
     input_tokens: u64,
     threads: Option<usize>,
+    rate_limited: Vec<String>,
+    retry_after_ms: u64,
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> anyhow::Result<Option<Args>> {
@@ -42,6 +51,8 @@ fn parse(mut args: impl Iterator<Item = String>) -> anyhow::Result<Option<Args>>
         chunk_interval_ms: 0,
         input_tokens: 12,
         threads: None,
+        rate_limited: Vec::new(),
+        retry_after_ms: 1000,
     };
     while let Some(flag) = args.next() {
         if flag == "-h" || flag == "--help" {
@@ -58,6 +69,8 @@ fn parse(mut args: impl Iterator<Item = String>) -> anyhow::Result<Option<Args>>
             "--chunk-interval-ms" => out.chunk_interval_ms = value.parse().with_context(bad)?,
             "--input-tokens" => out.input_tokens = value.parse().with_context(bad)?,
             "--threads" => out.threads = Some(value.parse().with_context(bad)?),
+            "--rate-limited" => out.rate_limited.push(value),
+            "--retry-after-ms" => out.retry_after_ms = value.parse().with_context(bad)?,
             _ => bail!("unknown flag {flag:?}\n\n{USAGE}"),
         }
     }
@@ -93,10 +106,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
             output_tokens: u64::from(args.chunks),
             ..Usage::default()
         });
-    let config = SimConfig::new()
+    let mut config = SimConfig::new()
         .listen(args.listen)
         .any_credential(Script::new(spec))
         .record_limit(0);
+    let limited = ErrorReply::rate_limited().retry_after_ms(args.retry_after_ms);
+    for (i, credential) in args.rate_limited.into_iter().enumerate() {
+        let script = Script::new(limited.clone());
+        config = config.account(format!("rate-limited-{i}"), credential, script);
+    }
     let sim = Sim::start(config).await?;
     println!("keypool-sim listening on {}", sim.base_url());
     tokio::signal::ctrl_c()
@@ -129,6 +147,12 @@ mod tests {
             "7",
             "--threads",
             "2",
+            "--rate-limited",
+            "sk-a",
+            "--rate-limited",
+            "sk-b",
+            "--retry-after-ms",
+            "3",
         ])
         .unwrap()
         .unwrap();
@@ -143,6 +167,8 @@ mod tests {
             ),
             (5, 3, 2, 7, Some(2))
         );
+        assert_eq!(a.rate_limited, ["sk-a", "sk-b"]);
+        assert_eq!(a.retry_after_ms, 3);
     }
 
     #[test]
