@@ -3,11 +3,15 @@
 //! - `cargo xtask ci`: formatting check, clippy with warnings denied, the whole test
 //!   suite. This is the README's test command and what `.ci/run` calls. Before the
 //!   tests it creates the Anthropic SDK venv (`target/py-sdk`) the SDK suite uses.
+//! - `cargo xtask bench [--quick] [--peers]`: keypool's overhead and throughput against
+//!   the bare upstream simulator and, with `--peers`, LiteLLM and Portkey (`bench`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, bail};
+
+mod bench;
 
 /// The SDK venv, shared with the end-to-end suites (`keypool-tests`), so both create it
 /// the same way under the same lock.
@@ -19,6 +23,7 @@ fn main() -> anyhow::Result<()> {
     let root = project_root();
     match args.first().map(String::as_str) {
         Some("ci") => ci(&root),
+        Some("bench") => bench::run(&root, &args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
             Ok(())
@@ -34,7 +39,8 @@ fn print_help() {
     eprintln!(
         "cargo xtask <command>\n\n\
          commands:\n  \
-         ci     cargo fmt --check, cargo clippy -D warnings, and the whole test suite"
+         ci     cargo fmt --check, cargo clippy -D warnings, and the whole test suite\n  \
+         bench  [--quick] [--peers] overhead and throughput on loopback, target/bench/report.json"
     );
 }
 

@@ -1,0 +1,367 @@
+//! The load driver: a hyper 1 client (keep-alive, `TCP_NODELAY`) that sends the same
+//! request again and again and records latencies in histograms.
+//!
+//! - [`closed_loop`]: `concurrency` workers, each sending its next request when the
+//!   previous one is complete; bounded by a request count or a duration. Concurrency 1
+//!   measures latency; concurrency 16 measures the most req/s.
+//! - [`constant_rate`]: requests are due at `start + i / rate`; a worker that picks up a
+//!   request already overdue (all workers were busy: the target is queueing) measures it
+//!   from its due time, not from when it was sent, so a stall counts for every request
+//!   it delayed (no coordinated omission). A worker that is early sleeps until the due
+//!   time and measures from when it woke (tokio's timer wakes up to 1 ms late; that is
+//!   the driver's lateness, not the target's).
+//! - Streams: time to the first body chunk (TTFT) and every gap between chunks.
+//!
+//! Every request has a timeout; every run is bounded in requests and time.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Request, StatusCode, Uri};
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
+
+use super::stats::{Latencies, intended_offset};
+
+/// The longest a single request may take before it counts as an error.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The HTTP client of every run.
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// A keep-alive HTTP/1.1 client with `TCP_NODELAY`.
+pub fn client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(512)
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build(connector)
+}
+
+/// One request, sent again and again.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// `http://127.0.0.1:PORT/…/v1/messages`.
+    pub uri: Uri,
+    /// Headers (credential, `anthropic-version`, `content-type`, peer-specific ones).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The JSON body.
+    pub body: Bytes,
+    /// Whether the answer is an SSE stream (TTFT and gaps are recorded, and the stream
+    /// must end with `message_stop`).
+    pub stream: bool,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// Whole-request latency of successful requests.
+    pub latency: Latencies,
+    /// Streams: time to the first body chunk.
+    pub ttft: Latencies,
+    /// Streams: gaps between body chunks.
+    pub gap: Latencies,
+    /// Successful requests.
+    pub ok: u64,
+    /// Failed requests.
+    pub errors: u64,
+    /// The first few error descriptions.
+    pub first_errors: Vec<String>,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+}
+
+impl Outcome {
+    fn merge(&mut self, other: Outcome) {
+        self.latency.merge(&other.latency);
+        self.ttft.merge(&other.ttft);
+        self.gap.merge(&other.gap);
+        self.ok += other.ok;
+        self.errors += other.errors;
+        for e in other.first_errors {
+            if self.first_errors.len() < 5 {
+                self.first_errors.push(e);
+            }
+        }
+    }
+
+    fn error(&mut self, e: String) {
+        self.errors += 1;
+        if self.first_errors.len() < 5 {
+            self.first_errors.push(e);
+        }
+    }
+}
+
+/// Sends one request; records it into `out` measuring from `start`.
+async fn one(client: &HttpClient, ep: &Endpoint, start: Instant, out: &mut Outcome) {
+    let mut builder = Request::post(ep.uri.clone());
+    for (name, value) in &ep.headers {
+        builder = builder.header(name, value);
+    }
+    let request = match builder.body(Full::new(ep.body.clone())) {
+        Ok(r) => r,
+        Err(e) => return out.error(format!("cannot build the request: {e}")),
+    };
+    let exchange = async {
+        let response = client
+            .request(request)
+            .await
+            .map_err(|e| format!("request failed: {e:?}"))?;
+        let status = response.status();
+        let mut body = response.into_body();
+        let mut first: Option<Instant> = None;
+        let mut last = start;
+        let mut gaps = Vec::new();
+        let mut tail: Vec<u8> = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| format!("body failed: {e}"))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if data.is_empty() {
+                continue;
+            }
+            let now = Instant::now();
+            if first.is_none() {
+                first = Some(now);
+            } else {
+                gaps.push(now - last);
+            }
+            last = now;
+            // Keep the end of the body to check it (and small bodies whole for errors).
+            tail.extend_from_slice(&data);
+            if tail.len() > 4096 {
+                tail.drain(..tail.len() - 256);
+            }
+        }
+        let end = Instant::now();
+        if status != StatusCode::OK {
+            return Err(format!(
+                "status {status}: {}",
+                String::from_utf8_lossy(&tail[..tail.len().min(300)])
+            ));
+        }
+        if ep.stream && !contains(&tail, b"message_stop") {
+            return Err("stream ended without message_stop".to_owned());
+        }
+        Ok((end, first, gaps))
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
+        Ok(Ok((end, first, gaps))) => {
+            out.ok += 1;
+            out.latency.record(end - start);
+            if ep.stream {
+                if let Some(first) = first {
+                    out.ttft.record(first - start);
+                }
+                for g in gaps {
+                    out.gap.record(g);
+                }
+            }
+        }
+        Ok(Err(e)) => out.error(e),
+        Err(_) => out.error(format!("no complete answer within {REQUEST_TIMEOUT:?}")),
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// How long a closed-loop run goes on.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// Stop after this many requests (over all workers), if set.
+    pub requests: Option<u64>,
+    /// Stop starting new requests after this long.
+    pub duration: Duration,
+    /// Pause between a worker's requests (not measured).
+    pub pause: Duration,
+}
+
+/// `concurrency` workers sending back to back until `bounds` says stop.
+pub async fn closed_loop(
+    client: &HttpClient,
+    ep: &Endpoint,
+    concurrency: usize,
+    bounds: Bounds,
+) -> Outcome {
+    let issued = Arc::new(AtomicU64::new(0));
+    let begin = Instant::now();
+    let deadline = begin + bounds.duration;
+    let mut tasks = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency.max(1) {
+        let client = client.clone();
+        let ep = ep.clone();
+        let issued = issued.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Outcome::default();
+            loop {
+                if Instant::now() >= deadline {
+                    break;
+                }
+                let n = issued.fetch_add(1, Ordering::Relaxed);
+                if bounds.requests.is_some_and(|max| n >= max) {
+                    break;
+                }
+                one(&client, &ep, Instant::now(), &mut out).await;
+                if !bounds.pause.is_zero() {
+                    tokio::time::sleep(bounds.pause).await;
+                }
+            }
+            out
+        }));
+    }
+    let mut total = Outcome::default();
+    for t in tasks {
+        match t.await {
+            Ok(out) => total.merge(out),
+            Err(e) => total.error(format!("worker failed: {e}")),
+        }
+    }
+    total.elapsed = begin.elapsed();
+    total
+}
+
+/// Requests due at `rate` per second for `duration`, sent by up to `workers` at once,
+/// measured from their due time when they start late (see the module docs).
+pub async fn constant_rate(
+    client: &HttpClient,
+    ep: &Endpoint,
+    rate: f64,
+    duration: Duration,
+    workers: usize,
+) -> Outcome {
+    let total = (rate * duration.as_secs_f64()).ceil() as u64;
+    let next = Arc::new(AtomicU64::new(0));
+    let begin = Instant::now() + Duration::from_millis(5);
+    // Hard stop: the schedule plus the longest a request may take.
+    let hard_stop = begin + duration + REQUEST_TIMEOUT;
+    let mut tasks = Vec::with_capacity(workers);
+    for _ in 0..workers.max(1) {
+        let client = client.clone();
+        let ep = ep.clone();
+        let next = next.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Outcome::default();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total || Instant::now() >= hard_stop {
+                    break;
+                }
+                let due = begin + intended_offset(i, rate);
+                let start = if Instant::now() >= due {
+                    due
+                } else {
+                    tokio::time::sleep_until(due).await;
+                    Instant::now()
+                };
+                one(&client, &ep, start, &mut out).await;
+            }
+            out
+        }));
+    }
+    let mut out = Outcome::default();
+    for t in tasks {
+        match t.await {
+            Ok(o) => out.merge(o),
+            Err(e) => out.error(format!("worker failed: {e}")),
+        }
+    }
+    out.elapsed = begin.elapsed();
+    out
+}
+
+/// `GET uri` and the body as text, or `None` on any failure (within 5 s).
+pub async fn get_text(client: &HttpClient, uri: &Uri) -> Option<(StatusCode, String)> {
+    let request = Request::get(uri.clone())
+        .body(Full::new(Bytes::new()))
+        .ok()?;
+    let exchange = async {
+        let response = client.request(request).await.ok()?;
+        let status = response.status();
+        let body = response.into_body().collect().await.ok()?.to_bytes();
+        Some((status, String::from_utf8_lossy(&body).into_owned()))
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The sum of every sample of a Prometheus counter `name` (all label sets) in a
+/// `/metrics` text.
+pub fn counter_sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            // `name{…} v` or `name v`, not `name_suffix …`.
+            let value = if rest.starts_with('{') {
+                &rest[rest.find('}')? + 1..]
+            } else if rest.starts_with(' ') {
+                rest
+            } else {
+                return None;
+            };
+            value.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_summed_over_labels_only_for_the_exact_name() {
+        let text = "# HELP keypool_failovers_total Failovers.\n\
+                    # TYPE keypool_failovers_total counter\n\
+                    keypool_failovers_total{org=\"bench\",reason=\"rate_limit\"} 41\n\
+                    keypool_failovers_total{org=\"bench\",reason=\"overloaded\"} 1\n\
+                    keypool_failovers_total_extra 100\n\
+                    keypool_requests_total 7\n";
+        assert_eq!(counter_sum(text, "keypool_failovers_total"), 42.0);
+        assert_eq!(counter_sum(text, "keypool_requests_total"), 7.0);
+        assert_eq!(counter_sum(text, "nothing"), 0.0);
+    }
+
+    #[test]
+    fn contains_finds_the_stream_end() {
+        assert!(contains(
+            b"event: message_stop\ndata: {}\n\n",
+            b"message_stop"
+        ));
+        assert!(!contains(b"event: ping", b"message_stop"));
+    }
+
+    #[test]
+    fn outcome_merge_adds_and_keeps_five_errors() {
+        let mut a = Outcome {
+            ok: 2,
+            ..Outcome::default()
+        };
+        for i in 0..4 {
+            a.error(format!("a{i}"));
+        }
+        let mut b = Outcome {
+            ok: 3,
+            ..Outcome::default()
+        };
+        b.latency.record(Duration::from_micros(50));
+        b.error("b0".into());
+        b.error("b1".into());
+        a.merge(b);
+        assert_eq!((a.ok, a.errors), (5, 6));
+        assert_eq!(a.first_errors, ["a0", "a1", "a2", "a3", "b0"]);
+        assert_eq!(a.latency.len(), 1);
+    }
+}
