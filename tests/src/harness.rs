@@ -481,6 +481,19 @@ impl Harness {
         }
     }
 
+    /// Tells the proxy to shut down (stop accepting, drain what is in flight) without
+    /// waiting; [`Harness::finish`] waits for it.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Whether the proxy's server task has returned.
+    pub fn proxy_stopped(&self) -> bool {
+        self.server.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
     /// Stops the proxy (graceful drain) and the simulator, after checking that no LB key
     /// reached the upstream.
     ///

@@ -1,0 +1,123 @@
+//! The server around the request path, end to end: many requests at once, graceful
+//! drain, and a client going away while a hedge is in flight.
+
+// Test code may unwrap (helpers outside #[test] functions too).
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use keypool_sim::{Delay, OkSpec, Script};
+use keypool_tests::{AccountSpec, Harness, MODEL, message_body};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_streams_all_complete() {
+    let spec = OkSpec::default().chunks(8).chunk_interval(Delay::ms(5));
+    let h = Harness::builder()
+        .strategy("round_robin")
+        .server("snapshot_ttl_secs", "15")
+        .account(AccountSpec::new("a", Script::new(spec.clone())))
+        .account(AccountSpec::new("b", Script::new(spec.clone())))
+        .account(AccountSpec::new("c", Script::new(spec)))
+        .start()
+        .await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..60 {
+        let request = h.messages(&message_body(MODEL, i % 2 == 0));
+        tasks.spawn(async move { (i % 2 == 0, request.send().await) });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let (stream, r) = done.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        if stream {
+            assert_eq!(r.events().last().map(String::as_str), Some("message_stop"));
+        } else {
+            assert_eq!(r.json()["type"], "message");
+        }
+    }
+    assert_eq!(h.sim().total_stats().requests, 60);
+    assert_eq!(h.sim().total_stats().finished, 60);
+    assert_eq!(h.requests_per_account(&["a", "b", "c"]), [20, 20, 20]);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn shutdown_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
+    let spec = OkSpec::default().chunks(5).chunk_interval(Delay::ms(100));
+    let mut h = Harness::builder()
+        .server("shutdown_grace_secs", "5")
+        .account(AccountSpec::new("a", Script::new(spec)))
+        .start()
+        .await;
+    let mut stream = h
+        .messages(&message_body(MODEL, true))
+        .send_streaming()
+        .await;
+    assert_eq!(stream.status, 200);
+    let first = stream.next_frame().await.unwrap();
+    assert_eq!(first.event.as_deref(), Some("message_start"));
+    h.begin_shutdown();
+    let mut events = vec![first.event.unwrap()];
+    while let Some(frame) = stream.next_frame().await {
+        events.push(frame.event.unwrap_or_default());
+    }
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("message_stop"),
+        "{events:?}"
+    );
+    assert!(!events.iter().any(|e| e == "error"), "{events:?}");
+    // once drained, keypool is gone
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !h.proxy_stopped() {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("keypool stops after the drain");
+    assert!(
+        tokio::net::TcpStream::connect(h.base_url().trim_start_matches("http://"))
+            .await
+            .is_err(),
+        "keypool still accepts connections after shutdown"
+    );
+    assert_eq!(h.sim().stats("a").unwrap().finished, 1);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn client_going_away_during_a_hedge_cancels_both_attempts() {
+    let slow = Script::new(OkSpec::default().ttft(Delay::ms(30_000)));
+    let h = Harness::builder()
+        .strategy("hedge")
+        .server("first_frame_timeout_ms", "60000")
+        .server("upstream_timeout_secs", "60")
+        .account(
+            AccountSpec::new("p", Script::ok())
+                .url_label("p")
+                .priority(0),
+        )
+        .account(
+            AccountSpec::new("b", slow.clone())
+                .url_label("b")
+                .priority(1),
+        )
+        .start()
+        .await;
+    assert_eq!(h.send_stream().await.status, 200, "warm-up");
+    h.sim().set_script("p", slow).unwrap();
+    let request = h.messages(&message_body(MODEL, true)).send_streaming();
+    let waiting = tokio::spawn(request);
+    h.wait_until(
+        "primary and backup in flight",
+        Duration::from_secs(5),
+        |s| s.stats("p").unwrap().in_flight == 1 && s.stats("b").unwrap().in_flight == 1,
+    )
+    .await;
+    waiting.abort();
+    h.wait_until("both attempts cancelled", Duration::from_secs(5), |s| {
+        s.stats("p").unwrap().cancelled == 1 && s.stats("b").unwrap().cancelled == 1
+    })
+    .await;
+    h.finish().await;
+}
