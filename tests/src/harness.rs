@@ -489,9 +489,20 @@ impl Harness {
         }
     }
 
-    /// Whether the proxy's server task has returned.
-    pub fn proxy_stopped(&self) -> bool {
-        self.server.as_ref().is_none_or(JoinHandle::is_finished)
+    /// Waits (at most 10 s) until the proxy's server task returned after
+    /// [`Harness::begin_shutdown`].
+    ///
+    /// # Panics
+    /// When it does not return in time, panicked, or returned an error.
+    pub async fn wait_proxy_stopped(&mut self) {
+        if let Some(server) = self.server.take() {
+            let result = tokio::time::timeout(Duration::from_secs(10), server)
+                .await
+                .expect("keypool drains within 10 s");
+            result
+                .expect("keypool's server task did not panic")
+                .expect("keypool's server ended cleanly");
+        }
     }
 
     /// Stops the proxy (graceful drain) and the simulator, after checking that no LB key
@@ -501,17 +512,8 @@ impl Harness {
     /// When an LB key leaked, or the proxy's server task failed.
     pub async fn finish(mut self) {
         self.assert_no_lb_key_upstream();
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(server) = self.server.take() {
-            let result = tokio::time::timeout(Duration::from_secs(10), server)
-                .await
-                .expect("keypool drains within 10 s");
-            result
-                .expect("keypool's server task did not panic")
-                .expect("keypool's server ended cleanly");
-        }
+        self.begin_shutdown();
+        self.wait_proxy_stopped().await;
         if let Some(sim) = self.sim.take() {
             sim.shutdown().await;
         }

@@ -67,14 +67,7 @@ async fn shutdown_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
     );
     assert!(!events.iter().any(|e| e == "error"), "{events:?}");
     // once drained, keypool is gone
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while !h.proxy_stopped() {
-            tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("keypool stops after the drain");
+    h.wait_proxy_stopped().await;
     assert!(
         tokio::net::TcpStream::connect(h.base_url().trim_start_matches("http://"))
             .await
