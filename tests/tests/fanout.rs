@@ -256,3 +256,70 @@ async fn race_partner_is_the_account_with_another_base_url() {
     );
     h.finish().await;
 }
+
+#[tokio::test]
+async fn hedge_loser_is_credited_with_its_own_real_failure_only() {
+    let h = warmed_pair("hedge", "b").await;
+    // p fails for real at 400 ms (after the backup fired at 200 ms); b is slow but wins
+    h.sim()
+        .set_default(
+            "p",
+            Behaviour::StallBeforeHeaders(Duration::from_millis(400)),
+        )
+        .unwrap();
+    h.sim().set_default("b", slow_stream(1_000)).unwrap();
+    let r = h.send_stream().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(h.upstream_order(), ["p", "p", "b"]);
+    let (_, p_errors, _) = credit(&h, "p");
+    assert!(
+        p_errors.is_some_and(|e| e > 0.0),
+        "p's failure counts: {p_errors:?}"
+    );
+    let (b_ttft, b_errors, b_used) = credit(&h, "b");
+    assert!(
+        b_ttft.is_some_and(|t| t >= 900.0),
+        "b's own TTFT: {b_ttft:?}"
+    );
+    assert_eq!(b_errors, Some(0.0));
+    assert!(b_used.is_some());
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn hedge_primary_failing_before_the_delay_falls_over_to_the_partner_once() {
+    let h = warmed_pair("hedge", "b").await;
+    h.sim().set_default("p", Behaviour::status(529)).unwrap();
+    let r = h.send_stream().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        h.upstream_order(),
+        ["p", "p", "b"],
+        "b once, as the next attempt"
+    );
+    assert_eq!(
+        metric(&h, "keypool_hedge_backups_total{strategy=\"hedge\"}").await,
+        0
+    );
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn count_tokens_never_hedges() {
+    let h = warmed_pair("race", "b").await;
+    h.sim().set_default("p", slow_stream(300)).unwrap();
+    let r = h
+        .client()
+        .post(format!("{}/v1/messages/count_tokens", h.pool_base_url()))
+        .api_key(&h.key("alice"))
+        .json(&serde_json::json!({"model": keypool_tests::MODEL, "messages": []}))
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(h.sim().total_stats().requests, 2, "one upstream call");
+    assert_eq!(
+        metric(&h, "keypool_hedge_gate_total{reason=\"count_tokens\"}").await,
+        1
+    );
+    h.finish().await;
+}
