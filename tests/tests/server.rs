@@ -114,3 +114,33 @@ async fn client_going_away_during_a_hedge_cancels_both_attempts() {
     .await;
     h.finish().await;
 }
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_headers_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = Harness::builder()
+        .server("header_read_timeout_secs", "1")
+        .account(AccountSpec::new("a", Script::ok()))
+        .start()
+        .await;
+    let mut socket = tokio::net::TcpStream::connect(h.base_url().trim_start_matches("http://"))
+        .await
+        .unwrap();
+    socket
+        .write_all(b"POST /acme/team/v1/messages HTTP/1.1\r\nhost: keypool\r\n")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the connection is still open after 5 s");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(900), "cut after {took:?}");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "unexpected answer: {answer}"
+    );
+    assert_eq!(h.sim().total_stats().requests, 0);
+    h.finish().await;
+}
