@@ -72,7 +72,10 @@ fn body() -> serde_json::Value {
 /// Asserts a `401 authentication_error` and that nothing reached the upstream.
 fn assert_401(h: &Harness, reply: &Reply, case: &str) {
     let message = reply.assert_keypool_error(401, "authentication_error");
-    assert!(!message.contains("sk-lb-"), "{case}: the key is echoed: {message}");
+    assert!(
+        !message.contains("sk-lb-"),
+        "{case}: the key is echoed: {message}"
+    );
     assert_eq!(h.sim().total_stats().requests, 0, "{case}: upstream called");
 }
 

@@ -615,3 +615,20 @@ async fn the_body_decides_streaming_not_accept() {
     assert_eq!(r.json()["type"], "message");
     h.finish().await;
 }
+
+#[tokio::test]
+async fn a_cached_snapshot_still_honours_new_cooldowns_and_disabling() {
+    let h = Harness::builder()
+        .server("snapshot_ttl_secs", "15")
+        .account(AccountSpec::new("a", Script::ok().then(Behaviour::status(401))).priority(0))
+        .account(AccountSpec::new("b", Script::ok().then(Behaviour::status(529))).priority(1))
+        .account(AccountSpec::new("c", Script::ok()).priority(2))
+        .start()
+        .await;
+    // a disabled, b cooling, c serves; then c again (a and b out of rotation)
+    for _ in 0..3 {
+        assert_eq!(h.send_message().await.status, 200);
+    }
+    assert_eq!(h.upstream_order(), ["a", "b", "c", "c", "c"]);
+    h.finish().await;
+}
