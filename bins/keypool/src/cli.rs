@@ -1,4 +1,4 @@
-//! The commands: `serve`, `check-config`, `keygen`.
+//! The commands: `serve`, `check-config`, `keygen`, `demo`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -80,12 +80,48 @@ pub enum Command {
     /// (`sk-lb-…`, give it to the caller once; keypool never stores it) and the
     /// `sha256 = "…"` line to paste into a `[[keys]]` table of the config.
     Keygen,
+    /// A self-contained demo: six simulated accounts (fast, slow, flaky with 529s,
+    /// rate-limited with retry-after, one with an exhausted 5-hour window, one revoked),
+    /// keypool in front of them on 127.0.0.1 with an embedded config (memory state, no
+    /// file written), and traffic through it. Shows a live table on stderr, then a
+    /// summary: success rate, attempts per request, who served what, which accounts are
+    /// out of rotation and why, TTFT p50/p99.
+    Demo {
+        /// How long traffic runs (`20s`, `1500ms`, `2m`).
+        #[arg(long, default_value = "20s", value_parser = crate::demo::parse_duration)]
+        duration: std::time::Duration,
+        /// Requests per second (half of them streamed).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=2000))]
+        rps: u32,
+        /// The pool's strategy (round_robin, priority, weighted, rated, hedge, race,
+        /// reset_aware).
+        #[arg(long, default_value = "round_robin")]
+        strategy: keypool_core::Strategy,
+        /// Print the summary as JSON on stdout (the readable summary goes to stderr).
+        #[arg(long)]
+        json: bool,
+        /// Keep serving after the summary, until Ctrl-C, to look at the status page.
+        #[arg(long)]
+        keep_running: bool,
+    },
 }
 
-/// Installs the `tracing` subscriber on stderr.
-pub fn init_logging(format: LogFormat) {
+impl Command {
+    /// The log level when `RUST_LOG` is not set: `warn` for the demo (its table is the
+    /// output; one line per request would bury it), `info` otherwise.
+    pub fn default_log_level(&self) -> &'static str {
+        match self {
+            Command::Demo { .. } => "warn",
+            _ => "info",
+        }
+    }
+}
+
+/// Installs the `tracing` subscriber on stderr; `default_level` applies when `RUST_LOG`
+/// is not set.
+pub fn init_logging(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -110,6 +146,22 @@ pub fn execute(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(EXIT_OK))
         }
         Command::Serve { config } => serve(&config),
+        Command::Demo {
+            duration,
+            rps,
+            strategy,
+            json,
+            keep_running,
+        } => {
+            crate::demo::execute(&crate::demo::DemoOptions {
+                duration,
+                rps,
+                strategy,
+                json,
+                keep_running,
+            })?;
+            Ok(ExitCode::from(EXIT_OK))
+        }
     }
 }
 
@@ -173,7 +225,7 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot listen on {listen}"))?;
         let shutdown = signals::terminate_signal()?;
         let _reload = signals::spawn_reload_on_sighup(store.clone(), path.to_path_buf())?;
-        run(listener, App::new(store), shutdown).await?;
+        run(listener, App::new(store).with_config_path(path), shutdown).await?;
         Ok(ExitCode::from(EXIT_OK))
     })
 }

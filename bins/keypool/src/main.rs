@@ -3,6 +3,7 @@
 //! The server itself lives in `keypool-proxy`; this binary only wires things together.
 
 mod cli;
+mod demo;
 
 use std::process::ExitCode;
 
@@ -10,7 +11,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    cli::init_logging(cli.log_format);
+    cli::init_logging(cli.log_format, cli.command.default_log_level());
     match cli::execute(cli.command) {
         Ok(code) => code,
         Err(e) => {

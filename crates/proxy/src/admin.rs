@@ -1,24 +1,464 @@
-//! The place of the admin API and status page (`/admin/…`, SPEC 10; issue 8).
+//! The admin API and status page (`/admin/…`, SPEC 10). Routes and examples are in
+//! `docs/ADMIN.md`.
 //!
-//! Until it is built every `/admin` path answers the same Anthropic-shaped `404` as
-//! any unknown path. The router already sends `/admin` and everything below it here,
-//! with the store and metrics at hand through [`App`](crate::App).
+//! - Off entirely (the same `404` as any unknown path) when `admin.token` is not set.
+//! - Every JSON route wants `Authorization: Bearer <admin.token>`, compared in constant
+//!   time (both sides are hashed with SHA-256 first, so neither the length nor a prefix
+//!   of the token leaks through timing); anything else gets an Anthropic-shaped `401`.
+//! - `GET /admin/ui` is a self-contained HTML page (inline CSS and JS, no external
+//!   asset). It holds no data and needs no token to load: it asks for the token, keeps
+//!   it in the tab's `sessionStorage` and fetches `GET /admin/accounts` with it. A
+//!   token in the URL fragment (`/admin/ui#token=…`) is taken too and removed from the
+//!   address bar at once: a fragment is never sent to the server, so it never reaches a
+//!   log (a `?token=` query would).
+//!
+//! | route | |
+//! | --- | --- |
+//! | `GET /admin/accounts` | every org, its groups and accounts with live state |
+//! | `GET /admin/accounts/{id}` | one account |
+//! | `POST /admin/accounts/{id}/enable` | re-enables a disabled account |
+//! | `POST /admin/accounts/{id}/clear-cooldown` | ends an account's cooldown now |
+//! | `POST /admin/reload` | re-reads the config file (as `SIGHUP` does) |
+//! | `GET /admin/ui` | the status page |
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use http::Response;
+use http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE};
 use http::request::Parts;
+use http::{HeaderName, HeaderValue, Method, Response, StatusCode};
+use keypool_cooldown::headers::WindowUsage;
+use keypool_core::{AccountId, Strategy, UnixMs};
+use keypool_providers::ErrorType;
+use keypool_selector::Candidate;
+use keypool_store::config::{Account, Config, Org};
+use keypool_store::keys::hash_key;
+use keypool_store::{Store, StoreError, now_ms};
+use serde_json::{Value, json};
 
 use crate::App;
 use crate::body::ProxyBody;
 use crate::rescue::{Reject, rescue};
 
+/// The status page, served as is.
+const UI_HTML: &str = include_str!("admin/ui.html");
+
 /// Answers an `/admin…` request; `rest` is the path after `/admin`.
 pub(crate) async fn handle(
-    _app: &App,
-    _parts: &Parts,
+    app: &App,
+    parts: &Parts,
     _body: Bytes,
-    _rest: &str,
+    rest: &str,
     request_id: &str,
 ) -> Response<ProxyBody> {
-    rescue(&Reject::unknown_path(), request_id)
+    let config = app.store().config();
+    let Some(token) = config.admin().token.as_ref() else {
+        return rescue(&Reject::unknown_path(), request_id);
+    };
+    let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let method = &parts.method;
+    // The page itself carries no data; its fetches are authenticated.
+    if segments == ["ui"] {
+        return if method == Method::GET {
+            page()
+        } else {
+            rescue(&Reject::method_not_allowed(), request_id)
+        };
+    }
+    if !authorized(parts, token.expose()) {
+        return rescue(
+            &Reject::new(
+                StatusCode::UNAUTHORIZED,
+                ErrorType::Authentication,
+                "invalid admin token: send Authorization: Bearer <admin.token>",
+            ),
+            request_id,
+        );
+    }
+    let store = app.store();
+    let now = now_ms();
+    let get = method == Method::GET;
+    let post = method == Method::POST;
+    match segments.as_slice() {
+        ["accounts"] if get => json_response(StatusCode::OK, &overview(app, &config, now)),
+        ["accounts", id] if get => match config.account(id) {
+            Some(account) => {
+                let view = AccountViews::new(app, &config, now);
+                json_response(StatusCode::OK, &view.account(account, None))
+            }
+            None => unknown_account(id, request_id),
+        },
+        ["accounts", id, "enable"] if post => match config.account(id) {
+            Some(account) => {
+                let was = store.reenable(account.id());
+                tracing::info!(account = %account.id(), was_disabled = was.is_some(), "admin: account re-enabled");
+                json_response(
+                    StatusCode::OK,
+                    &json!({
+                        "account": account.id().as_str(),
+                        "was_disabled": was.map(|d| json!({"reason": d.reason, "at": d.at})),
+                    }),
+                )
+            }
+            None => unknown_account(id, request_id),
+        },
+        ["accounts", id, "clear-cooldown"] if post => match config.account(id) {
+            Some(account) => {
+                let entry = store
+                    .health()
+                    .cooldowns
+                    .entry(account.id())
+                    .filter(|e| e.until > now);
+                store.clear_cooldown(account.id());
+                tracing::info!(account = %account.id(), had_cooldown = entry.is_some(), "admin: cooldown cleared");
+                json_response(
+                    StatusCode::OK,
+                    &json!({
+                        "account": account.id().as_str(),
+                        "cleared": entry.map(|e| json!({"until": e.until, "trigger": e.trigger.as_str()})),
+                    }),
+                )
+            }
+            None => unknown_account(id, request_id),
+        },
+        ["reload"] if post => reload(app, store, request_id),
+        ["accounts"]
+        | ["accounts", _]
+        | ["accounts", _, "enable" | "clear-cooldown"]
+        | ["reload"] => rescue(&Reject::method_not_allowed(), request_id),
+        _ => rescue(&Reject::unknown_path(), request_id),
+    }
+}
+
+/// Whether the request carries `Authorization: Bearer <token>`, compared in constant
+/// time over the SHA-256 of both sides.
+fn authorized(parts: &Parts, token: &str) -> bool {
+    let Some(presented) = parts
+        .headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+    else {
+        return false;
+    };
+    constant_time_eq(
+        hash_key(presented.trim()).as_bytes(),
+        hash_key(token).as_bytes(),
+    )
+}
+
+/// Compares two equal-length digests without an early exit.
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+fn unknown_account(id: &str, request_id: &str) -> Response<ProxyBody> {
+    rescue(
+        &Reject::new(
+            StatusCode::NOT_FOUND,
+            ErrorType::NotFound,
+            format!("no account {id:?} in the configuration"),
+        ),
+        request_id,
+    )
+}
+
+fn reload(app: &App, store: &Store, request_id: &str) -> Response<ProxyBody> {
+    let Some(path) = app.config_path() else {
+        return rescue(
+            &Reject::new(
+                StatusCode::CONFLICT,
+                ErrorType::InvalidRequest,
+                "this keypool was started without a config file (embedded config): nothing to reload",
+            ),
+            request_id,
+        );
+    };
+    match store.reload(path) {
+        Ok(()) => {
+            let config = store.config();
+            tracing::info!(path = %path.display(), "admin: configuration reloaded");
+            json_response(
+                StatusCode::OK,
+                &json!({
+                    "reloaded": true,
+                    "path": path.display().to_string(),
+                    "orgs": config.orgs().count(),
+                    "accounts": config.accounts().count(),
+                    "keys": config.keys().count(),
+                }),
+            )
+        }
+        Err(e) => {
+            let problems: Vec<String> = match &e {
+                StoreError::InvalidConfig { errors, .. } => {
+                    errors.issues().iter().map(ToString::to_string).collect()
+                }
+                other => vec![other.to_string()],
+            };
+            tracing::warn!(path = %path.display(), problems = problems.len(), "admin: reload refused; the old configuration keeps serving");
+            json_response(
+                StatusCode::BAD_REQUEST,
+                &json!({
+                    "type": "error",
+                    "error": {
+                        "type": "invalid_request_error",
+                        "message": "the config file is invalid; the old configuration keeps serving",
+                    },
+                    "problems": problems,
+                    "request_id": request_id,
+                }),
+            )
+        }
+    }
+}
+
+/// `GET /admin/accounts`: every org with its groups (and the accounts of no group).
+fn overview(app: &App, config: &Config, now: UnixMs) -> Value {
+    let views = AccountViews::new(app, config, now);
+    let backend = app.store().backend_status();
+    let mut all: Vec<_> = config.orgs().collect();
+    all.sort_by(|a, b| a.slug().cmp(b.slug()));
+    let orgs: Vec<Value> = all
+        .into_iter()
+        .map(|org| {
+            let mut grouped = BTreeSet::new();
+            let mut groups: Vec<Value> = Vec::new();
+            for id in org_groups(org) {
+                if let Some(group) = org.group(&id) {
+                    grouped.extend(group.accounts().iter().cloned());
+                    groups.push(views.pool(Some(group.id()), group.strategy(), group.accounts()));
+                }
+            }
+            let rest: Vec<AccountId> = org
+                .accounts()
+                .iter()
+                .filter(|a| !grouped.contains(*a))
+                .cloned()
+                .collect();
+            if !rest.is_empty() || groups.is_empty() {
+                groups.push(views.pool(None, Strategy::default(), &rest));
+            }
+            json!({
+                "slug": org.slug(),
+                "suspended": org.suspended(),
+                "groups": groups,
+            })
+        })
+        .collect();
+    json!({
+        "now": now,
+        "backend": match backend.kind {
+            keypool_store::BackendKind::Memory => "memory",
+            keypool_store::BackendKind::StateFile(_) => "state_file",
+            keypool_store::BackendKind::Redis => "redis",
+        },
+        "redis_ready": backend.redis_ready,
+        "orgs": orgs,
+    })
+}
+
+/// The ids of `org`'s groups that a URL config serves, sorted (a group no URL config
+/// names receives no traffic).
+fn org_groups(org: &Org) -> Vec<String> {
+    let ids: BTreeSet<String> = org
+        .urls()
+        .filter_map(|u| u.group().map(str::to_owned))
+        .collect();
+    ids.into_iter().collect()
+}
+
+/// Reads the live state of accounts at one instant.
+struct AccountViews<'a> {
+    app: &'a App,
+    config: &'a Config,
+    now: UnixMs,
+    last_used: BTreeMap<AccountId, UnixMs>,
+    samples: BTreeMap<AccountId, usize>,
+}
+
+impl<'a> AccountViews<'a> {
+    fn new(app: &'a App, config: &'a Config, now: UnixMs) -> Self {
+        let export = app.store().export_state(now);
+        let samples = export
+            .rating
+            .accounts
+            .iter()
+            .map(|a| (a.id.clone(), a.recent_ttft.len()))
+            .collect();
+        Self {
+            app,
+            config,
+            now,
+            last_used: export.last_used,
+            samples,
+        }
+    }
+
+    /// One pool (a group, or the org's accounts of no group): rating scores are relative
+    /// to the pool, as the `rated` strategy computes them.
+    fn pool(&self, id: Option<&str>, strategy: Strategy, ids: &[AccountId]) -> Value {
+        let accounts: Vec<&std::sync::Arc<Account>> = ids
+            .iter()
+            .filter_map(|id| self.config.account(id.as_str()))
+            .collect();
+        let candidates: Vec<Candidate> = accounts
+            .iter()
+            .map(|a| {
+                let mut c = Candidate::new(a.id().clone(), a.provider(), a.auth());
+                c.base_url = a.base_url().map(std::sync::Arc::from);
+                c.priority = a.priority();
+                c.weight = a.weight().get();
+                c.last_used = self.last_used.get(a.id()).copied().unwrap_or(0);
+                c
+            })
+            .collect();
+        let scores = self.app.store().rating().scores(&candidates, self.now);
+        let rows: Vec<Value> = accounts
+            .iter()
+            .enumerate()
+            .map(|(i, a)| self.account(a, scores.get(i).copied()))
+            .collect();
+        json!({
+            "id": id,
+            "strategy": strategy.as_str(),
+            "accounts": rows,
+        })
+    }
+
+    /// One account's live state.
+    fn account(&self, account: &Account, score: Option<f64>) -> Value {
+        let store = self.app.store();
+        let health = store.health();
+        let id = account.id();
+        let now = self.now;
+        let disabled = health.disabled.get(id);
+        let cooldown = health.cooldowns.entry(id).filter(|e| e.until > now);
+        let out = store.out_of_window(id, now);
+        let windows = health.windows.state(id);
+        let state = if !account.active() {
+            "inactive"
+        } else if disabled.is_some() {
+            "disabled"
+        } else if out.is_some() {
+            "out_of_window"
+        } else if cooldown.is_some() {
+            "cooling"
+        } else {
+            "active"
+        };
+        let rating = store.rating().rating(id, now);
+        let window = |w: &WindowUsage| {
+            (!w.is_empty()).then(|| {
+                json!({
+                    "utilization": w.utilization,
+                    "reset": w.reset,
+                    "status": w.status.map(|s| s.as_str()),
+                })
+            })
+        };
+        json!({
+            "id": id.as_str(),
+            "org": account.org(),
+            "provider": account.provider().as_str(),
+            "auth": account.auth().as_str(),
+            "priority": account.priority(),
+            "weight": account.weight().get(),
+            "state": state,
+            "active_in_config": account.active(),
+            "disabled": disabled.map(|d| json!({"reason": d.reason, "at": d.at})),
+            "cooldown": cooldown.map(|e| json!({
+                "until": e.until,
+                "remaining_ms": e.until.saturating_sub(now),
+                "trigger": e.trigger.as_str(),
+                "set_at": e.set_at,
+                "backoff_level": e.backoff_level,
+                "consecutive_failures": e.consecutive_failures,
+            })),
+            "windows": {
+                "five_hour": windows.as_ref().and_then(|w| window(&w.info.five_hour)),
+                "weekly": windows.as_ref().and_then(|w| window(&w.info.seven_day)),
+                "unified_status": windows.as_ref().and_then(|w| w.info.unified_status.map(|s| s.as_str())),
+                "unified_reset": windows.as_ref().and_then(|w| w.info.unified_reset),
+                "requests_remaining": windows.as_ref().and_then(|w| w.info.requests_remaining),
+                "updated_at": windows.as_ref().map(|w| w.updated_at),
+                "out_of_window": out.map(|o| json!({"limit": o.limit.as_str(), "until": o.until})),
+            },
+            "rating": {
+                "score": score.filter(|s| s.is_finite()),
+                "samples": self.samples.get(id).copied().unwrap_or(0),
+                "ttft_ms": rating.ttft_ms,
+                "total_ms": rating.total_ms,
+                "error_rate": rating.error_rate,
+                "p90_ttft_ms": store.rating().p90_ttft_ms(id, now),
+            },
+            "in_flight": self.app.metrics().in_flight(id),
+            "last_used": self.last_used.get(id).copied().filter(|&t| t > 0),
+        })
+    }
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(value.to_string()));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// The status page with headers that keep it self-contained and out of frames.
+fn page() -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(UI_HTML));
+    let headers = response.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(
+        HeaderName::from_static("content-security-policy"),
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+             connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; \
+             frame-ancestors 'none'",
+        ),
+    );
+    headers.insert(
+        HeaderName::from_static("referrer-policy"),
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(
+        HeaderName::from_static("x-frame-options"),
+        HeaderValue::from_static("DENY"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_comparison() {
+        let a = hash_key("secret-token");
+        let b = hash_key("secret-token");
+        let c = hash_key("secret-tokem");
+        assert!(constant_time_eq(a.as_bytes(), b.as_bytes()));
+        assert!(!constant_time_eq(a.as_bytes(), c.as_bytes()));
+    }
+
+    #[test]
+    fn the_page_is_self_contained() {
+        assert!(UI_HTML.starts_with("<!doctype html>"));
+        // No external asset: every URL the page fetches is its own API.
+        for needle in ["http://", "https://", "src=\"//", "<link"] {
+            assert!(!UI_HTML.contains(needle), "the page references {needle}");
+        }
+        assert!(UI_HTML.contains("/admin/accounts"));
+    }
 }

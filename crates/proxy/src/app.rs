@@ -42,6 +42,8 @@ struct Inner {
     ids: AtomicU64,
     seed: u64,
     unresolved: Arc<str>,
+    /// The file `POST /admin/reload` re-reads (none for an embedded config).
+    config_path: std::sync::OnceLock<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for App {
@@ -75,8 +77,25 @@ impl App {
                 ids: AtomicU64::new(0),
                 seed,
                 unresolved: Arc::from(UNRESOLVED),
+                config_path: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Names the config file `POST /admin/reload` re-reads (as `SIGHUP` does). Without
+    /// it (an embedded config, e.g. `keypool demo`) the reload route answers `409`. Only
+    /// the first path set is kept.
+    pub fn with_config_path(self, path: impl Into<std::path::PathBuf>) -> Self {
+        let _ = self.inner.config_path.set(path.into());
+        self
+    }
+
+    /// The config file set by [`App::with_config_path`].
+    pub fn config_path(&self) -> Option<&std::path::Path> {
+        self.inner
+            .config_path
+            .get()
+            .map(std::path::PathBuf::as_path)
     }
 
     /// The store (configuration, runtime state).

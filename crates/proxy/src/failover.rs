@@ -33,7 +33,7 @@ use crate::body::{ProxyBody, StreamBody, StreamEnd, StreamFinish};
 use crate::ceiling::AttemptCeiling;
 use crate::headers::copy_safe_response_headers;
 use crate::log::RequestLog;
-use crate::metrics::FanOutRole;
+use crate::metrics::{FanOutRole, InFlight};
 use crate::rescue::{Reject, json_error, rescue};
 
 type AttemptFuture<'a> = Pin<Box<dyn Future<Output = Result<Ready, Failure>> + Send + 'a>>;
@@ -45,6 +45,8 @@ struct Slot<'a> {
     started_at: UnixMs,
     role: FanOutRole,
     first_chunk: Arc<AtomicBool>,
+    /// Counts the attempt in the account's in-flight gauge while the slot lives.
+    in_flight: InFlight,
 }
 
 // Short-lived, on the stack of one request: boxing the result would cost an allocation
@@ -107,12 +109,14 @@ pub(crate) async fn serve<'c>(
 
     let start = |slot: &mut Option<Slot<'c>>, index: usize, role, account: Arc<Account>| {
         let first_chunk = Arc::new(AtomicBool::new(false));
+        let in_flight = app.metrics().start_in_flight(account.id());
         *slot = Some(Slot {
             future: Box::pin(attempt(call, account, first_chunk.clone())),
             index,
             started_at: now_ms(),
             role,
             first_chunk,
+            in_flight,
         });
     };
     let account_of = |c: &Candidate| call.config.account(c.id.as_str()).cloned();
@@ -246,6 +250,7 @@ pub(crate) async fn serve<'c>(
                             snapshot.len(),
                             ready,
                             log,
+                            slot.in_flight,
                         );
                     }
                     Err(failure) => {
@@ -372,6 +377,7 @@ fn commit(
     snapshot_len: usize,
     ready: Ready,
     log: &mut Option<RequestLog>,
+    in_flight: InFlight,
 ) -> Response<ProxyBody> {
     let app = call.app;
     let account = ready.account.id().clone();
@@ -437,6 +443,7 @@ fn commit(
                 snapshot_len,
                 ttft_ms: ready.ttft_ms,
                 log: log.take(),
+                _in_flight: in_flight,
             };
             let idle = Duration::from_millis(call.config.server().stream_idle_timeout_ms);
             let stream =
@@ -460,6 +467,8 @@ struct StreamCompletion {
     snapshot_len: usize,
     ttft_ms: u64,
     log: Option<RequestLog>,
+    /// The account's in-flight count lasts until the stream ends.
+    _in_flight: InFlight,
 }
 
 impl StreamFinish for StreamCompletion {

@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use dashmap::DashMap;
 use keypool_cooldown::Classification;
@@ -110,6 +110,18 @@ pub struct Metrics {
     stream_failures: AtomicU64,
     ttft: DashMap<AccountId, Histogram<12>>,
     total: DashMap<AccountId, Histogram<12>>,
+    in_flight: DashMap<AccountId, Arc<AtomicI64>>,
+}
+
+/// One attempt (or committed stream) in flight on an account: counted in
+/// [`Metrics::in_flight`] from [`Metrics::start_in_flight`] until it is dropped.
+#[derive(Debug)]
+pub struct InFlight(Arc<AtomicI64>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Metrics {
@@ -183,6 +195,51 @@ impl Metrics {
     /// Total latency of a served attempt.
     pub fn total(&self, account: &AccountId, ms: u64) {
         observe_account(&self.total, account, ms);
+    }
+
+    /// Requests `account` served (attempts that reached their commit point).
+    pub fn served(&self, account: &AccountId) -> u64 {
+        self.ttft
+            .get(account)
+            .map_or(0, |h| h.count.load(Ordering::Relaxed))
+    }
+
+    /// `(requests, attempts)`: requests counted so far in the attempts histogram and the
+    /// upstream attempts they made.
+    pub fn attempt_totals(&self) -> (u64, u64) {
+        (
+            self.attempts.count.load(Ordering::Relaxed),
+            self.attempts.sum_milli.load(Ordering::Relaxed) / 1000,
+        )
+    }
+
+    /// Failed attempts so far, by `(class, trigger)`, sorted.
+    pub fn failover_counts(&self) -> Vec<((&'static str, &'static str), u64)> {
+        let mut rows: Vec<_> = self
+            .failovers
+            .iter()
+            .map(|e| (*e.key(), e.value().load(Ordering::Relaxed)))
+            .collect();
+        rows.sort();
+        rows
+    }
+
+    /// Counts one attempt in flight on `account` until the returned guard is dropped
+    /// (an attempt that wins a streaming answer hands its guard to the stream).
+    pub fn start_in_flight(&self, account: &AccountId) -> InFlight {
+        let counter = match self.in_flight.get(account) {
+            Some(c) => c.clone(),
+            None => self.in_flight.entry(account.clone()).or_default().clone(),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        InFlight(counter)
+    }
+
+    /// Attempts and committed streams in flight on `account` now.
+    pub fn in_flight(&self, account: &AccountId) -> u64 {
+        self.in_flight
+            .get(account)
+            .map_or(0, |c| c.load(Ordering::Relaxed).max(0) as u64)
     }
 
     /// The Prometheus text exposition, with gauges read from `store` at `now`.
@@ -285,6 +342,8 @@ impl Metrics {
         let mut cooling = 0;
         let mut disabled = 0;
         let mut per_account = String::new();
+        let mut in_flight = String::new();
+        let mut states = String::new();
         let mut ids: Vec<&AccountId> = config.accounts().map(|a| a.id()).collect();
         ids.sort();
         for id in ids {
@@ -299,6 +358,18 @@ impl Metrics {
                 escape(id.as_str()),
                 until.map_or(0.0, |u| u.saturating_sub(now) as f64 / 1000.0)
             );
+            let _ = writeln!(
+                in_flight,
+                "keypool_account_in_flight{{account=\"{}\"}} {}",
+                escape(id.as_str()),
+                self.in_flight(id)
+            );
+            let _ = writeln!(
+                states,
+                "keypool_account_disabled{{account=\"{}\"}} {}",
+                escape(id.as_str()),
+                u8::from(off)
+            );
         }
         let _ = writeln!(
             out,
@@ -310,6 +381,10 @@ impl Metrics {
         );
         out.push_str("# HELP keypool_account_cooldown_seconds Seconds until each account's cooldown ends (0 when not cooling).\n# TYPE keypool_account_cooldown_seconds gauge\n");
         out.push_str(&per_account);
+        out.push_str("# HELP keypool_account_disabled Whether each account is out of rotation (1: inactive in the file or disabled at runtime).\n# TYPE keypool_account_disabled gauge\n");
+        out.push_str(&states);
+        out.push_str("# HELP keypool_account_in_flight Upstream attempts and committed streams in flight, by account.\n# TYPE keypool_account_in_flight gauge\n");
+        out.push_str(&in_flight);
 
         let backend = store.backend_status();
         if let Some(ready) = backend.redis_ready {

@@ -1,0 +1,573 @@
+//! `keypool demo`: one process, no config file, no Redis, nothing beyond 127.0.0.1.
+//!
+//! It starts `keypool-sim` with six accounts of distinct characters ([`pool`]), serves
+//! the proxy on an embedded configuration (memory state only), drives mixed streaming
+//! and non-streaming traffic ([`traffic`]) while a table shows what happens, and prints
+//! a summary built from keypool's own books (metrics, cooldowns, disabled accounts,
+//! windows) and the simulator's counters.
+
+mod pool;
+mod traffic;
+
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use keypool_core::{AccountId, Strategy, UnixMs};
+use keypool_proxy::{App, run};
+use keypool_sim::{Sim, SimHandle};
+use keypool_store::config::Config;
+use keypool_store::{Store, now_ms};
+use rand::SeedableRng;
+use serde_json::json;
+
+use self::pool::{ACCOUNTS, ORG, URL};
+use self::traffic::{Traffic, quantile};
+
+/// What `keypool demo` was asked to do.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// How long traffic runs.
+    pub duration: Duration,
+    /// Requests per second.
+    pub rps: u32,
+    /// The pool's strategy.
+    pub strategy: Strategy,
+    /// Print the summary as JSON on stdout (the human summary goes to stderr).
+    pub json: bool,
+    /// Keep serving after the summary until Ctrl-C (to look at `/admin/ui`).
+    pub keep_running: bool,
+}
+
+/// Parses `20`, `20s`, `1500ms`, `2m` into a duration.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let (number, unit) = match t.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration: write e.g. 20s, 1500ms or 2m"))?;
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("{text:?}: the unit must be ms, s or m")),
+    };
+    if !(secs > 0.0 && secs <= 24.0 * 3600.0) {
+        return Err(format!(
+            "{text:?}: the duration must be above 0 and at most 24 h"
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Runs the demo; the summary goes to stdout, the live table to stderr.
+pub fn execute(options: &DemoOptions) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    runtime.block_on(demo(options))
+}
+
+/// Everything the demo started.
+struct Running {
+    sim: SimHandle,
+    app: App,
+    base_url: String,
+    key: String,
+    admin_token: String,
+}
+
+async fn start(
+    options: &DemoOptions,
+) -> anyhow::Result<(
+    Running,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), keypool_proxy::ProxyError>>,
+)> {
+    let now_s = now_ms() / 1000;
+    let sim = Sim::start(pool::sim_config(now_s))
+        .await
+        .context("cannot start the simulated upstream on 127.0.0.1")?;
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    let key = keypool_store::keys::generate_lb_key(&mut rng);
+    let admin_token = keypool_store::keys::generate_lb_key(&mut rng)
+        .key
+        .replacen("sk-lb-", "admin-", 1);
+    let toml = pool::config_toml(
+        &sim.base_url(),
+        options.strategy,
+        &key.config_line(),
+        &admin_token,
+    );
+    let config = Config::from_toml_str(&toml, None, &|_| None)
+        .map_err(|e| anyhow::anyhow!("the demo's embedded configuration is invalid: {e}"))?;
+    let store = Store::open(config)
+        .await
+        .context("cannot open the in-memory state")?;
+    let app = App::new(store);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("cannot listen on 127.0.0.1")?;
+    let addr = listener
+        .local_addr()
+        .context("cannot read the listen address")?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(run(listener, app.clone(), async move {
+        let _ = stopped.await;
+    }));
+    Ok((
+        Running {
+            sim,
+            app,
+            base_url: format!("http://{addr}"),
+            key: key.key,
+            admin_token,
+        },
+        stop,
+        server,
+    ))
+}
+
+async fn demo(options: &DemoOptions) -> anyhow::Result<()> {
+    let (running, stop, server) = start(options).await?;
+    let traffic = Arc::new(Traffic::default());
+    let started = Instant::now();
+    let deadline = started + options.duration;
+    let url = format!("{}/{ORG}/{URL}/v1/messages", running.base_url);
+    let driver = tokio::spawn(traffic::drive(
+        url,
+        running.key.clone(),
+        options.rps,
+        deadline,
+        traffic.clone(),
+    ));
+    let tty = std::io::stderr().is_terminal();
+    let mut stderr = std::io::stderr();
+    let _ = writeln!(
+        stderr,
+        "keypool demo: {} simulated accounts, {} requests/s for {:.0?}, strategy {}\n",
+        ACCOUNTS.len(),
+        options.rps,
+        options.duration,
+        options.strategy.as_str()
+    );
+    let mut drawn_lines = 0usize;
+    let refresh = if tty {
+        Duration::from_millis(250)
+    } else {
+        Duration::from_secs(2)
+    };
+    let mut tick = tokio::time::interval(refresh);
+    tick.tick().await;
+    while !driver.is_finished() {
+        tick.tick().await;
+        let elapsed = started.elapsed().min(options.duration);
+        if tty {
+            let table = live_table(&running, &traffic, elapsed, options.duration);
+            if drawn_lines > 0 {
+                let _ = write!(stderr, "\x1b[{drawn_lines}A\x1b[J");
+            }
+            drawn_lines = table.lines().count();
+            let _ = write!(stderr, "{table}");
+        } else {
+            let _ = writeln!(stderr, "{}", progress_line(&running, &traffic, elapsed));
+        }
+        let _ = stderr.flush();
+    }
+    driver.await.context("the traffic driver failed")?;
+    let report = Report::gather(&running, &traffic, started.elapsed(), options);
+    if options.json {
+        let _ = writeln!(stderr, "\n{}", report.human());
+        println!("{}", report.json());
+    } else {
+        println!("\n{}", report.human());
+    }
+    if options.keep_running {
+        eprintln!(
+            "\nkeypool keeps serving at {} (status page: {}/admin/ui#token={}); Ctrl-C stops it.",
+            running.base_url, running.base_url, running.admin_token
+        );
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    let _ = stop.send(());
+    let _ = server.await;
+    running.sim.shutdown().await;
+    Ok(())
+}
+
+/// An account's state in keypool's books at `now`, with the reason.
+fn account_state(store: &Store, id: &AccountId, now: UnixMs) -> (&'static str, String) {
+    let health = store.health();
+    if let Some(d) = health.disabled.get(id) {
+        return ("disabled", d.reason);
+    }
+    if let Some(out) = store.out_of_window(id, now) {
+        return (
+            "out_of_window",
+            format!(
+                "{} window, back in {}",
+                out.limit.as_str(),
+                human_duration(out.until.saturating_sub(now))
+            ),
+        );
+    }
+    if let Some(e) = health.cooldowns.entry(id).filter(|e| e.until > now) {
+        return (
+            "cooling",
+            format!(
+                "{} more ({})",
+                human_duration(e.until - now),
+                e.trigger.as_str()
+            ),
+        );
+    }
+    ("active", String::new())
+}
+
+fn human_duration(ms: u64) -> String {
+    let s = ms.div_ceil(1000);
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m {:02}s", s / 60, s % 60),
+        _ => format!("{}h {:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+fn progress_line(running: &Running, traffic: &Traffic, elapsed: Duration) -> String {
+    let metrics = running.app.metrics();
+    let (_, attempts) = metrics.attempt_totals();
+    let failovers: u64 = metrics.failover_counts().iter().map(|(_, n)| n).sum();
+    let mut line = format!(
+        "[{:>5.1}s] requests {} ok {} failovers {} attempts {} |",
+        elapsed.as_secs_f64(),
+        traffic.sent.load(Ordering::Relaxed),
+        traffic.ok.load(Ordering::Relaxed),
+        failovers,
+        attempts
+    );
+    let now = now_ms();
+    for a in &ACCOUNTS {
+        let id = AccountId::from(a.id);
+        let (state, _) = account_state(running.app.store(), &id, now);
+        let _ = write!(line, " {}={}({})", a.id, metrics.served(&id), state);
+    }
+    line
+}
+
+fn live_table(running: &Running, traffic: &Traffic, elapsed: Duration, total: Duration) -> String {
+    let metrics = running.app.metrics();
+    let sent = traffic.sent.load(Ordering::Relaxed);
+    let ok = traffic.ok.load(Ordering::Relaxed);
+    let done = traffic.done.load(Ordering::Relaxed);
+    let failovers: u64 = metrics.failover_counts().iter().map(|(_, n)| n).sum();
+    let width = 30usize;
+    let filled = ((elapsed.as_secs_f64() / total.as_secs_f64()) * width as f64) as usize;
+    let mut t = format!(
+        "[{}{}] {:>5.1}s / {:.0}s   requests {sent}   ok {ok} ({:.1} %)   failovers {failovers}   in flight {}\n\n",
+        "#".repeat(filled.min(width)),
+        "-".repeat(width - filled.min(width)),
+        elapsed.as_secs_f64(),
+        total.as_secs_f64(),
+        if done == 0 {
+            100.0
+        } else {
+            ok as f64 * 100.0 / done as f64
+        },
+        traffic.in_flight(),
+    );
+    let _ = writeln!(
+        t,
+        "  {:<10} {:<38} {:>6} {:>6} {:>6}  state",
+        "account", "character", "served", "share", "calls"
+    );
+    let now = now_ms();
+    let served_total: u64 = ACCOUNTS
+        .iter()
+        .map(|a| metrics.served(&AccountId::from(a.id)))
+        .sum();
+    for a in &ACCOUNTS {
+        let id = AccountId::from(a.id);
+        let served = metrics.served(&id);
+        let calls = running.sim.stats(a.id).map_or(0, |s| s.requests);
+        let (state, why) = account_state(running.app.store(), &id, now);
+        let colour = match state {
+            "active" => "\x1b[32m",
+            "cooling" => "\x1b[33m",
+            "out_of_window" => "\x1b[35m",
+            _ => "\x1b[31m",
+        };
+        let _ = writeln!(
+            t,
+            "  {:<10} {:<38} {:>6} {:>5.1}% {:>6}  {colour}{state}\x1b[0m {why}",
+            a.id,
+            a.character,
+            served,
+            if served_total == 0 {
+                0.0
+            } else {
+                served as f64 * 100.0 / served_total as f64
+            },
+            calls,
+        );
+    }
+    t
+}
+
+/// The facts of the summary.
+struct Report {
+    elapsed: Duration,
+    rps: u32,
+    requests: u64,
+    succeeded: u64,
+    statuses: Vec<(u16, u64)>,
+    streamed: u64,
+    attempts: u64,
+    failovers: Vec<((&'static str, &'static str), u64)>,
+    ttft_p50: Option<Duration>,
+    ttft_p99: Option<Duration>,
+    accounts: Vec<AccountFacts>,
+    base_url: String,
+    key: String,
+    admin_url: String,
+}
+
+struct AccountFacts {
+    id: &'static str,
+    character: &'static str,
+    served: u64,
+    calls: u64,
+    /// Upstream calls that started after another call of the account had been answered:
+    /// `requests - peak_in_flight` (zero exactly when every call overlapped the first).
+    calls_after_first_answer: u64,
+    state: &'static str,
+    why: String,
+}
+
+impl Report {
+    fn gather(
+        running: &Running,
+        traffic: &Traffic,
+        elapsed: Duration,
+        options: &DemoOptions,
+    ) -> Self {
+        let metrics = running.app.metrics();
+        let outcomes = traffic.outcomes();
+        let mut statuses = std::collections::BTreeMap::new();
+        for o in &outcomes {
+            *statuses.entry(o.status).or_insert(0u64) += 1;
+        }
+        let mut ttfts: Vec<Duration> = outcomes.iter().filter_map(|o| o.ttft).collect();
+        let now = now_ms();
+        let accounts = ACCOUNTS
+            .iter()
+            .map(|a| {
+                let id = AccountId::from(a.id);
+                let stats = running.sim.stats(a.id).unwrap_or_default();
+                let (state, why) = account_state(running.app.store(), &id, now);
+                AccountFacts {
+                    id: a.id,
+                    character: a.character,
+                    served: metrics.served(&id),
+                    calls: stats.requests,
+                    calls_after_first_answer: stats.requests.saturating_sub(stats.peak_in_flight),
+                    state,
+                    why,
+                }
+            })
+            .collect();
+        Self {
+            elapsed,
+            rps: options.rps,
+            requests: outcomes.len() as u64,
+            succeeded: outcomes
+                .iter()
+                .filter(|o| (200..300).contains(&o.status))
+                .count() as u64,
+            statuses: statuses.into_iter().collect(),
+            streamed: outcomes.iter().filter(|o| o.stream).count() as u64,
+            attempts: metrics.attempt_totals().1,
+            failovers: metrics.failover_counts(),
+            ttft_p50: quantile(&mut ttfts, 0.5),
+            ttft_p99: quantile(&mut ttfts, 0.99),
+            accounts,
+            base_url: format!("{}/{ORG}/{URL}", running.base_url),
+            key: running.key.clone(),
+            admin_url: format!(
+                "{}/admin/ui#token={}",
+                running.base_url, running.admin_token
+            ),
+        }
+    }
+
+    fn success_rate(&self) -> f64 {
+        if self.requests == 0 {
+            0.0
+        } else {
+            self.succeeded as f64 * 100.0 / self.requests as f64
+        }
+    }
+
+    fn attempts_per_request(&self) -> f64 {
+        if self.requests == 0 {
+            0.0
+        } else {
+            self.attempts as f64 / self.requests as f64
+        }
+    }
+
+    fn human(&self) -> String {
+        let ms =
+            |d: Option<Duration>| d.map_or("-".to_owned(), |d| format!("{} ms", d.as_millis()));
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "Summary: {} requests in {:.1} s ({} per second asked), {} streamed",
+            self.requests,
+            self.elapsed.as_secs_f64(),
+            self.rps,
+            self.streamed
+        );
+        let others: Vec<String> = self
+            .statuses
+            .iter()
+            .filter(|(s, _)| !(200..300).contains(s))
+            .map(|(s, n)| {
+                if *s == 0 {
+                    format!("{n} without answer")
+                } else {
+                    format!("{n} answered {s}")
+                }
+            })
+            .collect();
+        let _ = writeln!(
+            t,
+            "  success rate        {:.1} % ({} of {}{})",
+            self.success_rate(),
+            self.succeeded,
+            self.requests,
+            if others.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", others.join(", "))
+            }
+        );
+        let failovers: Vec<String> = self
+            .failovers
+            .iter()
+            .map(|((class, trigger), n)| format!("{n} {trigger} ({class})"))
+            .collect();
+        let _ = writeln!(
+            t,
+            "  attempts/request    {:.2} ({} upstream attempts; failed over on {})",
+            self.attempts_per_request(),
+            self.attempts,
+            if failovers.is_empty() {
+                "nothing".to_owned()
+            } else {
+                failovers.join(", ")
+            }
+        );
+        let _ = writeln!(
+            t,
+            "  TTFT of streams     p50 {}, p99 {}",
+            ms(self.ttft_p50),
+            ms(self.ttft_p99)
+        );
+        let _ = writeln!(
+            t,
+            "\n  {:<10} {:<38} {:>6} {:>6}  state",
+            "account", "character", "served", "calls"
+        );
+        for a in &self.accounts {
+            let _ = writeln!(
+                t,
+                "  {:<10} {:<38} {:>6} {:>6}  {}{}",
+                a.id,
+                a.character,
+                a.served,
+                a.calls,
+                a.state,
+                if a.why.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", a.why)
+                }
+            );
+        }
+        let _ = writeln!(t, "\n  Why accounts are out of rotation:");
+        for a in self.accounts.iter().filter(|a| a.state != "active") {
+            let line = match a.state {
+                "disabled" => format!(
+                    "{} is disabled until an operator re-enables it ({})",
+                    a.id, a.why
+                ),
+                "out_of_window" => format!(
+                    "{} is out of its usage window ({}); called {} time(s), {} after its first answer",
+                    a.id, a.why, a.calls, a.calls_after_first_answer
+                ),
+                _ => format!("{} is cooling down: {}", a.id, a.why),
+            };
+            let _ = writeln!(t, "    - {line}");
+        }
+        let _ = writeln!(
+            t,
+            "\nPoint Claude Code or an Anthropic SDK at keypool with these two variables (this\n\
+             demo's values, alive with --keep-running; for your own keypool use its address,\n\
+             /{{org}}/{{custom_url}} and a key from `keypool keygen`):\n\n  \
+             ANTHROPIC_BASE_URL={}\n  ANTHROPIC_API_KEY={}",
+            self.base_url, self.key
+        );
+        t
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "requests": self.requests,
+            "succeeded": self.succeeded,
+            "success_rate": self.success_rate(),
+            "statuses": self.statuses.iter().map(|(s, n)| json!({"status": s, "count": n})).collect::<Vec<_>>(),
+            "streamed": self.streamed,
+            "attempts": self.attempts,
+            "attempts_per_request": self.attempts_per_request(),
+            "failovers": self.failovers.iter().map(|((c, t), n)| json!({"class": c, "trigger": t, "count": n})).collect::<Vec<_>>(),
+            "ttft_p50_ms": self.ttft_p50.map(|d| d.as_millis() as u64),
+            "ttft_p99_ms": self.ttft_p99.map(|d| d.as_millis() as u64),
+            "accounts": self.accounts.iter().map(|a| json!({
+                "id": a.id,
+                "character": a.character,
+                "served": a.served,
+                "upstream_calls": a.calls,
+                "calls_after_first_answer": a.calls_after_first_answer,
+                "state": a.state,
+                "reason": a.why,
+            })).collect::<Vec<_>>(),
+            "anthropic_base_url": self.base_url,
+            "admin_ui": self.admin_url,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("20"), Ok(Duration::from_secs(20)));
+        assert_eq!(parse_duration("3s"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5h").is_err());
+        assert_eq!(human_duration(59_001), "1m 00s");
+        assert_eq!(human_duration(3 * 3_600_000 + 17 * 60_000), "3h 17m");
+    }
+}
