@@ -632,3 +632,48 @@ async fn a_cached_snapshot_still_honours_new_cooldowns_and_disabling() {
     assert_eq!(h.upstream_order(), ["a", "b", "c", "c", "c"]);
     h.finish().await;
 }
+
+#[tokio::test]
+async fn a_non_streaming_body_that_breaks_after_the_head_fails_over() {
+    for cut in [keypool_sim::Cut::Reset, keypool_sim::Cut::Close] {
+        let h = Harness::with_accounts([
+            ("a", Script::new(Behaviour::cut_after(2, cut))),
+            ("b", Script::ok()),
+        ])
+        .await;
+        let r = h.send_message().await;
+        assert_eq!(r.status, 200, "{cut:?}: {}", r.text());
+        assert_eq!(r.json()["type"], "message");
+        assert_eq!(h.upstream_order(), ["a", "b"], "{cut:?}");
+        h.finish().await;
+    }
+}
+
+#[tokio::test]
+async fn a_non_streaming_body_that_stalls_after_the_head_fails_over_in_bounded_time() {
+    let h = Harness::builder()
+        .server("upstream_timeout_secs", "1")
+        .server("stream_idle_timeout_secs", "1")
+        .account(
+            AccountSpec::new(
+                "a",
+                Script::new(Behaviour::StallBeforeFirstFrame(Duration::from_secs(20))),
+            )
+            .priority(0),
+        )
+        .account(AccountSpec::new("b", Script::ok()).priority(1))
+        .start()
+        .await;
+    let started = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(10), h.send_message())
+        .await
+        .expect("keypool answers a stalled non-streaming body within 10 s");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(h.upstream_order(), ["a", "b"]);
+    h.finish().await;
+}

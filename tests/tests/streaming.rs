@@ -388,3 +388,30 @@ async fn client_disconnect_before_a_non_streaming_answer_cancels_the_upstream_re
     .await;
     h.finish().await;
 }
+
+#[tokio::test]
+async fn stream_bytes_are_forwarded_unchanged() {
+    let spec = OkSpec::default()
+        .chunks(500)
+        .text("byte-exact \u{e9}\u{1f600} ");
+    let h = Harness::with_accounts([("a", Script::new(spec))]).await;
+    let through_keypool = h.send_stream().await;
+    assert_eq!(through_keypool.status, 200);
+    // the same request straight to the simulator (its next message id is 1, not 0)
+    let direct = keypool_tests::Client::new()
+        .post(format!("{}/v1/messages", h.sim().base_url()))
+        .api_key(&keypool_tests::secret_of("a"))
+        .json(&message_body(MODEL, true))
+        .send()
+        .await;
+    assert_eq!(direct.status, 200);
+    let expected = direct
+        .text()
+        .replace(&sim_message_id(1), &sim_message_id(0));
+    assert_eq!(through_keypool.frames().len(), 506);
+    assert!(
+        through_keypool.body == expected.as_bytes(),
+        "the forwarded bytes differ from the upstream's"
+    );
+    h.finish().await;
+}
