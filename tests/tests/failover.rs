@@ -677,3 +677,26 @@ async fn a_non_streaming_body_that_stalls_after_the_head_fails_over_in_bounded_t
     assert_eq!(h.upstream_order(), ["a", "b"]);
     h.finish().await;
 }
+
+#[tokio::test]
+async fn a_non_streaming_answer_is_passed_through_byte_for_byte() {
+    let h = Harness::with_accounts([("a", Script::ok())]).await;
+    let through_keypool = h.send_message().await;
+    let direct = keypool_tests::Client::new()
+        .post(format!("{}/v1/messages", h.sim().base_url()))
+        .api_key(&keypool_tests::secret_of("a"))
+        .json(&message_body(MODEL, false))
+        .send()
+        .await;
+    assert_eq!(direct.status, 200);
+    let expected = direct
+        .text()
+        .replace("msg_sim00000000000000000001", "msg_sim00000000000000000000");
+    assert_eq!(through_keypool.status, 200);
+    assert_eq!(through_keypool.body, expected.as_bytes());
+    assert_eq!(
+        through_keypool.header("content-type"),
+        direct.header("content-type")
+    );
+    h.finish().await;
+}
