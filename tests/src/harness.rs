@@ -47,6 +47,8 @@ pub struct AccountSpec {
     script: Script,
     priority: i32,
     url_label: Option<String>,
+    provider: &'static str,
+    auth: &'static str,
     extra: Vec<String>,
 }
 
@@ -58,8 +60,18 @@ impl AccountSpec {
             script,
             priority: 0,
             url_label: None,
+            provider: "anthropic",
+            auth: "api_key",
             extra: Vec::new(),
         }
+    }
+
+    /// Sets `provider` and `auth` (default `anthropic` / `api_key`), e.g.
+    /// `("anthropic", "oauth")` or `("anthropic_compatible", "bearer")`.
+    pub fn provider(mut self, provider: &'static str, auth: &'static str) -> Self {
+        self.provider = provider;
+        self.auth = auth;
+        self
     }
 
     /// Sets `priority` (lower goes first).
@@ -246,9 +258,11 @@ impl HarnessBuilder {
             };
             let _ = writeln!(
                 t,
-                "\n[[accounts]]\nid = {}\norg = \"{ORG}\"\nprovider = \"anthropic\"\n\
-                 auth = \"api_key\"\nsecret = {}\nbase_url = {}\npriority = {}",
+                "\n[[accounts]]\nid = {}\norg = \"{ORG}\"\nprovider = {}\n\
+                 auth = {}\nsecret = {}\nbase_url = {}\npriority = {}",
                 toml_str(&a.id),
+                toml_str(a.provider),
+                toml_str(a.auth),
                 toml_str(&secret_of(&a.id)),
                 toml_str(&base),
                 a.priority

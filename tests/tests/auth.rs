@@ -541,3 +541,58 @@ async fn health_and_readiness() {
     assert!(r.text().contains("keypool_requests_total"));
     h.finish().await;
 }
+
+#[tokio::test]
+async fn oauth_and_compatible_accounts_get_their_own_credentials_upstream() {
+    let h = Harness::builder()
+        .account(
+            AccountSpec::new("oauth", Script::new(keypool_sim::Behaviour::status(529)))
+                .provider("anthropic", "oauth")
+                .priority(0),
+        )
+        .account(
+            AccountSpec::new("compat", Script::ok())
+                .provider("anthropic_compatible", "bearer")
+                .url_label("api/anthropic")
+                .priority(1),
+        )
+        .start()
+        .await;
+    let r = h
+        .messages(&body())
+        .header(
+            "anthropic-beta",
+            "prompt-caching-2024-07-31,oauth-2025-04-20",
+        )
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let requests = h.sim().requests();
+    assert_eq!(h.upstream_order(), ["oauth", "compat"]);
+    let oauth = &requests[0];
+    assert_eq!(
+        oauth.header("authorization"),
+        Some(format!("Bearer {}", secret_of("oauth")).as_str())
+    );
+    assert_eq!(oauth.header("x-api-key"), None);
+    let betas: Vec<&str> = oauth
+        .header("anthropic-beta")
+        .unwrap()
+        .split(',')
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        betas.iter().filter(|b| **b == "oauth-2025-04-20").count(),
+        1,
+        "{betas:?}"
+    );
+    assert!(betas.contains(&"prompt-caching-2024-07-31"), "{betas:?}");
+    let compat = &requests[1];
+    assert_eq!(compat.path_and_query, "/api/anthropic/v1/messages");
+    assert_eq!(
+        compat.header("authorization"),
+        Some(format!("Bearer {}", secret_of("compat")).as_str())
+    );
+    assert_eq!(compat.header("x-api-key"), None);
+    h.finish().await;
+}
