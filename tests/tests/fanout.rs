@@ -323,3 +323,39 @@ async fn count_tokens_never_hedges() {
     );
     h.finish().await;
 }
+
+#[tokio::test]
+async fn a_partner_must_share_provider_and_auth_type() {
+    let h = Harness::builder()
+        .strategy("hedge")
+        .account(
+            AccountSpec::new("p", Script::ok())
+                .url_label("p")
+                .priority(0),
+        )
+        .account(
+            AccountSpec::new("b", Script::ok())
+                .url_label("b")
+                .provider("anthropic", "oauth")
+                .priority(1),
+        )
+        .start()
+        .await;
+    assert_eq!(h.send_stream().await.status, 200);
+    h.sim().set_default("p", slow_stream(600)).unwrap();
+    assert_eq!(h.send_stream().await.status, 200);
+    assert_eq!(
+        h.upstream_order(),
+        ["p", "p"],
+        "no backup across auth types"
+    );
+    assert_eq!(
+        metric(&h, "keypool_hedge_gate_total{reason=\"no_partner\"}").await,
+        2
+    );
+    assert_eq!(
+        metric(&h, "keypool_hedge_backups_total{strategy=\"hedge\"}").await,
+        0
+    );
+    h.finish().await;
+}

@@ -1,0 +1,405 @@
+//! The admin API (`/admin/…`, SPEC 10) and the status page in a real browser.
+//!
+//! One request through a pool ordered `revoked` → `limited` → `exhausted` → `healthy`
+//! leaves one account disabled (401), one cooling (429 + retry-after 600 s), one out of
+//! its 5-hour window (429 rejected), and one serving with window readings. The tests
+//! read that state back through the API and through headless Chromium.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use keypool_core::Window;
+use keypool_sim::{Behaviour, ErrorReply, Script, UnifiedHeaders};
+use keypool_tests::{AccountSpec, Harness, Reply};
+use serde_json::Value;
+
+const TOKEN: &str = "admin-test-token-0123456789";
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Starts keypool with the four accounts and sends the one request that sets their
+/// states; `admin` adds `[admin] token`.
+async fn pool(admin: bool) -> Harness {
+    let now = unix_now();
+    let healthy = Script::ok().unified(
+        &UnifiedHeaders::allowed()
+            .window(Window::FiveHour, 0.42, now + 2 * 3600, "allowed")
+            .window(Window::Weekly, 0.87, now + 3 * 86_400, "allowed_warning"),
+    );
+    let exhausted = Script::new(ErrorReply::rate_limited().unified(
+        &UnifiedHeaders::rejected(now + 3 * 3600).window(
+            Window::FiveHour,
+            1.0,
+            now + 3 * 3600,
+            "rejected",
+        ),
+    ));
+    let mut b = Harness::builder()
+        .account(AccountSpec::new("revoked", Script::new(Behaviour::status(401))).priority(0))
+        .account(
+            AccountSpec::new(
+                "limited",
+                Script::new(ErrorReply::rate_limited().retry_after_secs(600)),
+            )
+            .priority(1),
+        )
+        .account(AccountSpec::new("exhausted", exhausted).priority(2))
+        .account(AccountSpec::new("healthy", healthy).priority(3));
+    if admin {
+        b = b.extra_toml(&format!("[admin]\ntoken = \"{TOKEN}\""));
+    }
+    let h = b.start().await;
+    assert_eq!(h.send_message().await.status, 200);
+    h
+}
+
+async fn admin_get(h: &Harness, path: &str, token: Option<&str>) -> Reply {
+    let mut r = h.client().request(http::Method::GET, h.url(path));
+    if let Some(t) = token {
+        r = r.bearer(t);
+    }
+    r.send().await
+}
+
+async fn admin_post(h: &Harness, path: &str) -> Reply {
+    h.client().post(h.url(path)).bearer(TOKEN).send().await
+}
+
+fn account<'a>(overview: &'a Value, id: &str) -> &'a Value {
+    overview["orgs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|o| o["groups"].as_array().unwrap())
+        .flat_map(|g| g["accounts"].as_array().unwrap())
+        .find(|a| a["id"] == id)
+        .unwrap_or_else(|| panic!("no account {id} in {overview}"))
+}
+
+#[tokio::test]
+async fn admin_is_off_without_a_token() {
+    let h = pool(false).await;
+    for path in ["/admin", "/admin/accounts", "/admin/ui"] {
+        admin_get(&h, path, Some(TOKEN))
+            .await
+            .assert_keypool_error(404, "not_found_error");
+    }
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn admin_wants_the_bearer_token() {
+    let h = pool(true).await;
+    for token in [None, Some("wrong"), Some("admin-test-token-012345678")] {
+        let message = admin_get(&h, "/admin/accounts", token)
+            .await
+            .assert_keypool_error(401, "authentication_error");
+        assert!(message.contains("admin token"), "{message}");
+    }
+    // The LB key is not an admin token.
+    let key = h.key(keypool_tests::KEY);
+    admin_get(&h, "/admin/accounts", Some(&key))
+        .await
+        .assert_keypool_error(401, "authentication_error");
+    admin_post(&h, "/admin/accounts/healthy/nothing")
+        .await
+        .assert_keypool_error(404, "not_found_error");
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn accounts_show_live_state_and_operator_actions_change_it() {
+    let h = pool(true).await;
+    let reply = admin_get(&h, "/admin/accounts", Some(TOKEN)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.header("content-type"), Some("application/json"));
+    let overview = reply.json();
+    assert_eq!(overview["backend"], "memory");
+    let org = &overview["orgs"][0];
+    assert_eq!(org["slug"], "acme");
+    assert_eq!(org["groups"][0]["id"], "pool");
+    assert_eq!(org["groups"][0]["strategy"], "priority");
+    let now = overview["now"].as_u64().unwrap();
+
+    let revoked = account(&overview, "revoked");
+    assert_eq!(revoked["state"], "disabled");
+    assert_eq!(
+        revoked["disabled"]["reason"],
+        "key_error: upstream answered 401 (auth_rejected)"
+    );
+
+    let limited = account(&overview, "limited");
+    assert_eq!(limited["state"], "cooling");
+    assert_eq!(limited["cooldown"]["trigger"], "retry_after");
+    let remaining = limited["cooldown"]["remaining_ms"].as_u64().unwrap();
+    assert!((590_000..=600_000).contains(&remaining), "{remaining}");
+    assert_eq!(
+        limited["cooldown"]["until"].as_u64().unwrap(),
+        now + remaining
+    );
+
+    let exhausted = account(&overview, "exhausted");
+    assert_eq!(exhausted["state"], "out_of_window");
+    assert_eq!(exhausted["windows"]["out_of_window"]["limit"], "5h");
+    assert_eq!(exhausted["windows"]["five_hour"]["utilization"], 1.0);
+    assert_eq!(exhausted["windows"]["unified_status"], "rejected");
+
+    let healthy = account(&overview, "healthy");
+    assert_eq!(healthy["state"], "active");
+    assert_eq!(healthy["windows"]["five_hour"]["utilization"], 0.42);
+    assert_eq!(healthy["windows"]["weekly"]["utilization"], 0.87);
+    assert_eq!(healthy["windows"]["weekly"]["status"], "allowed_warning");
+    assert_eq!(healthy["rating"]["samples"], 1);
+    assert!(healthy["rating"]["score"].as_f64().is_some());
+    assert!(healthy["last_used"].as_u64().unwrap() <= now);
+    assert_eq!(healthy["in_flight"], 0);
+    assert!(revoked["last_used"].is_null());
+    // No secret in the admin API.
+    assert!(!reply.text().contains(&keypool_tests::secret_of("healthy")));
+
+    // One account alone.
+    let one = admin_get(&h, "/admin/accounts/limited", Some(TOKEN))
+        .await
+        .json();
+    assert_eq!(one["state"], "cooling");
+    admin_get(&h, "/admin/accounts/nobody", Some(TOKEN))
+        .await
+        .assert_keypool_error(404, "not_found_error");
+
+    // Re-enable the revoked account and clear the cooldown.
+    let enabled = admin_post(&h, "/admin/accounts/revoked/enable").await;
+    assert_eq!(enabled.status, 200, "{}", enabled.text());
+    assert_eq!(
+        enabled.json()["was_disabled"]["reason"],
+        "key_error: upstream answered 401 (auth_rejected)"
+    );
+    let cleared = admin_post(&h, "/admin/accounts/limited/clear-cooldown").await;
+    assert_eq!(cleared.json()["cleared"]["trigger"], "retry_after");
+    let overview = admin_get(&h, "/admin/accounts", Some(TOKEN)).await.json();
+    assert_eq!(account(&overview, "revoked")["state"], "active");
+    assert!(account(&overview, "revoked")["disabled"].is_null());
+    assert_eq!(account(&overview, "limited")["state"], "active");
+    // Doing it again reports that there was nothing to do.
+    assert!(
+        admin_post(&h, "/admin/accounts/revoked/enable")
+            .await
+            .json()["was_disabled"]
+            .is_null()
+    );
+    // The actions take POST.
+    admin_get(&h, "/admin/accounts/revoked/enable", Some(TOKEN))
+        .await
+        .assert_keypool_error(405, "invalid_request_error");
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn reload_rereads_the_config_file() {
+    let h = pool(true).await;
+    // Without a config file (embedded config) there is nothing to reload.
+    let r = admin_post(&h, "/admin/reload").await;
+    r.assert_keypool_error(409, "invalid_request_error");
+
+    let dir = std::env::temp_dir().join(format!("keypool-admin-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("keypool.toml");
+    std::fs::write(&file, h.toml()).unwrap();
+    let _ = h.app().clone().with_config_path(&file);
+    let r = admin_post(&h, "/admin/reload").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["accounts"], 4);
+
+    std::fs::write(
+        &file,
+        h.toml().replace("priority = 3", "priority = \"high\""),
+    )
+    .unwrap();
+    let r = admin_post(&h, "/admin/reload").await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    let problems = r.json()["problems"].clone();
+    assert!(problems.to_string().contains("priority"), "{problems}");
+    // The old configuration keeps serving.
+    assert_eq!(h.send_message().await.status, 200);
+    std::fs::remove_dir_all(&dir).unwrap();
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn metrics_show_per_account_gauges() {
+    let h = pool(true).await;
+    let text = h
+        .client()
+        .request(http::Method::GET, h.url("/metrics"))
+        .send()
+        .await
+        .text();
+    for line in [
+        "keypool_account_disabled{account=\"revoked\"} 1",
+        "keypool_account_disabled{account=\"healthy\"} 0",
+        "keypool_account_in_flight{account=\"healthy\"} 0",
+        "keypool_accounts_disabled 1",
+    ] {
+        assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
+    h.finish().await;
+}
+
+/// Debian's `chromium`; installed with apt when missing (CI runs as root). Under
+/// `CI=true` a missing browser is a failure, never a skip.
+fn chromium() -> PathBuf {
+    let find = || {
+        ["chromium", "chromium-browser", "google-chrome"]
+            .iter()
+            .find_map(|name| {
+                std::env::var_os("PATH").and_then(|paths| {
+                    std::env::split_paths(&paths)
+                        .map(|dir| dir.join(name))
+                        .find(|p| p.is_file())
+                })
+            })
+    };
+    if let Some(path) = find() {
+        return path;
+    }
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    if ci {
+        panic!(
+            "the status-page test needs Chromium and CI=true: `cargo xtask ci` installs it \
+             (apt-get install -y chromium); it is missing"
+        );
+    }
+    eprintln!("status page test: chromium not found; trying `apt-get install -y chromium`");
+    let installed = Command::new("apt-get")
+        .args(["install", "-y", "chromium"])
+        .status()
+        .is_ok_and(|s| s.success());
+    match find() {
+        Some(path) if installed => path,
+        _ => panic!(
+            "the status-page test needs a headless Chromium: install Debian's `chromium` \
+             package (apt-get install -y chromium, as root) and run the test again"
+        ),
+    }
+}
+
+/// Runs headless Chromium on `url` with `mode` (`--dump-dom` or `--screenshot=…`).
+fn headless(url: &str, mode: &str, profile: &Path) -> String {
+    let out = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--hide-scrollbars",
+            "--window-size=1360,560",
+            "--virtual-time-budget=4000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(mode)
+        .arg(url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "chromium failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The `<tr>` of `id` in the dumped DOM.
+fn row<'a>(dom: &'a str, id: &str) -> &'a str {
+    let start = dom
+        .find(&format!("data-account=\"{id}\""))
+        .unwrap_or_else(|| panic!("no row for {id} in the page:\n{dom}"));
+    let end = dom[start..].find("</tr>").unwrap() + start;
+    &dom[start..end]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_shows_what_a_person_needs() {
+    let h = pool(true).await;
+    let profile = std::env::temp_dir().join(format!("keypool-chromium-{}", std::process::id()));
+    // The token travels in the fragment, which never reaches the server.
+    let url = format!("{}#token={TOKEN}", h.url("/admin/ui"));
+    let dom = {
+        let url = url.clone();
+        let profile = profile.clone();
+        tokio::task::spawn_blocking(move || headless(&url, "--dump-dom", &profile))
+            .await
+            .unwrap()
+    };
+
+    // The disabled account, in red, with its reason.
+    let revoked = row(&dom, "revoked");
+    assert!(revoked.contains("data-state=\"disabled\""), "{revoked}");
+    assert!(
+        revoked.contains("class=\"state s-disabled\">disabled</span>"),
+        "{revoked}"
+    );
+    assert!(
+        revoked.contains("key_error: upstream answered 401 (auth_rejected)"),
+        "{revoked}"
+    );
+    // A cooldown countdown (about ten minutes) with its trigger.
+    let limited = row(&dom, "limited");
+    assert!(limited.contains(">cooling</span>"), "{limited}");
+    let countdown = limited
+        .split("class=\"countdown\"")
+        .nth(1)
+        .and_then(|s| s.split('>').nth(1))
+        .and_then(|s| s.split('<').next())
+        .unwrap_or_else(|| panic!("no countdown in {limited}"));
+    assert!(
+        countdown.starts_with("9m ") || countdown == "10m 00s" || countdown.starts_with("10m "),
+        "countdown {countdown:?}"
+    );
+    assert!(limited.contains("retry_after"), "{limited}");
+    // Utilisation bars: 42 % of the 5-hour window, 87 % of the weekly one (a warning colour).
+    let healthy = row(&dom, "healthy");
+    assert!(healthy.contains(">active</span>"), "{healthy}");
+    assert!(
+        healthy.contains("aria-valuenow=\"42\"") && healthy.contains("width: 42%"),
+        "{healthy}"
+    );
+    assert!(healthy.contains("class=\"bar warn\""), "{healthy}");
+    assert!(healthy.contains("87%"), "{healthy}");
+    // The exhausted window: a full bar and its own countdown to the reset.
+    let exhausted = row(&dom, "exhausted");
+    assert!(exhausted.contains(">out of window</span>"), "{exhausted}");
+    assert!(exhausted.contains("class=\"bar full\""), "{exhausted}");
+    assert!(exhausted.contains("5h window exhausted"), "{exhausted}");
+    // The summary pills count the states.
+    assert!(dom.contains("<b>1</b> disabled"), "summary pills");
+    // The token stays in the tab: neither the page nor the address bar shows it.
+    assert!(!dom.contains(TOKEN), "the token is in the DOM");
+
+    // A screenshot for the README when asked (KEYPOOL_SCREENSHOT=docs/status-page.png).
+    if let Ok(path) = std::env::var("KEYPOOL_SCREENSHOT") {
+        let target = keypool_tests::workspace_root().join(path);
+        let mode = format!("--screenshot={}", target.display());
+        tokio::task::spawn_blocking(move || headless(&url, &mode, &profile))
+            .await
+            .unwrap();
+        assert!(std::fs::metadata(&target).unwrap().len() > 10_000);
+    }
+    let _ = std::fs::remove_dir_all(
+        std::env::temp_dir().join(format!("keypool-chromium-{}", std::process::id())),
+    );
+    h.finish().await;
+}
