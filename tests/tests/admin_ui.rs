@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use keypool_core::Window;
-use keypool_sim::{Behaviour, ErrorReply, Script, UnifiedHeaders};
+use keypool_sim::{Behaviour, Delay, ErrorReply, OkSpec, Script, UnifiedHeaders};
 use keypool_tests::{AccountSpec, Harness, Reply};
 use serde_json::Value;
 
@@ -29,7 +29,10 @@ fn unix_now() -> u64 {
 /// states; `admin` adds `[admin] token`.
 async fn pool(admin: bool) -> Harness {
     let now = unix_now();
-    let healthy = Script::ok().unified(
+    let answer = OkSpec::default()
+        .latency(Delay::ms(180))
+        .ttft(Delay::ms(140));
+    let healthy = Script::new(answer).unified(
         &UnifiedHeaders::allowed()
             .window(Window::FiveHour, 0.42, now + 2 * 3600, "allowed")
             .window(Window::Weekly, 0.87, now + 3 * 86_400, "allowed_warning"),
