@@ -2,7 +2,8 @@
 //!
 //! - `cargo xtask ci`: formatting check, clippy with warnings denied, the whole test
 //!   suite. This is the README's test command and what `.ci/run` calls. Before the
-//!   tests it creates the Anthropic SDK venv (`target/py-sdk`) the SDK suite uses.
+//!   tests it creates the Anthropic SDK venv (`target/py-sdk`) the SDK suite uses and
+//!   installs Debian's `chromium` when missing (the status-page browser test).
 //! - `cargo xtask bench [--quick] [--peers]`: keypool's overhead and throughput against
 //!   the bare upstream simulator and, with `--peers`, LiteLLM and Portkey (`bench`).
 
@@ -66,6 +67,32 @@ fn cargo(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The status-page test (`tests/tests/admin_ui.rs`) drives Debian's headless `chromium`:
+/// install it when missing (CI runs as root). A failure is reported here, and the test
+/// then fails with the reason under `CI=true`.
+fn ensure_chromium() {
+    let on_path = |name: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+    };
+    if on_path("chromium") {
+        return;
+    }
+    eprintln!("$ apt-get install -y chromium");
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "chromium"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !install() {
+        let _ = Command::new("apt-get").arg("update").status();
+        if !install() {
+            eprintln!("xtask ci: could not install chromium; the status-page test will fail");
+        }
+    }
+}
+
 fn ci(root: &Path) -> anyhow::Result<()> {
     cargo(root, &["fmt", "--all", "--", "--check"])?;
     cargo(
@@ -86,6 +113,7 @@ fn ci(root: &Path) -> anyhow::Result<()> {
         Ok(python) => eprintln!("xtask ci: Anthropic SDK venv ready ({})", python.display()),
         Err(e) => eprintln!("xtask ci: could not prepare the Anthropic SDK venv: {e}"),
     }
+    ensure_chromium();
     cargo(root, &["test", "--workspace", "--no-fail-fast"])?;
     eprintln!("xtask ci: all checks passed");
     Ok(())
