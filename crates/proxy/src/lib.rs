@@ -44,7 +44,8 @@
 //! - [`metrics`]: the Prometheus registry of SPEC 10.
 //! - [`upstream`]: the pooled HTTP/1.1 + HTTP/2 client (rustls, plain HTTP for loopback).
 //! - [`signals`] (Unix): `SIGTERM`/`SIGINT` shutdown, `SIGHUP` reload.
-//! - `admin`: the place of the admin API (issue 8); answers 404 until then.
+//! - `admin`: the admin API and the `/admin/ui` status page (`docs/ADMIN.md`); off
+//!   (404) without `admin.token`.
 //! - `log`: the one log line per request.
 //! - [`error`]: the crate error, [`ProxyError`].
 
