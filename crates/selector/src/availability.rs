@@ -42,6 +42,13 @@ pub trait Availability {
     /// `Some(until)` while the account is in cooldown.
     fn cooldown_until(&self, id: &AccountId, now: UnixMs) -> Option<UnixMs>;
 
+    /// When the account's 5-hour usage window resets, if known (read only by the
+    /// `reset_aware` strategy, for accounts that survived the filters). The default
+    /// knows nothing: every account then ranks as "unknown reset", after known ones.
+    fn five_hour_reset(&self, _id: &AccountId, _now: UnixMs) -> Option<UnixMs> {
+        None
+    }
+
     /// Both facts in one call; the window wins over the cooldown, as in the pipeline.
     /// Override it when one lookup can answer both (the planner calls only this).
     fn status(&self, id: &AccountId, now: UnixMs) -> AccountStatus {
@@ -76,6 +83,7 @@ impl Availability for AlwaysAvailable {
 struct Facts {
     window: Option<WindowBlock>,
     cooldown: Option<UnixMs>,
+    five_hour_reset: Option<UnixMs>,
 }
 
 /// Fixed availability facts held in a map: for tests, benchmarks and embedders that
@@ -103,6 +111,13 @@ impl StaticAvailability {
         self
     }
 
+    /// Records when `id`'s 5-hour window resets (for `reset_aware`), without taking it
+    /// out of rotation.
+    pub fn five_hour_resets_at(&mut self, id: AccountId, reset: UnixMs) -> &mut Self {
+        self.facts.entry(id).or_default().five_hour_reset = Some(reset);
+        self
+    }
+
     /// Forgets every fact about `id`.
     pub fn clear(&mut self, id: &AccountId) -> &mut Self {
         self.facts.remove(id);
@@ -117,6 +132,10 @@ impl Availability for StaticAvailability {
 
     fn cooldown_until(&self, id: &AccountId, _: UnixMs) -> Option<UnixMs> {
         self.facts.get(id).and_then(|f| f.cooldown)
+    }
+
+    fn five_hour_reset(&self, id: &AccountId, _: UnixMs) -> Option<UnixMs> {
+        self.facts.get(id).and_then(|f| f.five_hour_reset)
     }
 
     #[inline]

@@ -57,7 +57,8 @@
 //! - `counter`: the [`Counter`] trait and [`MemoryCounter`].
 //! - `rating`: the [`RatingEngine`], its [`Sample`]s, weights and export/import types.
 //! - `hedge`: the gate's [`GateReason`]s and the [`HedgeBudget`].
-//! - `plan`: [`plan`], its [`PlanInput`] and the resulting [`Plan`].
+//! - `plan`: [`plan`], its [`PlanInput`] (including the session-affinity `prefer`) and
+//!   the resulting [`Plan`].
 //! - `error`: [`SelectError`].
 
 mod availability;

@@ -35,6 +35,10 @@ pub struct PlanInput<'a, A: ?Sized> {
     pub hedge_budget: Option<&'a HedgeBudget>,
     /// `hedge_min_delay`: the hedge delay is never shorter (default 200 ms).
     pub hedge_min_delay_ms: u64,
+    /// A snapshot index to try first whatever the strategy (session affinity), if that
+    /// account survives the filters. `None`, an index out of range or a filtered-out
+    /// account leaves the strategy's order unchanged.
+    pub prefer: Option<usize>,
 }
 
 impl<'a, A: Availability + ?Sized> PlanInput<'a, A> {
@@ -57,7 +61,15 @@ impl<'a, A: Availability + ?Sized> PlanInput<'a, A> {
             count_tokens: false,
             hedge_budget: None,
             hedge_min_delay_ms: DEFAULT_HEDGE_MIN_DELAY_MS,
+            prefer: None,
         }
+    }
+
+    /// Tries snapshot index `index` first if it survives the filters (see
+    /// [`PlanInput::prefer`]).
+    pub fn with_prefer(mut self, index: usize) -> Self {
+        self.prefer = Some(index);
+        self
     }
 
     /// Sets the counter value.
@@ -167,8 +179,14 @@ impl Plan {
 ///   picks the slot; its owner leads and the others follow in slot order;
 /// - `rated`: ascending rating score, stable;
 /// - `hedge`, `race`: `rated`, then the gate;
-/// - `reset_aware`: planned exactly like `rated` for now; preferring the account whose
-///   5-hour window resets soonest comes with the usage-window issue.
+/// - `reset_aware`: the survivors whose 5-hour window reset is known
+///   ([`Availability::five_hour_reset`]) first, soonest reset first (its remaining quota
+///   expires first if unused); equal resets, and the accounts without a known reset
+///   (last), keep the `rated` order.
+///
+/// Then the preferred account ([`PlanInput::prefer`]), if it survived, moves to the
+/// front; the others keep their order. The hedge/race gate comes last, so a preferred
+/// primary gets its partner like any other.
 ///
 /// `rng` is used only to break ties between cooldown expiries.
 pub fn plan<A, R>(input: &PlanInput<'_, A>, rng: &mut R) -> Result<Plan, SelectError>
@@ -193,9 +211,24 @@ where
             let start = weighted_start(snapshot, &attempts, input.counter);
             attempts.rotate_left(start);
         }
-        Strategy::Rated | Strategy::Hedge | Strategy::Race | Strategy::ResetAware => {
+        Strategy::Rated | Strategy::Hedge | Strategy::Race => {
             summary = Some(input.rating.rank(snapshot, &mut attempts, input.now));
         }
+        Strategy::ResetAware => {
+            summary = Some(input.rating.rank(snapshot, &mut attempts, input.now));
+            // Stable: equal resets keep the rating order; unknown resets go last.
+            attempts.sort_by_key(|&i| {
+                input
+                    .availability
+                    .five_hour_reset(&snapshot[i].id, input.now)
+                    .map_or((1, 0), |reset| (0, reset))
+            });
+        }
+    }
+    if let Some(prefer) = input.prefer
+        && let Some(pos) = attempts.iter().position(|&i| i == prefer)
+    {
+        attempts[..=pos].rotate_right(1);
     }
     let fan_out = fan_out(input, &mut attempts, summary);
     Ok(Plan {
@@ -279,7 +312,7 @@ fn fan_out<A: ?Sized>(
 mod tests {
     use std::sync::Arc;
 
-    use keypool_core::{AuthType, Provider};
+    use keypool_core::{AuthType, Provider, Window};
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
@@ -394,7 +427,7 @@ mod tests {
         // One more failure: error rate 0.4375, 4,475 points > 3,000.
         rating.record(&snapshot[0].id, Sample::Failure, NOW);
         assert_eq!(ids(&run(&input), &snapshot), ["slow", "flaky"]);
-        // reset_aware is planned like rated for now.
+        // reset_aware without known resets is rated.
         let input = PlanInput::new(
             &snapshot,
             &AlwaysAvailable,
@@ -403,6 +436,57 @@ mod tests {
             NOW,
         );
         assert_eq!(ids(&run(&input), &snapshot), ["slow", "flaky"]);
+    }
+
+    #[test]
+    fn reset_aware_prefers_the_soonest_reset_then_rating() {
+        let snapshot = vec![
+            cand("late", None),
+            cand("soon-slow", None),
+            cand("soon-fast", None),
+            cand("unknown", None),
+            cand("limited", None),
+        ];
+        let rating = RatingEngine::new();
+        for (i, ttft) in [100, 900, 300, 50, 10].into_iter().enumerate() {
+            rating.record(&snapshot[i].id, ok(ttft), NOW);
+        }
+        let mut av = StaticAvailability::new();
+        av.five_hour_resets_at(snapshot[0].id.clone(), NOW + 4 * 3_600_000)
+            .five_hour_resets_at(snapshot[1].id.clone(), NOW + 600_000)
+            .five_hour_resets_at(snapshot[2].id.clone(), NOW + 600_000)
+            // Over its threshold: filtered out, however soon it resets.
+            .five_hour_resets_at(snapshot[4].id.clone(), NOW + 1_000)
+            .block_window(snapshot[4].id.clone(), Window::FiveHour, NOW + 1_000);
+        let input = PlanInput::new(&snapshot, &av, Strategy::ResetAware, &rating, NOW);
+        assert_eq!(
+            ids(&run(&input), &snapshot),
+            ["soon-fast", "soon-slow", "late", "unknown"]
+        );
+    }
+
+    #[test]
+    fn prefer_moves_a_survivor_to_the_front_whatever_the_strategy() {
+        let snapshot = vec![cand("a", None), cand("b", None), cand("c", None)];
+        let rating = RatingEngine::new();
+        let mut av = StaticAvailability::new();
+        av.cool_until(snapshot[1].id.clone(), NOW + 5_000);
+        for &strategy in Strategy::ALL {
+            let input = PlanInput::new(&snapshot, &av, strategy, &rating, NOW)
+                .with_counter(1)
+                .with_prefer(2);
+            let got = ids(&run(&input), &snapshot);
+            assert_eq!(got, ["c", "a"], "{strategy:?}");
+            // A cooling account is not preferred: the strategy's order stands.
+            let cooling = PlanInput::new(&snapshot, &av, strategy, &rating, NOW)
+                .with_counter(1)
+                .with_prefer(1);
+            let plain = PlanInput::new(&snapshot, &av, strategy, &rating, NOW).with_counter(1);
+            assert_eq!(ids(&run(&cooling), &snapshot), ids(&run(&plain), &snapshot));
+        }
+        // Out of range: ignored.
+        let input = PlanInput::new(&snapshot, &av, Strategy::Priority, &rating, NOW).with_prefer(9);
+        assert_eq!(ids(&run(&input), &snapshot), ["a", "c"]);
     }
 
     #[test]

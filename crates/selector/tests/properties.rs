@@ -499,6 +499,73 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// reset_aware never plans an account over its threshold (out of its window) while
+    /// another survives, orders known resets ascending (unknown last), and between equal
+    /// resets keeps the rating order.
+    #[test]
+    fn reset_aware_orders_by_reset_then_rating(
+        pool in pool(20),
+        samples in samples(),
+        resets in prop::collection::vec(prop::option::weighted(0.8, 1u64..4), 20),
+        prefer in prop::option::of(0usize..20),
+    ) {
+        let mut av = pool.availability();
+        for (c, r) in pool.snapshot.iter().zip(&resets) {
+            if let Some(k) = r {
+                // Few distinct values, so equal resets happen.
+                av.five_hour_resets_at(c.id.clone(), NOW + k * 600_000);
+            }
+        }
+        let reset_of = |i: usize| resets[i].map(|k| NOW + k * 600_000);
+        let rating = RatingEngine::new();
+        feed(&rating, &pool.snapshot, &samples);
+        let input = PlanInput::new(&pool.snapshot, &av, Strategy::ResetAware, &rating, NOW);
+        let Ok(p) = plan(&input, &mut rng(5)) else { return Ok(()) };
+        for &i in &p.attempts {
+            prop_assert!(!matches!(pool.fact_of(i), Fact::Limited(..)), "{i} is out of its window");
+        }
+        let key = |i: usize| reset_of(i).map_or((1, 0), |r| (0, r));
+        prop_assert!(p.attempts.windows(2).all(|w| key(w[0]) <= key(w[1])));
+        let rated = plan(
+            &PlanInput::new(&pool.snapshot, &av, Strategy::Rated, &rating, NOW),
+            &mut rng(5),
+        ).unwrap();
+        // Within each group of equal resets: the rated order.
+        let mut expected = rated.attempts.clone();
+        expected.sort_by_key(|&i| key(i));
+        prop_assert_eq!(&p.attempts, &expected);
+
+        // A preferred survivor goes first; the others keep their order.
+        if let Some(prefer) = prefer {
+            let q = plan(&input.with_prefer(prefer), &mut rng(5)).unwrap();
+            if p.attempts.contains(&prefer) {
+                prop_assert_eq!(q.attempts[0], prefer);
+                let rest: Vec<usize> = p.attempts.iter().copied().filter(|&i| i != prefer).collect();
+                prop_assert_eq!(&q.attempts[1..], &rest[..]);
+            } else {
+                prop_assert_eq!(&q.attempts, &p.attempts);
+            }
+        }
+    }
+
+    /// With every reset equal, reset_aware is exactly rated.
+    #[test]
+    fn reset_aware_with_equal_resets_is_rated(pool in pool(20), samples in samples()) {
+        let mut av = pool.availability();
+        for c in &pool.snapshot {
+            av.five_hour_resets_at(c.id.clone(), NOW + 3_600_000);
+        }
+        let rating = RatingEngine::new();
+        feed(&rating, &pool.snapshot, &samples);
+        let reset_aware = plan(&PlanInput::new(&pool.snapshot, &av, Strategy::ResetAware, &rating, NOW), &mut rng(1));
+        let rated = plan(&PlanInput::new(&pool.snapshot, &av, Strategy::Rated, &rating, NOW), &mut rng(1));
+        prop_assert_eq!(reset_aware.map(|p| p.attempts), rated.map(|p| p.attempts));
+    }
+}
+
 #[test]
 fn unused_account_ids_have_no_rating() {
     let rating = RatingEngine::new();
