@@ -406,3 +406,44 @@ async fn the_status_page_shows_what_a_person_needs() {
     );
     h.finish().await;
 }
+
+#[tokio::test]
+async fn in_flight_counts_a_stream_until_it_ends() {
+    let slow_stream = OkSpec::default().chunks(3).chunk_interval(Delay::ms(400));
+    let h = Harness::builder()
+        .account(AccountSpec::new("streamer", Script::new(slow_stream)))
+        .extra_toml(&format!("[admin]\ntoken = \"{TOKEN}\""))
+        .start()
+        .await;
+    let in_flight = |overview: Value| account(&overview, "streamer")["in_flight"].clone();
+    let mut stream = h
+        .messages(&keypool_tests::message_body(keypool_tests::MODEL, true))
+        .send_streaming()
+        .await;
+    assert_eq!(stream.status, 200);
+    // The stream is committed (its head arrived) and still running upstream.
+    assert!(stream.next_frame().await.is_some());
+    let during = admin_get(&h, "/admin/accounts", Some(TOKEN)).await.json();
+    assert_eq!(in_flight(during), 1);
+    let metrics = h
+        .client()
+        .request(http::Method::GET, h.url("/metrics"))
+        .send()
+        .await
+        .text();
+    assert!(metrics.contains("keypool_account_in_flight{account=\"streamer\"} 1"));
+    let reply = stream.read_to_end().await;
+    assert!(reply.events().contains(&"message_stop".to_owned()));
+    // The count drops when the stream's completion is credited, right after its last
+    // frame; bounded wait for that hand-over.
+    tokio::time::timeout(std::time::Duration::from_secs(2), async {
+        while h.app().metrics().in_flight(&"streamer".into()) != 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("in_flight back to 0 after the stream ended");
+    let after = admin_get(&h, "/admin/accounts", Some(TOKEN)).await.json();
+    assert_eq!(in_flight(after), 0);
+    h.finish().await;
+}

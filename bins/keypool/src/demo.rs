@@ -323,6 +323,7 @@ fn live_table(running: &Running, traffic: &Traffic, elapsed: Duration, total: Du
 /// The facts of the summary.
 struct Report {
     elapsed: Duration,
+    traffic: Duration,
     rps: u32,
     requests: u64,
     succeeded: u64,
@@ -384,6 +385,7 @@ impl Report {
             .collect();
         Self {
             elapsed,
+            traffic: options.duration,
             rps: options.rps,
             requests: outcomes.len() as u64,
             succeeded: outcomes
@@ -428,10 +430,12 @@ impl Report {
         let mut t = String::new();
         let _ = writeln!(
             t,
-            "Summary: {} requests in {:.1} s ({} per second asked), {} streamed",
+            "Summary: {} requests over {:.1} s of traffic ({} per second asked; the last answer \
+             came after {:.1} s), {} streamed",
             self.requests,
-            self.elapsed.as_secs_f64(),
+            self.traffic.as_secs_f64(),
             self.rps,
+            self.elapsed.as_secs_f64(),
             self.streamed
         );
         let others: Vec<String> = self
