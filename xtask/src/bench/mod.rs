@@ -137,13 +137,41 @@ const FAILOVER_PAUSE: Duration = Duration::from_millis(2);
 /// Entry point of `cargo xtask bench`.
 pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let options = Options::parse(args)?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    if cfg!(debug_assertions) {
+        // `cargo xtask` is a debug build; a driver at opt-level 0 would be slower than
+        // the gateways it measures. Build everything in release and run the release
+        // xtask instead.
+        crate::cargo(
+            root,
+            &[
+                "build",
+                "--release",
+                "-p",
+                "keypool",
+                "-p",
+                "keypool-sim",
+                "-p",
+                "xtask",
+            ],
+        )?;
+        let xtask = target.join("release").join("xtask");
+        let status = Command::new(&xtask)
+            .arg("bench")
+            .args(args)
+            .status()
+            .with_context(|| format!("cannot run {}", xtask.display()))?;
+        if !status.success() {
+            bail!("the release xtask failed ({status})");
+        }
+        return Ok(());
+    }
     crate::cargo(
         root,
         &["build", "--release", "-p", "keypool", "-p", "keypool-sim"],
     )?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
     let dir = target.join("bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let bins = Bins {
