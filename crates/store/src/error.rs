@@ -42,4 +42,21 @@ pub enum StoreError {
     /// Redis could not be reached or answered an error; the caller falls back to memory.
     #[error("redis: {0}; keypool keeps serving from memory until Redis answers again")]
     Redis(String),
+    /// Every available account is at its `max_concurrent` and the queue of waiting
+    /// requests is full.
+    #[error(
+        "every account is at its max_concurrent and {depth} requests already wait (queue_max_depth); retry later or raise max_concurrent"
+    )]
+    QueueFull {
+        /// `queue_max_depth`.
+        depth: u32,
+    },
+    /// No concurrency slot came free within `queue_max_wait_ms`.
+    #[error(
+        "no account had a free concurrency slot within {waited_ms} ms (queue_max_wait_ms); retry later or raise max_concurrent"
+    )]
+    QueueTimeout {
+        /// How long the request waited.
+        waited_ms: u64,
+    },
 }

@@ -50,6 +50,10 @@
 //! - [`keys`]: LB key hashing, extraction from headers, generation (`keypool keygen`).
 //! - [`resolve`]: org/URL resolution ([`resolve::Route`], [`resolve::ResolveError`]) and
 //!   key validation ([`resolve::Caller`], [`resolve::AuthError`]).
+//! - [`sessions`]: session-affinity bindings in memory ([`sessions::SessionBook`]); the
+//!   store keeps them in Redis too when configured.
+//! - [`slots`]: per-account concurrency slots (`max_concurrent`), the FIFO queue for
+//!   them and, with Redis, the cross-replica leases ([`slots::SlotGuard`]).
 //! - [`state`]: the runtime state around the policy crates' books, the state file and
 //!   the Redis mirror.
 //! - [`store`]: [`Store`]: live config (`ArcSwap`), snapshots, state writes that are
@@ -61,6 +65,8 @@ pub mod config;
 pub mod error;
 pub mod keys;
 pub mod resolve;
+pub mod sessions;
+pub mod slots;
 pub mod state;
 pub mod store;
 pub mod testing;

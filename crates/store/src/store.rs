@@ -20,6 +20,8 @@ use tokio::task::JoinHandle;
 use crate::StoreError;
 use crate::config::Config;
 use crate::resolve::{PoolKey, Route};
+use crate::sessions::SessionBook;
+use crate::slots::SlotBook;
 use crate::state::file::{self, StateFileLoad};
 use crate::state::redis::{RedisMirror, StateEvent};
 use crate::state::{RuntimeState, StateExport};
@@ -97,7 +99,13 @@ struct Inner {
     boot: Mutex<Option<BootState>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     last_saved: AtomicU64,
+    sessions: SessionBook,
+    slots: SlotBook,
+    last_purged: AtomicU64,
 }
+
+/// How often expired session bindings are dropped from memory.
+const SESSION_PURGE_MS: u64 = 10_000;
 
 impl Drop for Inner {
     fn drop(&mut self) {
@@ -185,7 +193,14 @@ impl Store {
                 None => (Backend::Memory { file: None }, BootState::Fresh, None),
             },
         };
+        let slots = SlotBook::new(match &backend {
+            Backend::Redis(mirror) => Some(mirror.clone()),
+            Backend::Memory { .. } => None,
+        });
         let inner = Arc::new(Inner {
+            sessions: SessionBook::new(),
+            slots,
+            last_purged: AtomicU64::new(now),
             config: ArcSwap::from_pointee(config),
             state,
             snapshots: DashMap::new(),
@@ -383,6 +398,36 @@ impl Store {
         self.inner.state.counters.next(pool)
     }
 
+    /// The account `key`'s session is bound to (session affinity), if the binding has
+    /// not expired: from Redis when configured and answering (so replicas agree), else
+    /// from memory.
+    pub async fn session_account(&self, key: &str, now: UnixMs) -> Option<AccountId> {
+        if let Backend::Redis(mirror) = &self.inner.backend
+            && !mirror.needs_reconcile()
+            && let Ok(bound) = mirror.session(key).await
+        {
+            return bound;
+        }
+        self.inner.sessions.get(key, now)
+    }
+
+    /// Binds `key`'s session to `account` for `ttl_ms` from `now` (a new binding, a
+    /// re-bind or a refresh alike): in memory, and in Redis when configured.
+    pub async fn bind_session(&self, key: &str, account: &AccountId, ttl_ms: u64, now: UnixMs) {
+        self.inner.sessions.bind(key, account, ttl_ms, now);
+        if let Backend::Redis(mirror) = &self.inner.backend
+            && !mirror.needs_reconcile()
+            && let Err(e) = mirror.bind_session(key, account, ttl_ms).await
+        {
+            tracing::debug!(error = %e, "session binding kept in memory only");
+        }
+    }
+
+    /// The per-account concurrency slots (`max_concurrent`) and their queue.
+    pub fn slots(&self) -> &SlotBook {
+        &self.inner.slots
+    }
+
     /// Applies a failed attempt to the books ([`PoolHealth::record_failure`]) and
     /// mirrors the resulting cooldown and disabling.
     pub fn record_failure(
@@ -573,6 +618,11 @@ impl Store {
     /// the state-file snapshot every `state_snapshot_interval`; with Redis, the
     /// reconciliation when it is due, else the rating sync every interval.
     pub async fn maintain(&self, now: UnixMs) {
+        self.inner.slots.renew_due(now).await;
+        if now.saturating_sub(self.inner.last_purged.load(Ordering::Relaxed)) >= SESSION_PURGE_MS {
+            self.inner.last_purged.store(now, Ordering::Relaxed);
+            self.inner.sessions.purge(now);
+        }
         let interval = self.config().server().state_snapshot_interval_ms;
         let due = now.saturating_sub(self.inner.last_saved.load(Ordering::Relaxed)) >= interval;
         match &self.inner.backend {

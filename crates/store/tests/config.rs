@@ -129,6 +129,51 @@ fn defaults_follow_the_spec() {
     assert_eq!(s.redis_url, None);
     assert_eq!(s.rating.error_weight, 10_000.0);
     assert_eq!(s.rating.total_weight, 0.1);
+    assert_eq!(s.session_affinity_ttl_ms, 3_600_000);
+    assert_eq!(s.queue_max_wait_ms, 30_000);
+    assert_eq!(s.queue_max_depth, 0);
+}
+
+#[test]
+fn affinity_and_queue_options_take_zero_and_reject_negatives() {
+    let zero = BASE.to_owned()
+        + "[server]\nsession_affinity_ttl_secs = 0\nqueue_max_wait_ms = 0\nqueue_max_depth = 0\n";
+    let s = parse(&zero).unwrap().server().clone();
+    assert_eq!(
+        (
+            s.session_affinity_ttl_ms,
+            s.queue_max_wait_ms,
+            s.queue_max_depth
+        ),
+        (0, 0, 0)
+    );
+    let set = BASE.to_owned()
+        + "[server]\nsession_affinity_ttl_secs = 90\nqueue_max_wait_ms = 250\nqueue_max_depth = 8\n";
+    let s = parse(&set).unwrap().server().clone();
+    assert_eq!(
+        (
+            s.session_affinity_ttl_ms,
+            s.queue_max_wait_ms,
+            s.queue_max_depth
+        ),
+        (90_000, 250, 8)
+    );
+    let negative = BASE.to_owned()
+        + "[server]\nsession_affinity_ttl_secs = -1\nqueue_max_wait_ms = -5\nqueue_max_depth = -2\n";
+    let errs = errors(&negative);
+    assert_eq!(
+        locations(&errs),
+        [
+            "server.session_affinity_ttl_secs",
+            "server.queue_max_wait_ms",
+            "server.queue_max_depth"
+        ],
+        "{errs}"
+    );
+    assert!(
+        errs.to_string().contains("0 turns session affinity off"),
+        "{errs}"
+    );
 }
 
 #[test]

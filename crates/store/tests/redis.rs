@@ -222,3 +222,72 @@ async fn store_opens_and_serves_when_redis_is_down_at_boot() {
             .is_some()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_session_bindings_and_concurrency_leases() {
+    let Some(redis) = RedisServer::start_or_skip("replicas_share_sessions_and_leases") else {
+        return;
+    };
+    let one = Store::open(redis_config(&redis, 2)).await.unwrap();
+    let two = Store::open(redis_config(&redis, 2)).await.unwrap();
+    let (a0, a1) = (AccountId::from("a0"), AccountId::from("a1"));
+    let now = now_ms();
+
+    // A binding written by one replica is read by the other, with its TTL in Redis.
+    one.bind_session("acme/team/s1", &a1, 60_000, now).await;
+    assert_eq!(
+        two.session_account("acme/team/s1", now).await,
+        Some(a1.clone())
+    );
+    let ttl: i64 = redis
+        .command("PTTL keypool:session:acme/team/s1")
+        .unwrap()
+        .trim_start_matches(':')
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ttl > 55_000 && ttl <= 60_000, "PTTL {ttl}");
+    two.bind_session("acme/team/s1", &a0, 60_000, now).await;
+    assert_eq!(
+        one.session_account("acme/team/s1", now).await,
+        Some(a0.clone())
+    );
+
+    // A cap of 1 holds across replicas; the slot comes back when its holder drops it.
+    let held = one.slots().try_acquire(&a0, 1).await.unwrap();
+    assert!(two.slots().try_acquire(&a0, 1).await.is_none());
+    assert_eq!(
+        two.slots().in_use(&a0),
+        0,
+        "a refused lease leaves no local count"
+    );
+    let waiting = {
+        let two = two.clone();
+        let a0 = a0.clone();
+        tokio::spawn(async move {
+            two.slots()
+                .wait(&[(a0, 1)], Duration::from_secs(5), 0)
+                .await
+                .map(|g| g.account().clone())
+        })
+    };
+    drop(held);
+    assert_eq!(waiting.await.unwrap().unwrap(), a0);
+    // The waiter's guard was dropped: its lease goes too (released in the background).
+    let empty = eventually(Duration::from_secs(2), || {
+        redis
+            .command("ZCARD keypool:leases:a0")
+            .is_ok_and(|n| n.trim_start_matches(':').trim() == "0")
+    })
+    .await;
+    assert!(empty.is_some(), "leases left behind");
+
+    // A crashed replica's lease (expired) does not count.
+    let stale = now_ms() - 1;
+    redis
+        .command(&format!("ZADD keypool:leases:a1 {stale} dead-replica:1"))
+        .unwrap();
+    let guard = two.slots().try_acquire(&a1, 1).await;
+    assert!(guard.is_some(), "an expired lease must not hold the slot");
+    assert!(one.slots().try_acquire(&a1, 1).await.is_none());
+}

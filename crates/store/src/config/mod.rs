@@ -85,6 +85,15 @@ pub struct ServerSettings {
     pub circuit_breaker: bool,
     /// How long `SIGTERM` lets streams in flight finish (`shutdown_grace_secs`).
     pub shutdown_grace_ms: u64,
+    /// How long a session stays bound to the account that served it, refreshed on
+    /// every use; `0` turns session affinity off (`session_affinity_ttl_secs`).
+    pub session_affinity_ttl_ms: u64,
+    /// Longest wait for a concurrency slot when every available account is at its
+    /// `max_concurrent`; `0` answers `429` at once (`queue_max_wait_ms`).
+    pub queue_max_wait_ms: u64,
+    /// Most requests waiting for a slot at once in this process; `0` = unbounded
+    /// (`queue_max_depth`).
+    pub queue_max_depth: u32,
     /// Rating score weights (`[server.rating]`).
     pub rating: RatingSettings,
 }
@@ -155,6 +164,9 @@ impl Default for ServerSettings {
             default_window_threshold: Threshold(0.95),
             circuit_breaker: false,
             shutdown_grace_ms: 30_000,
+            session_affinity_ttl_ms: 3_600_000,
+            queue_max_wait_ms: 30_000,
+            queue_max_depth: 0,
             rating: RatingSettings::default(),
         }
     }

@@ -63,6 +63,9 @@ pub(crate) struct RawServer {
     pub default_window_threshold: Option<f64>,
     pub circuit_breaker: Option<bool>,
     pub shutdown_grace_secs: Option<i64>,
+    pub session_affinity_ttl_secs: Option<i64>,
+    pub queue_max_wait_ms: Option<i64>,
+    pub queue_max_depth: Option<i64>,
     #[serde(default)]
     pub rating: RawRating,
 }

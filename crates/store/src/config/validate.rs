@@ -916,9 +916,57 @@ fn validate_server(
             1000,
             issues,
         ),
+        session_affinity_ttl_ms: non_negative(
+            s.session_affinity_ttl_secs,
+            "session_affinity_ttl_secs",
+            d.session_affinity_ttl_ms,
+            1000,
+            "0 turns session affinity off",
+            issues,
+        ),
+        queue_max_wait_ms: non_negative(
+            s.queue_max_wait_ms,
+            "queue_max_wait_ms",
+            d.queue_max_wait_ms,
+            1,
+            "0 answers 429 at once when every account is at its max_concurrent",
+            issues,
+        ),
+        queue_max_depth: u32::try_from(non_negative(
+            s.queue_max_depth,
+            "queue_max_depth",
+            u64::from(d.queue_max_depth),
+            1,
+            "0 means unbounded",
+            issues,
+        ))
+        .unwrap_or(u32::MAX),
         rating,
     };
     (issues.0.len() == before).then_some(settings)
+}
+
+/// A `[server]` integer that may be 0: `None` → `default`, else `value × scale`; a
+/// negative value is an issue (`zero` says what 0 means).
+fn non_negative(
+    value: Option<i64>,
+    name: &str,
+    default: u64,
+    scale: u64,
+    zero: &str,
+    issues: &mut Issues,
+) -> u64 {
+    match value {
+        None => default,
+        Some(n) if n >= 0 => u64::try_from(n).unwrap_or(0).saturating_mul(scale),
+        Some(n) => {
+            issues.push(
+                format!("server.{name}"),
+                format!("{name} must be ≥ 0 (got {n}); {zero}"),
+            );
+            default
+        }
+    }
 }
 
 fn anchor(path: PathBuf, base_dir: Option<&Path>) -> PathBuf {

@@ -10,6 +10,8 @@
 //! | `keypool:disabled` | hash account → JSON `DisabledRecord` | no expiry |
 //! | `keypool:rating` | hash account → JSON `AccountRatingState` | flushed periodically |
 //! | `keypool:counter:{org/group}` | integer | `INCR` rotation counter |
+//! | `keypool:session:{org/url/session}` | string, `PX` TTL | the bound account id (session affinity) |
+//! | `keypool:leases:{account}` | sorted set lease → expiry (unix ms) | concurrency slots held by every replica |
 //! | channel `keypool:events` | pub/sub | JSON [`Envelope`] after every mirrored write |
 //!
 //! Every operation is bounded by `redis_timeout_ms`; a failure or timeout marks the
@@ -25,7 +27,7 @@ use std::time::Duration;
 use fred::clients::{Client, SubscriberClient};
 use fred::prelude::{
     ClientLike, Config as FredConfig, EventInterface, Expiration, HashesInterface, KeysInterface,
-    PubsubInterface, ReconnectPolicy,
+    PubsubInterface, ReconnectPolicy, SortedSetsInterface,
 };
 use fred::types::{Builder, ConnectHandle};
 use keypool_cooldown::{CooldownRecord, DisabledRecord, HealthExport, WindowRecord};
@@ -493,6 +495,110 @@ impl RedisMirror {
             });
         }
     }
+}
+
+/// Takes a lease when fewer than the cap are unexpired. KEYS[1] = the account's lease
+/// set; ARGV = now, cap, the lease's expiry, the lease id. Returns 1 (taken) or 0.
+const ACQUIRE_LEASE: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1]) \
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then \
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4]) return 1 end return 0";
+
+impl RedisMirror {
+    /// This replica's random id (lease ids start with it).
+    pub(crate) fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The account bound to a session, if any.
+    pub(crate) async fn session(&self, key: &str) -> Result<Option<AccountId>, StoreError> {
+        let v: Option<String> = self.bounded(self.client.get(session_key(key))).await?;
+        Ok(v.map(AccountId::from))
+    }
+
+    /// Binds a session to `account` for `ttl_ms` (refreshing the TTL).
+    pub(crate) async fn bind_session(
+        &self,
+        key: &str,
+        account: &AccountId,
+        ttl_ms: u64,
+    ) -> Result<(), StoreError> {
+        let ttl = i64::try_from(ttl_ms).unwrap_or(i64::MAX);
+        let _: Option<String> = self
+            .bounded(self.client.set(
+                session_key(key),
+                account.as_str(),
+                Some(Expiration::PX(ttl)),
+                None,
+                false,
+            ))
+            .await?;
+        Ok(())
+    }
+
+    /// Takes a lease of one of `account`'s `cap` slots, expiring at `expires_at`
+    /// (expired leases of crashed replicas are dropped first). `Ok(false)`: at its cap.
+    pub(crate) async fn acquire_lease(
+        &self,
+        account: &AccountId,
+        cap: u32,
+        lease: &str,
+        now: UnixMs,
+        expires_at: UnixMs,
+    ) -> Result<bool, StoreError> {
+        let key = lease_key(account);
+        let cmd = fred::types::CustomCommand::new_static("EVAL", key.as_str(), false);
+        let args = vec![
+            ACQUIRE_LEASE.to_owned(),
+            "1".to_owned(),
+            key.clone(),
+            now.to_string(),
+            cap.to_string(),
+            expires_at.to_string(),
+            lease.to_owned(),
+        ];
+        let taken: i64 = self.bounded(self.client.custom(cmd, args)).await?;
+        Ok(taken == 1)
+    }
+
+    /// Gives a lease back.
+    pub(crate) async fn release_lease(
+        &self,
+        account: &AccountId,
+        lease: &str,
+    ) -> Result<(), StoreError> {
+        let _: i64 = self
+            .bounded(self.client.zrem(lease_key(account), lease.to_owned()))
+            .await?;
+        Ok(())
+    }
+
+    /// Pushes a held lease's expiry to `expires_at` (only if it is still there).
+    pub(crate) async fn renew_lease(
+        &self,
+        account: &AccountId,
+        lease: &str,
+        expires_at: UnixMs,
+    ) -> Result<(), StoreError> {
+        let _: i64 = self
+            .bounded(self.client.zadd(
+                lease_key(account),
+                Some(fred::types::SetOptions::XX),
+                None,
+                false,
+                false,
+                (expires_at as f64, lease.to_owned()),
+            ))
+            .await?;
+        Ok(())
+    }
+}
+
+fn session_key(key: &str) -> String {
+    format!("{PREFIX}session:{key}")
+}
+
+fn lease_key(account: &AccountId) -> String {
+    format!("{PREFIX}leases:{account}")
 }
 
 fn cooldown_key(account: &AccountId) -> String {

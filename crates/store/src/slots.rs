@@ -1,0 +1,482 @@
+//! Per-account concurrency slots (`max_concurrent`) and the FIFO queue of requests
+//! waiting for one.
+//!
+//! A [`SlotGuard`] is one slot of one account; dropping it gives the slot back exactly
+//! once, whatever ended the attempt (success, failure, the client going away, a hedge
+//! loser aborted). A slot given back goes straight to the oldest waiter that wants that
+//! account (FIFO hand-off), else it is freed.
+//!
+//! With Redis, every slot is also a lease in the sorted set `keypool:leases:{account}`
+//! (member = lease id, score = expiry), taken atomically by a Lua script that first drops
+//! expired leases: caps hold across replicas, and the slots of a crashed replica come
+//! back when its leases expire ([`LEASE_TTL_MS`], renewed by the holder every
+//! [`LEASE_RENEW_MS`]). Slots freed by another replica are noticed by polling every
+//! [`WAIT_POLL`]. When Redis does not answer, the slot is counted locally only.
+//!
+//! The in-process state sits behind one std `Mutex` that is never held across an
+//! `.await`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use keypool_core::{AccountId, UnixMs};
+use tokio::sync::oneshot;
+
+use crate::StoreError;
+use crate::state::redis::RedisMirror;
+
+/// How long a Redis lease lives without renewal (a crashed replica's slots come back
+/// after at most this long).
+pub const LEASE_TTL_MS: u64 = 30_000;
+
+/// How often held leases are renewed.
+pub const LEASE_RENEW_MS: u64 = 10_000;
+
+/// How often a waiter looks for a slot freed elsewhere (another replica, a raised cap).
+pub const WAIT_POLL: Duration = Duration::from_millis(50);
+
+/// One account a waiter can take, with its cap.
+pub type Want = (AccountId, u32);
+
+/// The slots of every account, and the waiters.
+#[derive(Clone)]
+pub struct SlotBook {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SlotBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.shared.lock();
+        f.debug_struct("SlotBook")
+            .field("in_use", &state.in_use)
+            .field("waiters", &state.waiters.len())
+            .finish()
+    }
+}
+
+struct Shared {
+    state: Mutex<State>,
+    mirror: Option<Arc<RedisMirror>>,
+    next_id: AtomicU64,
+    last_renewed: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    in_use: HashMap<AccountId, u32>,
+    waiters: VecDeque<Waiter>,
+    /// Redis leases held by this process: lease id → account.
+    leases: HashMap<String, AccountId>,
+}
+
+struct Waiter {
+    id: u64,
+    wants: Vec<Want>,
+    tx: oneshot::Sender<SlotGuard>,
+}
+
+impl State {
+    fn in_use(&self, account: &AccountId) -> u32 {
+        self.in_use.get(account).copied().unwrap_or(0)
+    }
+
+    /// Whether a waiter older than `before` wants `account`.
+    fn queued_ahead(&self, account: &AccountId, before: u64) -> bool {
+        self.waiters.iter().any(|w| {
+            w.id < before && !w.tx.is_closed() && w.wants.iter().any(|(a, _)| a == account)
+        })
+    }
+
+    fn remove_waiter(&mut self, id: u64) {
+        self.waiters.retain(|w| w.id != id);
+    }
+}
+
+/// One concurrency slot of one account, held until dropped.
+pub struct SlotGuard {
+    shared: Arc<Shared>,
+    account: AccountId,
+    lease: Option<String>,
+    armed: bool,
+}
+
+impl std::fmt::Debug for SlotGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotGuard")
+            .field("account", &self.account)
+            .field("leased", &self.lease.is_some())
+            .finish()
+    }
+}
+
+impl SlotGuard {
+    /// The account whose slot this is.
+    pub fn account(&self) -> &AccountId {
+        &self.account
+    }
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.armed = false;
+            self.shared.release(self.account.clone(), self.lease.take());
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn guard(self: &Arc<Self>, account: AccountId, lease: Option<String>) -> SlotGuard {
+        SlotGuard {
+            shared: self.clone(),
+            account,
+            lease,
+            armed: true,
+        }
+    }
+
+    /// A slot comes back: to the oldest live waiter wanting the account, else freed.
+    fn release(self: &Arc<Self>, account: AccountId, mut lease: Option<String>) {
+        let mut state = self.lock();
+        while let Some(pos) = state
+            .waiters
+            .iter()
+            .position(|w| !w.tx.is_closed() && w.wants.iter().any(|(a, _)| *a == account))
+        {
+            let Some(waiter) = state.waiters.remove(pos) else {
+                break;
+            };
+            match waiter.tx.send(self.guard(account.clone(), lease.take())) {
+                Ok(()) => return,
+                Err(mut back) => {
+                    // The waiter just went away: take the slot back without releasing.
+                    back.armed = false;
+                    lease = back.lease.take();
+                }
+            }
+        }
+        if let Some(n) = state.in_use.get_mut(&account) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                state.in_use.remove(&account);
+            }
+        }
+        if let Some(lease) = &lease {
+            state.leases.remove(lease);
+        }
+        drop(state);
+        if let (Some(lease), Some(mirror)) = (lease, self.mirror.clone())
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            handle.spawn(async move {
+                if let Err(e) = mirror.release_lease(&account, &lease).await {
+                    tracing::debug!(error = %e, "lease release fell back; it expires on its own");
+                }
+            });
+        }
+    }
+
+    /// Takes a slot of `account` if it is under `cap` here (and, with Redis, across
+    /// replicas), unless a waiter older than `before` wants it.
+    async fn try_take(
+        self: &Arc<Self>,
+        account: &AccountId,
+        cap: u32,
+        before: u64,
+    ) -> Option<SlotGuard> {
+        {
+            let mut state = self.lock();
+            if state.in_use(account) >= cap || state.queued_ahead(account, before) {
+                return None;
+            }
+            *state.in_use.entry(account.clone()).or_default() += 1;
+        }
+        let Some(mirror) = self.mirror.as_ref().filter(|m| !m.needs_reconcile()) else {
+            return Some(self.guard(account.clone(), None));
+        };
+        let lease = format!(
+            "{}:{}",
+            mirror.origin(),
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        );
+        let now = crate::now_ms();
+        match mirror
+            .acquire_lease(account, cap, &lease, now, now + LEASE_TTL_MS)
+            .await
+        {
+            Ok(true) => {
+                self.lock().leases.insert(lease.clone(), account.clone());
+                Some(self.guard(account.clone(), Some(lease)))
+            }
+            Ok(false) => {
+                // Another replica holds the rest: undo the local reservation (waiters
+                // look again at their next poll).
+                let mut state = self.lock();
+                if let Some(n) = state.in_use.get_mut(account) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        state.in_use.remove(account);
+                    }
+                }
+                None
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "lease not taken in redis; counting the slot locally");
+                Some(self.guard(account.clone(), None))
+            }
+        }
+    }
+}
+
+/// Removes a waiter from the queue when its wait ends, however it ends.
+struct Enqueued<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for Enqueued<'_> {
+    fn drop(&mut self) {
+        self.shared.lock().remove_waiter(self.id);
+    }
+}
+
+impl SlotBook {
+    pub(crate) fn new(mirror: Option<Arc<RedisMirror>>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                mirror,
+                next_id: AtomicU64::new(0),
+                last_renewed: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// A slot of `account` (capped at `cap`) if one is free now and no earlier waiter
+    /// wants it; never waits for a slot (with Redis, waits for Redis, bounded by
+    /// `redis_timeout_ms`).
+    pub async fn try_acquire(&self, account: &AccountId, cap: u32) -> Option<SlotGuard> {
+        self.shared.try_take(account, cap, u64::MAX).await
+    }
+
+    /// Waits in the FIFO queue for the first free slot of any of `wants`, at most
+    /// `max_wait`. `max_depth` (0 = unbounded) bounds the waiters of this process; a
+    /// full queue is refused at once. Dropping the future leaves the queue.
+    pub async fn wait(
+        &self,
+        wants: &[Want],
+        max_wait: Duration,
+        max_depth: u32,
+    ) -> Result<SlotGuard, StoreError> {
+        let shared = &self.shared;
+        let (tx, mut rx) = oneshot::channel();
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut state = shared.lock();
+            if max_depth > 0 && state.waiters.len() >= max_depth as usize {
+                return Err(StoreError::QueueFull { depth: max_depth });
+            }
+            state.waiters.push_back(Waiter {
+                id,
+                wants: wants.to_vec(),
+                tx,
+            });
+        }
+        let _enqueued = Enqueued { shared, id };
+        let deadline = tokio::time::Instant::now() + max_wait;
+        loop {
+            // A slot freed before we were queued, elsewhere, or by a raised cap.
+            for (account, cap) in wants {
+                if let Some(guard) = shared.try_take(account, *cap, id).await {
+                    shared.lock().remove_waiter(id);
+                    // A hand-off that raced with us is given back by its drop.
+                    drop(rx.try_recv());
+                    return Ok(guard);
+                }
+            }
+            let poll = tokio::time::sleep(WAIT_POLL);
+            tokio::select! {
+                biased;
+                handed = &mut rx => {
+                    if let Ok(guard) = handed {
+                        return Ok(guard);
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    shared.lock().remove_waiter(id);
+                    if let Ok(guard) = rx.try_recv() {
+                        return Ok(guard);
+                    }
+                    return Err(StoreError::QueueTimeout {
+                        waited_ms: u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX),
+                    });
+                }
+                _ = poll => {}
+            }
+        }
+    }
+
+    /// Slots of `account` held in this process now.
+    pub fn in_use(&self, account: &AccountId) -> u32 {
+        self.shared.lock().in_use(account)
+    }
+
+    /// Slots held in this process now, over every account.
+    pub fn total_in_use(&self) -> u32 {
+        self.shared.lock().in_use.values().sum()
+    }
+
+    /// Requests waiting for a slot in this process now.
+    pub fn waiting(&self) -> usize {
+        self.shared.lock().waiters.len()
+    }
+
+    /// Renews every Redis lease held here when [`LEASE_RENEW_MS`] passed since the last
+    /// renewal (the store's background task calls this).
+    pub(crate) async fn renew_due(&self, now: UnixMs) {
+        let Some(mirror) = &self.shared.mirror else {
+            return;
+        };
+        let last = self.shared.last_renewed.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < LEASE_RENEW_MS {
+            return;
+        }
+        self.shared.last_renewed.store(now, Ordering::Relaxed);
+        let leases: Vec<(String, AccountId)> = self
+            .shared
+            .lock()
+            .leases
+            .iter()
+            .map(|(l, a)| (l.clone(), a.clone()))
+            .collect();
+        for (lease, account) in leases {
+            if mirror
+                .renew_lease(&account, &lease, now + LEASE_TTL_MS)
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> AccountId {
+        AccountId::from(s)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cap_holds_and_a_slot_comes_back_once() {
+        let book = SlotBook::new(None);
+        let a = id("a");
+        let first = book.try_acquire(&a, 2).await.unwrap();
+        let second = book.try_acquire(&a, 2).await.unwrap();
+        assert!(book.try_acquire(&a, 2).await.is_none());
+        assert_eq!(book.in_use(&a), 2);
+        drop(first);
+        assert_eq!(book.in_use(&a), 1);
+        drop(second);
+        assert_eq!(book.in_use(&a), 0);
+        assert_eq!(book.total_in_use(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiters_are_served_first_in_first_out() {
+        let book = SlotBook::new(None);
+        let a = id("a");
+        let held = book.try_acquire(&a, 1).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for n in 0..3 {
+            let (book, a, order) = (book.clone(), a.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let guard = book
+                    .wait(&[(a, 1)], Duration::from_secs(60), 0)
+                    .await
+                    .unwrap();
+                order.lock().unwrap().push(n);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                drop(guard);
+            }));
+            // Queue them in a known order.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(book.waiting(), 3);
+        // A newcomer does not jump the queue even when it sees a slot.
+        drop(held);
+        assert!(book.try_acquire(&a, 1).await.is_none());
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
+        assert_eq!((book.in_use(&a), book.waiting()), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_times_out_and_a_full_queue_is_refused_at_once() {
+        let book = SlotBook::new(None);
+        let a = id("a");
+        let _held = book.try_acquire(&a, 1).await.unwrap();
+        let start = tokio::time::Instant::now();
+        let waiting = {
+            let (book, a) = (book.clone(), a.clone());
+            tokio::spawn(async move { book.wait(&[(a, 1)], Duration::from_millis(300), 1).await })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let full = book
+            .wait(&[(a.clone(), 1)], Duration::from_secs(5), 1)
+            .await;
+        assert!(
+            matches!(full, Err(StoreError::QueueFull { depth: 1 })),
+            "{full:?}"
+        );
+        assert_eq!(start.elapsed(), Duration::from_millis(1));
+        let timed_out = waiting.await.unwrap();
+        assert!(
+            matches!(timed_out, Err(StoreError::QueueTimeout { waited_ms: 300 })),
+            "{timed_out:?}"
+        );
+        assert_eq!(start.elapsed(), Duration::from_millis(300));
+        assert_eq!(book.waiting(), 0);
+        assert_eq!(book.in_use(&a), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_leaves_does_not_swallow_the_slot() {
+        let book = SlotBook::new(None);
+        let (a, b) = (id("a"), id("b"));
+        let held = book.try_acquire(&a, 1).await.unwrap();
+        let _held_b = book.try_acquire(&b, 1).await.unwrap();
+        // The first waiter gives up (its future dropped) before the slot comes back.
+        let gone = {
+            let (book, a) = (book.clone(), a.clone());
+            tokio::spawn(async move { book.wait(&[(a, 1)], Duration::from_secs(60), 0).await })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let stays = {
+            let (book, a, b) = (book.clone(), a.clone(), b.clone());
+            tokio::spawn(async move {
+                book.wait(&[(b, 1), (a, 1)], Duration::from_secs(60), 0)
+                    .await
+                    .map(|g| g.account().clone())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        gone.abort();
+        let _ = gone.await;
+        drop(held);
+        assert_eq!(stays.await.unwrap().unwrap(), a);
+        assert_eq!(book.in_use(&a), 0, "the served waiter's guard was dropped");
+        assert_eq!(book.waiting(), 0);
+    }
+}
