@@ -440,6 +440,21 @@ mod tests {
     }
 
     #[test]
+    fn in_flight_guards_count_until_dropped() {
+        let m = Metrics::new();
+        let a = AccountId::from("a");
+        assert_eq!(m.in_flight(&a), 0);
+        let first = m.start_in_flight(&a);
+        let second = m.start_in_flight(&a);
+        assert_eq!(m.in_flight(&a), 2);
+        assert_eq!(m.in_flight(&AccountId::from("b")), 0);
+        drop(first);
+        assert_eq!(m.in_flight(&a), 1);
+        drop(second);
+        assert_eq!(m.in_flight(&a), 0);
+    }
+
+    #[test]
     fn histogram_renders_cumulative_buckets() {
         let h: Histogram<6> = Histogram::default();
         let bounds: Vec<String> = ATTEMPT_BUCKETS.iter().map(u64::to_string).collect();
