@@ -21,20 +21,21 @@ use keypool_core::{AccountId, UnixMs};
 use keypool_providers::{Endpoint, Usage, passthrough_body};
 use keypool_selector::{Candidate, FanOut, PlanInput, Sample, needs_counter, plan};
 use keypool_store::config::Account;
-use keypool_store::now_ms;
 use keypool_store::resolve::Route;
+use keypool_store::slots::SlotGuard;
+use keypool_store::{Store, StoreError, now_ms};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use crate::App;
 use crate::attempt::{Call, Failure, Ready, ReadyKind, attempt};
 use crate::availability::HealthAvailability;
 use crate::body::{ProxyBody, StreamBody, StreamEnd, StreamFinish};
 use crate::ceiling::AttemptCeiling;
 use crate::headers::copy_safe_response_headers;
 use crate::log::RequestLog;
-use crate::metrics::{FanOutRole, InFlight};
-use crate::rescue::{Reject, json_error, rescue};
+use crate::metrics::{AffinityOutcome, FanOutRole, InFlight};
+use crate::rescue::{Reject, X_SHOULD_RETRY, json_error, rescue};
+use crate::{App, affinity};
 
 type AttemptFuture<'a> = Pin<Box<dyn Future<Output = Result<Ready, Failure>> + Send + 'a>>;
 
@@ -47,6 +48,26 @@ struct Slot<'a> {
     first_chunk: Arc<AtomicBool>,
     /// Counts the attempt in the account's in-flight gauge while the slot lives.
     in_flight: InFlight,
+    /// The account's concurrency slot (`max_concurrent`), given back when dropped.
+    capacity: Option<SlotGuard>,
+}
+
+/// Whether an account can take one more attempt now.
+enum Capacity {
+    /// Yes: with the slot to hold, or `None` for an account without `max_concurrent`.
+    Free(Option<SlotGuard>),
+    /// It is at its cap (the value).
+    Full(u32),
+}
+
+async fn capacity(store: &Store, account: &Account) -> Capacity {
+    match account.max_concurrent() {
+        None => Capacity::Free(None),
+        Some(cap) => match store.slots().try_acquire(account.id(), cap).await {
+            Some(guard) => Capacity::Free(Some(guard)),
+            None => Capacity::Full(cap),
+        },
+    }
 }
 
 // Short-lived, on the stack of one request: boxing the result would cost an allocation
@@ -86,6 +107,23 @@ pub(crate) async fn serve<'c>(
     if let Some(budget) = &budget {
         input = input.with_hedge_budget(budget);
     }
+    // Session affinity: the bound account (if still in the pool) is tried first when
+    // the filters keep it.
+    let affinity_ttl = settings.session_affinity_ttl_ms;
+    let session = (affinity_ttl > 0)
+        .then(|| affinity::session_id(call.headers, &call.body))
+        .flatten()
+        .map(|id| affinity::binding_key(route.org().slug(), route.url().custom_url(), &id));
+    let bound = match &session {
+        Some(key) => store.session_account(key, now).await,
+        None => None,
+    };
+    let bound_index = bound
+        .as_ref()
+        .and_then(|id| snapshot.iter().position(|c| &c.id == id));
+    if let Some(index) = bound_index {
+        input = input.with_prefer(index);
+    }
     let mut rng = SmallRng::seed_from_u64(app.next_seed());
     let plan = match plan(&input, &mut rng) {
         Ok(plan) => plan,
@@ -97,6 +135,14 @@ pub(crate) async fn serve<'c>(
     if let Some(reason) = plan.fan_out.gate_reason() {
         app.metrics().gate(reason);
     }
+    if session.is_some() {
+        match bound_index {
+            None if bound.is_none() => app.metrics().affinity(AffinityOutcome::Miss),
+            Some(index) if plan.primary() == index => app.metrics().affinity(AffinityOutcome::Hit),
+            // Bound elsewhere (unavailable or removed): counted as a re-bind once served.
+            _ => {}
+        }
+    }
 
     let order = &plan.attempts;
     let mut slots: [Option<Slot<'c>>; 2] = [None, None];
@@ -106,8 +152,16 @@ pub(crate) async fn serve<'c>(
     let mut hedge: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut backup_pending = false;
     let mut backup_started = false;
+    // Accounts of the plan skipped because they were at their cap, kept for the queue.
+    let mut deferred: Vec<(usize, Arc<Account>, u32)> = Vec::new();
+    let mut queue_rejection: Option<StoreError> = None;
+    let max_wait = Duration::from_millis(settings.queue_max_wait_ms);
 
-    let start = |slot: &mut Option<Slot<'c>>, index: usize, role, account: Arc<Account>| {
+    let start = |slot: &mut Option<Slot<'c>>,
+                 index: usize,
+                 role,
+                 account: Arc<Account>,
+                 capacity: Option<SlotGuard>| {
         let first_chunk = Arc::new(AtomicBool::new(false));
         let in_flight = app.metrics().start_in_flight(account.id());
         *slot = Some(Slot {
@@ -117,26 +171,40 @@ pub(crate) async fn serve<'c>(
             role,
             first_chunk,
             in_flight,
+            capacity,
         });
     };
     let account_of = |c: &Candidate| call.config.account(c.id.as_str()).cloned();
 
     match plan.fan_out {
         FanOut::Race { .. } | FanOut::Hedge { .. } => {
+            // A primary at its cap leaves the fan-out to the walk below (which defers
+            // it); a race partner at its cap leaves the primary alone.
             if let (Some(a), Some(b)) = (
                 account_of(&snapshot[order[0]]),
                 order.get(1).and_then(|&i| account_of(&snapshot[i])),
-            ) {
-                start(&mut slots[0], order[0], FanOutRole::Primary, a);
+            ) && let Capacity::Free(primary_slot) = capacity(store, &a).await
+            {
+                start(
+                    &mut slots[0],
+                    order[0],
+                    FanOutRole::Primary,
+                    a,
+                    primary_slot,
+                );
                 next = 1;
                 ceiling.start();
                 match plan.fan_out {
                     FanOut::Race { .. } => {
-                        start(&mut slots[1], order[1], FanOutRole::Backup, b);
-                        app.metrics().backup_fired(true);
-                        backup_started = true;
-                        next = 2;
-                        ceiling.start();
+                        if let Capacity::Free(partner_slot) = capacity(store, &b).await {
+                            start(&mut slots[1], order[1], FanOutRole::Backup, b, partner_slot);
+                            app.metrics().backup_fired(true);
+                            backup_started = true;
+                            next = 2;
+                            ceiling.start();
+                        } else if let Some(budget) = &budget {
+                            budget.refund(now_ms());
+                        }
                     }
                     FanOut::Hedge { delay_ms, .. } => {
                         hedge = Some(Box::pin(tokio::time::sleep(Duration::from_millis(
@@ -175,10 +243,49 @@ pub(crate) async fn serve<'c>(
                     push_attempt(log, &candidate.id, "breaker_open");
                     continue;
                 }
-                start(&mut slots[0], index, FanOutRole::Primary, account);
-                ceiling.start();
-                launched = true;
-                break;
+                match capacity(store, &account).await {
+                    Capacity::Free(slot) => {
+                        start(&mut slots[0], index, FanOutRole::Primary, account, slot);
+                        ceiling.start();
+                        launched = true;
+                        break;
+                    }
+                    Capacity::Full(cap) => deferred.push((index, account, cap)),
+                }
+            }
+            if !launched && ceiling.may_start() && !deferred.is_empty() {
+                // Every other account of the plan is used up: wait in the FIFO queue for
+                // the first slot of the accounts at their cap.
+                let wants: Vec<_> = deferred
+                    .iter()
+                    .map(|(_, account, cap)| (account.id().clone(), *cap))
+                    .collect();
+                match store
+                    .slots()
+                    .wait(&wants, max_wait, settings.queue_max_depth)
+                    .await
+                {
+                    Ok(slot) => {
+                        if let Some(pos) = deferred.iter().position(|d| d.1.id() == slot.account())
+                        {
+                            let (index, account, _) = deferred.remove(pos);
+                            start(
+                                &mut slots[0],
+                                index,
+                                FanOutRole::Primary,
+                                account,
+                                Some(slot),
+                            );
+                            ceiling.start();
+                            launched = true;
+                        }
+                    }
+                    Err(e) => {
+                        app.metrics()
+                            .queue_rejection(matches!(e, StoreError::QueueFull { .. }));
+                        queue_rejection = Some(e);
+                    }
+                }
             }
             if !launched {
                 break;
@@ -208,9 +315,18 @@ pub(crate) async fn serve<'c>(
                     .as_ref()
                     .is_some_and(|s| s.first_chunk.load(Ordering::Acquire));
                 let partner = order.get(1).and_then(|&i| account_of(&snapshot[i]));
-                match partner {
+                let partner_slot = match &partner {
                     Some(account) if slots[0].is_some() && !primary_has_chunk && next == 1 => {
-                        start(&mut slots[1], order[1], FanOutRole::Backup, account);
+                        match capacity(store, account).await {
+                            Capacity::Free(slot) => Some(slot),
+                            Capacity::Full(_) => None,
+                        }
+                    }
+                    _ => None,
+                };
+                match (partner, partner_slot) {
+                    (Some(account), Some(slot)) => {
+                        start(&mut slots[1], order[1], FanOutRole::Backup, account, slot);
                         app.metrics().backup_fired(false);
                         backup_started = true;
                         next = 2;
@@ -243,6 +359,17 @@ pub(crate) async fn serve<'c>(
                         }
                         app.metrics().attempts(ceiling.started() as u64);
                         let candidate = &snapshot[slot.index];
+                        if let Some(key) = &session {
+                            // Bind, re-bind or refresh: the session follows the account
+                            // that actually served.
+                            let served = &candidate.id;
+                            store
+                                .bind_session(key, served, affinity_ttl, now_ms())
+                                .await;
+                            if bound.as_ref().is_some_and(|b| b != served) {
+                                app.metrics().affinity(AffinityOutcome::Rebind);
+                            }
+                        }
                         return commit(
                             call,
                             candidate,
@@ -250,7 +377,7 @@ pub(crate) async fn serve<'c>(
                             snapshot.len(),
                             ready,
                             log,
-                            slot.in_flight,
+                            (slot.in_flight, slot.capacity),
                         );
                     }
                     Err(failure) => {
@@ -277,7 +404,21 @@ pub(crate) async fn serve<'c>(
         }
     }
     app.metrics().attempts(ceiling.started() as u64);
+    if let Some(e) = queue_rejection {
+        return queue_rejected(&e, request_id);
+    }
     exhausted(call, &snapshot, last_failure, request_id)
+}
+
+/// `429 rate_limit_error` when no concurrency slot came free in time or the queue was
+/// full: `Retry-After: 1` (slots come back as requests finish) and
+/// `x-should-retry: true`.
+fn queue_rejected(e: &StoreError, request_id: &str) -> Response<ProxyBody> {
+    let mut response = rescue(&Reject::at_capacity(e.to_string()), request_id);
+    response
+        .headers_mut()
+        .insert(X_SHOULD_RETRY, HeaderValue::from_static("true"));
+    response
 }
 
 fn push_attempt(log: &mut Option<RequestLog>, account: &AccountId, outcome: &'static str) {
@@ -377,8 +518,9 @@ fn commit(
     snapshot_len: usize,
     ready: Ready,
     log: &mut Option<RequestLog>,
-    in_flight: InFlight,
+    held: (InFlight, Option<SlotGuard>),
 ) -> Response<ProxyBody> {
+    let (in_flight, capacity) = held;
     let app = call.app;
     let account = ready.account.id().clone();
     app.metrics().ttft(&account, ready.ttft_ms);
@@ -444,6 +586,7 @@ fn commit(
                 ttft_ms: ready.ttft_ms,
                 log: log.take(),
                 _in_flight: in_flight,
+                _capacity: capacity,
             };
             let idle = Duration::from_millis(call.config.server().stream_idle_timeout_ms);
             let stream =
@@ -469,6 +612,8 @@ struct StreamCompletion {
     log: Option<RequestLog>,
     /// The account's in-flight count lasts until the stream ends.
     _in_flight: InFlight,
+    /// So does its concurrency slot.
+    _capacity: Option<SlotGuard>,
 }
 
 impl StreamFinish for StreamCompletion {

@@ -32,8 +32,12 @@
 //! - `app`: [`App`], steps 1–4 of SPEC 3 (limits, resolution, key, body), the fixed
 //!   routes (`HEAD`, `/healthz`, `/readyz`, `/metrics`).
 //! - [`route`]: path matching ([`route::match_path`]).
-//! - `failover`: steps 5–8 and SPEC 4: plan, the attempt walker with hedge/race,
-//!   crediting outcomes, the generic 503 and the 429/402 pass-through.
+//! - `failover`: steps 5–8 and SPEC 4: plan (with the session's bound account
+//!   preferred), the attempt walker with hedge/race, per-account concurrency slots and
+//!   the queue for them, crediting outcomes, the generic 503 and the 429/402
+//!   pass-through.
+//! - [`affinity`]: the session key of a request (headers, `metadata.user_id`) for
+//!   session affinity; the bindings live in the store.
 //! - `ceiling`: the attempt ceiling and request-error rule of SPEC 3.7 (pure).
 //! - `attempt`: one upstream attempt up to its commit point (the streaming hold).
 //! - [`body`]: [`body::ProxyBody`], including the committed stream that forwards frames
@@ -50,6 +54,7 @@
 //! - [`error`]: the crate error, [`ProxyError`].
 
 mod admin;
+pub mod affinity;
 mod app;
 mod attempt;
 pub mod availability;

@@ -111,6 +111,33 @@ pub struct Metrics {
     ttft: DashMap<AccountId, Histogram<12>>,
     total: DashMap<AccountId, Histogram<12>>,
     in_flight: DashMap<AccountId, Arc<AtomicI64>>,
+    affinity: [AtomicU64; 3],
+    queue_rejections: [AtomicU64; 2],
+}
+
+/// What session affinity did for one request that carried a session key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AffinityOutcome {
+    /// The bound account was available and tried first.
+    Hit,
+    /// The session had no binding (new, expired, or affinity just turned on).
+    Miss,
+    /// The session was served by another account than its binding and now points there.
+    Rebind,
+}
+
+impl AffinityOutcome {
+    /// Every outcome, in label order.
+    pub const ALL: [AffinityOutcome; 3] = [Self::Hit, Self::Miss, Self::Rebind];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hit => "hit",
+            Self::Miss => "miss",
+            Self::Rebind => "rebind",
+        }
+    }
 }
 
 /// One attempt (or committed stream) in flight on an account: counted in
@@ -180,6 +207,22 @@ impl Metrics {
     /// A request that fanned out was won by `role`.
     pub fn fan_out_win(&self, role: FanOutRole) {
         self.wins[usize::from(role == FanOutRole::Backup)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One session-affinity outcome.
+    pub fn affinity(&self, outcome: AffinityOutcome) {
+        self.affinity[outcome as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Session-affinity outcomes so far.
+    pub fn affinity_count(&self, outcome: AffinityOutcome) -> u64 {
+        self.affinity[outcome as usize].load(Ordering::Relaxed)
+    }
+
+    /// A request refused because no concurrency slot came free: `full` when the queue
+    /// was full, else the wait timed out.
+    pub fn queue_rejection(&self, full: bool) {
+        self.queue_rejections[usize::from(!full)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// A committed stream failed after its head.
@@ -385,6 +428,7 @@ impl Metrics {
         out.push_str(&states);
         out.push_str("# HELP keypool_account_in_flight Upstream attempts and committed streams in flight, by account.\n# TYPE keypool_account_in_flight gauge\n");
         out.push_str(&in_flight);
+        self.render_affinity_and_slots(&mut out, store);
 
         let backend = store.backend_status();
         if let Some(ready) = backend.redis_ready {
@@ -400,6 +444,52 @@ impl Metrics {
             );
         }
         out
+    }
+}
+
+impl Metrics {
+    /// Session affinity outcomes, queue rejections and the slot gauges of capped
+    /// accounts (`max_concurrent`).
+    fn render_affinity_and_slots(&self, out: &mut String, store: &Store) {
+        out.push_str("# HELP keypool_session_affinity_total Requests with a session key, by what affinity did: hit (bound account tried first), miss (no binding), rebind (served elsewhere, binding moved).\n# TYPE keypool_session_affinity_total counter\n");
+        for outcome in AffinityOutcome::ALL {
+            let _ = writeln!(
+                out,
+                "keypool_session_affinity_total{{outcome=\"{}\"}} {}",
+                outcome.as_str(),
+                self.affinity_count(outcome)
+            );
+        }
+        out.push_str("# HELP keypool_queue_rejections_total Requests answered 429 because every available account was at its max_concurrent, by reason.\n# TYPE keypool_queue_rejections_total counter\n");
+        for (reason, n) in ["full", "timeout"].iter().zip(&self.queue_rejections) {
+            let _ = writeln!(
+                out,
+                "keypool_queue_rejections_total{{reason=\"{reason}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
+        let slots = store.slots();
+        let _ = writeln!(
+            out,
+            "# HELP keypool_queue_waiting Requests waiting for a concurrency slot now.\n# TYPE keypool_queue_waiting gauge\nkeypool_queue_waiting {}",
+            slots.waiting()
+        );
+        out.push_str("# HELP keypool_account_slots_in_use Concurrency slots held in this process, by account with max_concurrent.\n# TYPE keypool_account_slots_in_use gauge\n");
+        let config = store.config();
+        let mut capped: Vec<&AccountId> = config
+            .accounts()
+            .filter(|a| a.max_concurrent().is_some())
+            .map(|a| a.id())
+            .collect();
+        capped.sort();
+        for id in capped {
+            let _ = writeln!(
+                out,
+                "keypool_account_slots_in_use{{account=\"{}\"}} {}",
+                escape(id.as_str()),
+                slots.in_use(id)
+            );
+        }
     }
 }
 

@@ -146,6 +146,13 @@ impl Reject {
         )
     }
 
+    /// `429 rate_limit_error` when every available account is at its `max_concurrent`
+    /// and no slot came free within `queue_max_wait_ms` (or the queue was full), with
+    /// `Retry-After: 1`.
+    pub fn at_capacity(message: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(StatusCode::TOO_MANY_REQUESTS, ErrorType::RateLimit, message).with_retry_after(1)
+    }
+
     /// The `429` of SPEC 3.5.2: every account is out of a usage window.
     pub fn all_out_of_window(window: &str, retry_after_secs: u64, returns_at: UnixMs) -> Self {
         Self::new(
