@@ -2,7 +2,7 @@
 //!
 //! Usage windows come from [`WindowBook::out_of_window`](keypool_cooldown::WindowBook)
 //! with each account's own `window_threshold` (else the default); cooldowns from the
-//! cooldown book.
+//! cooldown book; the 5-hour reset `reset_aware` orders by from the window book too.
 //!
 //! **Decision: an API-key request limit is a cooldown, not a window.** The window book
 //! also reports `anthropic-ratelimit-requests-remaining: 0` as
@@ -62,6 +62,16 @@ impl Availability for HealthAvailability<'_> {
 
     fn cooldown_until(&self, id: &AccountId, now: UnixMs) -> Option<UnixMs> {
         self.facts(id, now).1
+    }
+
+    /// The 5-hour reset from the account's latest rate-limit headers, while in the
+    /// future (read by `reset_aware`).
+    fn five_hour_reset(&self, id: &AccountId, now: UnixMs) -> Option<UnixMs> {
+        self.health
+            .windows
+            .state(id)
+            .and_then(|state| state.info.five_hour.reset)
+            .filter(|&reset| reset > now)
     }
 
     fn status(&self, id: &AccountId, now: UnixMs) -> AccountStatus {
@@ -134,6 +144,9 @@ mod tests {
         );
         // 0.6 is under the default 0.95.
         assert_eq!(av.status(&plain, NOW), AccountStatus::Available);
+        // reset_aware reads the 5-hour reset, only while it is ahead.
+        assert_eq!(av.five_hour_reset(&plain, NOW), Some(reset));
+        assert_eq!(av.five_hour_reset(&plain, reset), None);
         // Back exactly at the reset, without any request.
         assert_eq!(av.status(&strict, reset), AccountStatus::Available);
     }
