@@ -166,8 +166,17 @@ async fn demo(options: &DemoOptions) -> anyhow::Result<()> {
     };
     let mut tick = tokio::time::interval(refresh);
     tick.tick().await;
-    while !driver.is_finished() {
-        tick.tick().await;
+    let mut driver = driver;
+    let mut finished = false;
+    while !finished {
+        tokio::select! {
+            _ = tick.tick() => {}
+            result = &mut driver => {
+                result.context("the traffic driver failed")?;
+                // One last frame with the final counts.
+                finished = true;
+            }
+        }
         let elapsed = started.elapsed().min(options.duration);
         if tty {
             let table = live_table(&running, &traffic, elapsed, options.duration);
@@ -181,7 +190,6 @@ async fn demo(options: &DemoOptions) -> anyhow::Result<()> {
         }
         let _ = stderr.flush();
     }
-    driver.await.context("the traffic driver failed")?;
     let report = Report::gather(&running, &traffic, started.elapsed(), options);
     if options.json {
         let _ = writeln!(stderr, "\n{}", report.human());
