@@ -99,7 +99,9 @@ async fn a_session_moves_exactly_when_its_account_starts_cooling() {
     h.sim()
         .push(
             &first,
-            [Behaviour::from(ErrorReply::rate_limited().retry_after_secs(60))],
+            [Behaviour::from(
+                ErrorReply::rate_limited().retry_after_secs(60),
+            )],
         )
         .unwrap();
     let moved_to = served_by(&h, Some("s-2")).await;
