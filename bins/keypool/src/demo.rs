@@ -290,39 +290,63 @@ fn live_table(running: &Running, traffic: &Traffic, elapsed: Duration, total: Du
         },
         traffic.in_flight(),
     );
-    let _ = writeln!(
-        t,
-        "  {:<10} {:<38} {:>6} {:>6} {:>6}  state",
+    t.push_str(&account_table(&account_facts(running), true));
+    t
+}
+
+/// Every demo account's facts now: keypool's books and the simulator's counters.
+fn account_facts(running: &Running) -> Vec<AccountFacts> {
+    let metrics = running.app.metrics();
+    let now = now_ms();
+    ACCOUNTS
+        .iter()
+        .map(|a| {
+            let id = AccountId::from(a.id);
+            let stats = running.sim.stats(a.id).unwrap_or_default();
+            let (state, why) = account_state(running.app.store(), &id, now);
+            AccountFacts {
+                id: a.id,
+                character: a.character,
+                served: metrics.served(&id),
+                calls: stats.requests,
+                calls_after_first_answer: stats.requests.saturating_sub(stats.peak_in_flight),
+                state,
+                why,
+            }
+        })
+        .collect()
+}
+
+/// The per-account table of the live view and the summary: who served what, its share,
+/// upstream calls and state (coloured on a terminal).
+fn account_table(rows: &[AccountFacts], colour: bool) -> String {
+    let total: u64 = rows.iter().map(|a| a.served).sum();
+    let mut t = format!(
+        "  {:<10} {:<38} {:>6} {:>6} {:>6}  state\n",
         "account", "character", "served", "share", "calls"
     );
-    let now = now_ms();
-    let served_total: u64 = ACCOUNTS
-        .iter()
-        .map(|a| metrics.served(&AccountId::from(a.id)))
-        .sum();
-    for a in &ACCOUNTS {
-        let id = AccountId::from(a.id);
-        let served = metrics.served(&id);
-        let calls = running.sim.stats(a.id).map_or(0, |s| s.requests);
-        let (state, why) = account_state(running.app.store(), &id, now);
-        let colour = match state {
-            "active" => "\x1b[32m",
-            "cooling" => "\x1b[33m",
-            "out_of_window" => "\x1b[35m",
-            _ => "\x1b[31m",
+    for a in rows {
+        let (on, off) = match (colour, a.state) {
+            (false, _) => ("", ""),
+            (true, "active") => ("\x1b[32m", "\x1b[0m"),
+            (true, "cooling") => ("\x1b[33m", "\x1b[0m"),
+            (true, "out_of_window") => ("\x1b[35m", "\x1b[0m"),
+            (true, _) => ("\x1b[31m", "\x1b[0m"),
+        };
+        let share = if total == 0 {
+            0.0
+        } else {
+            a.served as f64 * 100.0 / total as f64
+        };
+        let why = if a.why.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", a.why)
         };
         let _ = writeln!(
             t,
-            "  {:<10} {:<38} {:>6} {:>5.1}% {:>6}  {colour}{state}\x1b[0m {why}",
-            a.id,
-            a.character,
-            served,
-            if served_total == 0 {
-                0.0
-            } else {
-                served as f64 * 100.0 / served_total as f64
-            },
-            calls,
+            "  {:<10} {:<38} {:>6} {:>5.1}% {:>6}  {on}{}{off}{why}",
+            a.id, a.character, a.served, share, a.calls, a.state
         );
     }
     t
@@ -373,24 +397,7 @@ impl Report {
             *statuses.entry(o.status).or_insert(0u64) += 1;
         }
         let mut ttfts: Vec<Duration> = outcomes.iter().filter_map(|o| o.ttft).collect();
-        let now = now_ms();
-        let accounts = ACCOUNTS
-            .iter()
-            .map(|a| {
-                let id = AccountId::from(a.id);
-                let stats = running.sim.stats(a.id).unwrap_or_default();
-                let (state, why) = account_state(running.app.store(), &id, now);
-                AccountFacts {
-                    id: a.id,
-                    character: a.character,
-                    served: metrics.served(&id),
-                    calls: stats.requests,
-                    calls_after_first_answer: stats.requests.saturating_sub(stats.peak_in_flight),
-                    state,
-                    why,
-                }
-            })
-            .collect();
+        let accounts = account_facts(running);
         Self {
             elapsed,
             traffic: options.duration,
@@ -492,27 +499,8 @@ impl Report {
             ms(self.ttft_p50),
             ms(self.ttft_p99)
         );
-        let _ = writeln!(
-            t,
-            "\n  {:<10} {:<38} {:>6} {:>6}  state",
-            "account", "character", "served", "calls"
-        );
-        for a in &self.accounts {
-            let _ = writeln!(
-                t,
-                "  {:<10} {:<38} {:>6} {:>6}  {}{}",
-                a.id,
-                a.character,
-                a.served,
-                a.calls,
-                a.state,
-                if a.why.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", a.why)
-                }
-            );
-        }
+        t.push('\n');
+        t.push_str(&account_table(&self.accounts, false));
         let _ = writeln!(t, "\n  Why accounts are out of rotation:");
         for a in self.accounts.iter().filter(|a| a.state != "active") {
             let line = match a.state {
