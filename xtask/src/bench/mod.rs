@@ -117,13 +117,13 @@ impl Plan {
             }
         } else {
             Self {
-                c1_requests: 5_000,
+                c1_requests: 20_000,
                 c1_max: Duration::from_secs(20),
-                c16: Duration::from_secs(8),
-                sustained: Duration::from_secs(8),
+                c16: Duration::from_secs(10),
+                sustained: Duration::from_secs(10),
                 sustained_rate: 500.0,
                 sustained_workers: 64,
-                stream: Duration::from_secs(12),
+                stream: Duration::from_secs(20),
                 warmup: 500,
             }
         }
