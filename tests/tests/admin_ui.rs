@@ -392,7 +392,7 @@ async fn the_status_page_shows_what_a_person_needs() {
     // The token stays in the tab: neither the page nor the address bar shows it.
     assert!(!dom.contains(TOKEN), "the token is in the DOM");
 
-    // A screenshot for the README when asked (KEYPOOL_SCREENSHOT=docs/status-page.png).
+    // A screenshot when asked (KEYPOOL_SCREENSHOT=target/status-page.png).
     if let Ok(path) = std::env::var("KEYPOOL_SCREENSHOT") {
         let target = keypool_tests::workspace_root().join(path);
         let mode = format!("--screenshot={}", target.display());
