@@ -364,4 +364,124 @@ mod tests {
         assert_eq!(a.first_errors, ["a0", "a1", "a2", "a3", "b0"]);
         assert_eq!(a.latency.len(), 1);
     }
+
+    use keypool_sim::{Behaviour, Delay, OkSpec, Script, Sim, SimConfig, SimHandle};
+
+    async fn sim(script: Script) -> SimHandle {
+        Sim::start(SimConfig::new().any_credential(script).record_limit(0))
+            .await
+            .unwrap()
+    }
+
+    fn endpoint(sim: &SimHandle, stream: bool) -> Endpoint {
+        let body = if stream {
+            r#"{"model":"m","max_tokens":8,"messages":[],"stream":true}"#
+        } else {
+            r#"{"model":"m","max_tokens":8,"messages":[]}"#
+        };
+        Endpoint {
+            uri: format!("{}/v1/messages", sim.base_url()).parse().unwrap(),
+            headers: vec![
+                (
+                    HeaderName::from_static("x-api-key"),
+                    HeaderValue::from_static("sk-ant-api03-test"),
+                ),
+                (
+                    HeaderName::from_static("content-type"),
+                    HeaderValue::from_static("application/json"),
+                ),
+            ],
+            body: Bytes::from_static(body.as_bytes()),
+            stream,
+        }
+    }
+
+    fn bounds(requests: u64) -> Bounds {
+        Bounds {
+            requests: Some(requests),
+            duration: Duration::from_secs(20),
+            pause: Duration::ZERO,
+        }
+    }
+
+    #[tokio::test]
+    async fn closed_loop_stops_at_the_request_count() {
+        let sim = sim(Script::ok()).await;
+        let out = closed_loop(&client(), &endpoint(&sim, false), 3, bounds(20)).await;
+        assert_eq!((out.ok, out.errors), (20, 0), "{:?}", out.first_errors);
+        assert_eq!(out.latency.len(), 20);
+        assert_eq!(out.ttft.len(), 0);
+        assert_eq!(sim.total_stats().requests, 20);
+        sim.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn streams_record_ttft_and_gaps() {
+        // 5 deltas 5 ms apart: the first goes with message_start, then 4 paced writes.
+        let spec = OkSpec::default().chunks(5).chunk_interval(Delay::ms(5));
+        let sim = sim(Script::new(Behaviour::Ok(spec))).await;
+        let out = closed_loop(&client(), &endpoint(&sim, true), 2, bounds(4)).await;
+        assert_eq!((out.ok, out.errors), (4, 0), "{:?}", out.first_errors);
+        assert_eq!(out.ttft.len(), 4);
+        // 4 gaps per stream unless the network merged two writes.
+        assert!((8..=16).contains(&out.gap.len()), "{}", out.gap.len());
+        let gap = out.gap.summary().unwrap();
+        assert!(gap.max_us >= 4_000.0, "{gap:?}");
+        let total = out.latency.summary().unwrap();
+        assert!(total.p50_us >= 20_000.0, "{total:?}");
+        sim.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn error_statuses_are_counted_with_their_body() {
+        let sim = sim(Script::new(Behaviour::status(529))).await;
+        let out = closed_loop(&client(), &endpoint(&sim, false), 1, bounds(3)).await;
+        assert_eq!((out.ok, out.errors), (0, 3));
+        assert!(
+            out.first_errors[0].starts_with("status 529"),
+            "{:?}",
+            out.first_errors
+        );
+        assert!(
+            out.first_errors[0].contains("overloaded_error"),
+            "{:?}",
+            out.first_errors
+        );
+        assert_eq!(out.latency.summary(), None);
+        sim.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn constant_rate_counts_queueing_from_the_due_time() {
+        // 40 ms per answer, one worker, 10 requests due 10 ms apart: request i is due at
+        // 10·i ms but can only start at 40·i ms, so it is measured as about 30·i + 40 ms.
+        // Measured from its real start every request would take about 40 ms.
+        let spec = OkSpec::default().latency(Delay::ms(40));
+        let sim = sim(Script::new(Behaviour::Ok(spec))).await;
+        let out = constant_rate(
+            &client(),
+            &endpoint(&sim, false),
+            100.0,
+            Duration::from_millis(100),
+            1,
+        )
+        .await;
+        assert_eq!((out.ok, out.errors), (10, 0), "{:?}", out.first_errors);
+        let s = out.latency.summary().unwrap();
+        assert!(s.max_us >= 300_000.0, "{s:?}");
+        assert!(s.p50_us >= 150_000.0, "{s:?}");
+        // With enough workers nothing queues.
+        let out = constant_rate(
+            &client(),
+            &endpoint(&sim, false),
+            100.0,
+            Duration::from_millis(100),
+            16,
+        )
+        .await;
+        assert_eq!(out.ok, 10);
+        let s = out.latency.summary().unwrap();
+        assert!(s.max_us < 150_000.0, "{s:?}");
+        sim.shutdown().await;
+    }
 }
