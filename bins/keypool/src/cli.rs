@@ -33,7 +33,7 @@ Exit codes:
 #[command(name = "keypool", version, after_help = EXIT_CODES)]
 pub struct Cli {
     /// Log format on stderr: `human` (one readable line per event) or `json` (one JSON
-    /// object per line). The level comes from `RUST_LOG` (default `info`).
+    /// object per line). The level comes from `RUST_LOG` (default `info`; `warn` for `demo`).
     #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true)]
     pub log_format: LogFormat,
     /// What to do.
