@@ -447,3 +447,39 @@ async fn in_flight_counts_a_stream_until_it_ends() {
     assert_eq!(in_flight(after), 0);
     h.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_asks_for_the_token() {
+    let h = pool(true).await;
+    let profile = std::env::temp_dir().join(format!("keypool-chromium-ask-{}", std::process::id()));
+    let page = h.url("/admin/ui");
+    let wrong = format!("{page}#token=not-the-token");
+    let (without, refused) = tokio::task::spawn_blocking(move || {
+        (
+            headless(&page, "--dump-dom", &profile.join("a")),
+            headless(&wrong, "--dump-dom", &profile.join("b")),
+        )
+    })
+    .await
+    .unwrap();
+    // Without a token: the form, no data.
+    assert!(
+        without.contains("<form id=\"login\" class=\"\">"),
+        "{without}"
+    );
+    assert!(
+        without.contains("<div id=\"status\" class=\"hidden\">"),
+        "{without}"
+    );
+    assert!(!without.contains("data-account="), "{without}");
+    // A wrong token: refused, said so, asked again.
+    assert!(
+        refused.contains("That token was refused (401)."),
+        "{refused}"
+    );
+    assert!(!refused.contains("data-account="), "{refused}");
+    let _ = std::fs::remove_dir_all(
+        std::env::temp_dir().join(format!("keypool-chromium-ask-{}", std::process::id())),
+    );
+    h.finish().await;
+}
