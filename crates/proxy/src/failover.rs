@@ -214,6 +214,9 @@ pub(crate) async fn serve<'c>(
                     }
                     FanOut::Single(_) => {}
                 }
+            } else if let Some(budget) = &budget {
+                // No fan-out after all (the primary is at its cap): give the extra back.
+                budget.refund(now_ms());
             }
         }
         FanOut::Single(_) => {}
