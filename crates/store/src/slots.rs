@@ -375,6 +375,43 @@ mod tests {
         AccountId::from(s)
     }
 
+    proptest::proptest! {
+        /// Any sequence of takes and drops over three capped accounts: a take succeeds
+        /// exactly when the account is under its cap, the count follows the guards
+        /// alive, and everything is back to zero once they are gone.
+        #[test]
+        fn slots_follow_the_guards_alive(
+            caps in proptest::collection::vec(1u32..4, 3),
+            ops in proptest::collection::vec((0usize..3, proptest::bool::ANY, 0usize..8), 0..60),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            runtime.block_on(async {
+                let book = SlotBook::new(None);
+                let ids = [id("a"), id("b"), id("c")];
+                let mut alive: Vec<SlotGuard> = Vec::new();
+                for (account, take, victim) in ops {
+                    if take {
+                        let held = alive.iter().filter(|g| *g.account() == ids[account]).count();
+                        let got = book.try_acquire(&ids[account], caps[account]).await;
+                        proptest::prop_assert_eq!(got.is_some(), (held as u32) < caps[account]);
+                        alive.extend(got);
+                    } else if !alive.is_empty() {
+                        let victim = victim % alive.len();
+                        drop(alive.swap_remove(victim));
+                    }
+                    for (i, account) in ids.iter().enumerate() {
+                        let held = alive.iter().filter(|g| g.account() == account).count() as u32;
+                        proptest::prop_assert_eq!(book.in_use(account), held);
+                        proptest::prop_assert!(held <= caps[i]);
+                    }
+                }
+                alive.clear();
+                proptest::prop_assert_eq!(book.total_in_use(), 0);
+                Ok(())
+            })?;
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_cap_holds_and_a_slot_comes_back_once() {
         let book = SlotBook::new(None);
