@@ -37,10 +37,14 @@
 //! let caller = config.authenticate(&route, key)?;     // 401 / 403 ORG_SUSPENDED
 //! let snapshot = store.snapshot(&route, now);         // Arc<[Candidate]>, SPEC order
 //! let counter = store.next_counter(route.pool_key().as_str()).await;
-//! // ... plan with keypool-selector, call upstream, then per attempt:
+//! let bound = store.session_account(&session_key, now).await;  // session affinity
+//! // ... plan with keypool-selector (preferring `bound`), then per attempt:
+//! let slot = store.slots().try_acquire(&account, max_concurrent).await; // capped only
+//! // (none free anywhere: store.slots().wait(&wants, max_wait, max_depth).await)
 //! store.record_failure(&attempt, &classification, now);   // or record_success
 //! store.observe_windows(&account, &rate_limit_info, now);
 //! store.record_rating(&account, sample, now);
+//! store.bind_session(&session_key, &served_by, ttl_ms, now).await;
 //! ```
 //!
 //! # Layout
