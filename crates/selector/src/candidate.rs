@@ -30,6 +30,11 @@ pub struct Candidate {
     pub last_used: UnixMs,
     /// `false` once disabled; the filter drops it.
     pub active: bool,
+    /// The account's place in the snapshot's stable rotation order (`priority` asc,
+    /// `id` asc), set by [`sort_snapshot`]. `round_robin` rotates over this order rather
+    /// than over the snapshot order, whose `last_used` part changes with every request:
+    /// rotating a list that was just re-sorted by `last_used` would not rotate.
+    pub rotation_rank: u32,
 }
 
 impl Candidate {
@@ -44,6 +49,7 @@ impl Candidate {
             weight: MIN_WEIGHT,
             last_used: 0,
             active: true,
+            rotation_rank: 0,
         }
     }
 
@@ -70,9 +76,15 @@ pub fn snapshot_order(a: &Candidate, b: &Candidate) -> Ordering {
         .then_with(|| a.id.cmp(&b.id))
 }
 
-/// Sorts candidates into the snapshot order ([`snapshot_order`]). The planner takes the
-/// snapshot as given, so call this once when the snapshot is captured.
+/// Sorts candidates into the snapshot order ([`snapshot_order`]) and numbers them in
+/// the stable rotation order (`priority` asc, `id` asc, [`Candidate::rotation_rank`]).
+/// The planner takes the snapshot as given, so call this once when the snapshot is
+/// captured.
 pub fn sort_snapshot(candidates: &mut [Candidate]) {
+    candidates.sort_by(|a, b| a.priority.cmp(&b.priority).then_with(|| a.id.cmp(&b.id)));
+    for (rank, c) in candidates.iter_mut().enumerate() {
+        c.rotation_rank = u32::try_from(rank).unwrap_or(u32::MAX);
+    }
     candidates.sort_by(snapshot_order);
 }
 

@@ -169,6 +169,25 @@ impl Plan {
     }
 }
 
+/// Puts the survivors (snapshot indices) into the stable rotation order of their
+/// [`Candidate::rotation_rank`]s, in O(n). When the ranks are not a numbering of the
+/// snapshot (a snapshot not captured with [`sort_snapshot`]), the survivors keep the
+/// snapshot order.
+fn in_rotation_order(snapshot: &[Candidate], survivors: &mut [usize]) {
+    const EMPTY: usize = usize::MAX;
+    let mut by_rank = vec![EMPTY; snapshot.len()];
+    for &i in survivors.iter() {
+        match by_rank.get_mut(snapshot[i].rotation_rank as usize) {
+            Some(slot) if *slot == EMPTY => *slot = i,
+            _ => return,
+        }
+    }
+    let ordered = by_rank.into_iter().filter(|&i| i != EMPTY);
+    for (slot, i) in survivors.iter_mut().zip(ordered) {
+        *slot = i;
+    }
+}
+
 /// Makes the plan for one request: filters the snapshot (SPEC 3.5), orders the
 /// survivors with the strategy (SPEC 4), then applies the hedge/race gate.
 ///
@@ -203,6 +222,7 @@ where
     let mut summary = None;
     match input.strategy {
         Strategy::RoundRobin => {
+            in_rotation_order(snapshot, &mut attempts);
             let start = (input.counter % attempts.len() as u64) as usize;
             attempts.rotate_left(start);
         }
@@ -318,6 +338,7 @@ mod tests {
 
     use super::*;
     use crate::availability::{AlwaysAvailable, StaticAvailability};
+    use crate::candidate::sort_snapshot;
     use crate::rating::Sample;
 
     const NOW: UnixMs = 1_000_000;
@@ -404,6 +425,40 @@ mod tests {
         )
         .with_counter(7);
         assert_eq!(ids(&run(&input), &snapshot), ["a", "b", "c"]);
+    }
+
+    /// The snapshot is re-sorted by `last_used` whenever it is captured again; the
+    /// rotation must follow the stable (`priority`, `id`) order, not that moving one.
+    #[test]
+    fn round_robin_rotates_in_stable_order_when_the_snapshot_is_resorted() {
+        let rating = RatingEngine::new();
+        let mut last_used = [0u64; 3];
+        let mut leaders = Vec::new();
+        for counter in 0..9u64 {
+            let mut snapshot: Vec<Candidate> = ["a", "b", "c"]
+                .iter()
+                .zip(last_used)
+                .map(|(id, used)| Candidate {
+                    last_used: used,
+                    ..cand(id, None)
+                })
+                .collect();
+            sort_snapshot(&mut snapshot);
+            let input = PlanInput::new(
+                &snapshot,
+                &AlwaysAvailable,
+                Strategy::RoundRobin,
+                &rating,
+                NOW,
+            )
+            .with_counter(counter);
+            let p = run(&input);
+            let leader = snapshot[p.primary()].id.to_string();
+            let slot = ["a", "b", "c"].iter().position(|id| *id == leader).unwrap();
+            last_used[slot] = NOW + counter;
+            leaders.push(leader);
+        }
+        assert_eq!(leaders, ["a", "b", "c", "a", "b", "c", "a", "b", "c"]);
     }
 
     #[test]

@@ -350,6 +350,7 @@ impl Store {
                 weight: a.weight().get(),
                 last_used: state.last_used(a.id()),
                 active: a.active() && !state.health.disabled.is_disabled(a.id()),
+                rotation_rank: 0, // numbered by sort_snapshot below
             })
             .collect();
         sort_snapshot(&mut candidates);
