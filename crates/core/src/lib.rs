@@ -8,6 +8,7 @@
 //! - [`Provider`] and [`AuthType`]: which wire format and credential an account uses.
 //! - [`Window`]: the two subscription usage windows (`5h`, `weekly`).
 //! - [`Strategy`]: the name of a group's selection strategy.
+//! - [`StreamCommit`]: where a stream's point of no return is (`stream_commit`).
 //! - [`UnixMs`]: absolute time in unix milliseconds. Policy code never reads the clock:
 //!   `now: UnixMs` is always an argument.
 //!
@@ -192,6 +193,21 @@ named_enum! {
         Race = "race",
         /// Prefer the account whose 5-hour window resets soonest, ties by rating.
         ResetAware = "reset_aware",
+    }
+}
+
+named_enum! {
+    /// The `stream_commit` setting: where a stream's point of no return is (SPEC 3.8).
+    /// The default is `first_content`.
+    #[derive(Default)]
+    StreamCommit, "stream_commit" {
+        /// Keep holding past `message_start` and `ping` until the first content frame:
+        /// Anthropic often sends `message_start` and then an in-band `overloaded_error`,
+        /// which is still a failover here.
+        #[default]
+        FirstContent = "first_content",
+        /// Commit at the first valid frame (`message_start`).
+        FirstFrame = "first_frame",
     }
 }
 

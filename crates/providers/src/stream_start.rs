@@ -5,11 +5,9 @@
 //! that decides, frame by frame: hold, commit, or fail over. The proxy drives it with
 //! every decoded frame, the end of the body, and the `first_frame_timeout`.
 
-use std::fmt;
-use std::str::FromStr;
-
+use keypool_core::StreamCommit;
 use keypool_sse::Frame;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::response::{UpstreamError, stream_error};
 
@@ -38,51 +36,6 @@ pub fn is_valid_first_frame(frame: &Frame) -> bool {
     }
     serde_json::from_slice::<Typed<'_>>(&data)
         .is_ok_and(|typed| typed.kind.as_deref() == Some("message_start"))
-}
-
-/// The `stream_commit` setting: where the point of no return is.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StreamCommit {
-    /// Commit at the first valid frame (`message_start`).
-    FirstFrame,
-    /// Keep holding past `message_start` and `ping` until the first content frame
-    /// (the default): Anthropic often sends `message_start` and then an in-band
-    /// `overloaded_error`, which is still a failover here.
-    #[default]
-    FirstContent,
-}
-
-impl StreamCommit {
-    /// The configuration spelling.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::FirstFrame => "first_frame",
-            Self::FirstContent => "first_content",
-        }
-    }
-}
-
-impl fmt::Display for StreamCommit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for StreamCommit {
-    type Err = keypool_core::UnknownName;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "first_frame" => Ok(Self::FirstFrame),
-            "first_content" => Ok(Self::FirstContent),
-            _ => Err(keypool_core::UnknownName {
-                what: "stream_commit",
-                value: s.to_owned(),
-                expected: "`first_frame` `first_content`",
-            }),
-        }
-    }
 }
 
 /// Why a stream failed before its commit point: the attempt failed, fail over.

@@ -22,7 +22,7 @@ use keypool_providers::{
     override_model, rate_limits, usage_from_json_body,
 };
 use keypool_sse::Decoder;
-use keypool_store::config::{Account, Config, StreamCommit};
+use keypool_store::config::{Account, Config};
 use keypool_store::now_ms;
 use tokio::time::Instant;
 
@@ -188,12 +188,8 @@ async fn hold_stream(
     first_chunk: &AtomicBool,
 ) -> Result<(u64, ReadyKind), Failure> {
     let settings = config.server();
-    let mode = match settings.stream_commit {
-        StreamCommit::FirstContent => keypool_providers::StreamCommit::FirstContent,
-        StreamCommit::FirstFrame => keypool_providers::StreamCommit::FirstFrame,
-    };
     let mut gate = CommitGate::with_limits(
-        mode,
+        settings.stream_commit,
         settings.commit_hold_max_frames as usize,
         usize::try_from(settings.commit_hold_max_bytes).unwrap_or(usize::MAX),
     );

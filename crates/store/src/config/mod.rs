@@ -23,6 +23,7 @@ use std::sync::Arc;
 use keypool_core::{AccountId, AuthType, Provider, Strategy, UnixMs};
 
 pub use env::ENV_OVERRIDES;
+pub use keypool_core::StreamCommit;
 pub use secret::Secret;
 
 use crate::StoreError;
@@ -168,26 +169,6 @@ impl Default for ServerSettings {
             queue_max_wait_ms: 30_000,
             queue_max_depth: 0,
             rating: RatingSettings::default(),
-        }
-    }
-}
-
-/// Where a stream's point of no return is (SPEC 3.8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum StreamCommit {
-    /// Hold past `message_start` and `ping` until the first content frame (default).
-    #[default]
-    FirstContent,
-    /// Commit at the first valid frame.
-    FirstFrame,
-}
-
-impl StreamCommit {
-    /// The name used in the config file.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            StreamCommit::FirstContent => "first_content",
-            StreamCommit::FirstFrame => "first_frame",
         }
     }
 }

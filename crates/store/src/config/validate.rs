@@ -690,20 +690,11 @@ fn validate_server(
             d.listen
         }),
     };
-    let stream_commit = match s.stream_commit.as_deref() {
-        None => d.stream_commit,
-        Some("first_content") => StreamCommit::FirstContent,
-        Some("first_frame") => StreamCommit::FirstFrame,
-        Some(other) => {
-            issues.push(
-                "server.stream_commit",
-                format!(
-                    "unknown stream_commit {other:?}: expected `first_content` or `first_frame`"
-                ),
-            );
-            d.stream_commit
-        }
-    };
+    let stream_commit = s
+        .stream_commit
+        .as_deref()
+        .and_then(|v| parse_named::<StreamCommit>(v, "server.stream_commit", issues))
+        .unwrap_or(d.stream_commit);
     let passthrough_statuses = match &s.passthrough_statuses {
         None => d.passthrough_statuses.clone(),
         Some(list) => list
