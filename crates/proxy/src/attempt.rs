@@ -202,7 +202,7 @@ async fn hold_stream(
     let mut ttft_ms = None;
     let deadline = Instant::now() + Duration::from_millis(settings.first_frame_timeout_ms);
     let invalid = || Failure::Transport(TransportFailure::InvalidStreamStart);
-    loop {
+    'hold: loop {
         loop {
             let frame = match decoder.next_frame() {
                 Ok(Some(frame)) => frame,
@@ -223,35 +223,13 @@ async fn hold_stream(
                 }
             }
             if verdict == Verdict::Commit {
-                let ttft = ttft_ms.unwrap_or_else(|| started.elapsed().as_millis() as u64);
-                return Ok((
-                    ttft,
-                    ReadyKind::Stream {
-                        held,
-                        decoder,
-                        body,
-                        usage,
-                        saw_stop,
-                        started,
-                    },
-                ));
+                break 'hold;
             }
         }
         match tokio::time::timeout_at(deadline, body.frame()).await {
             Err(_) => {
                 if gate.timeout() == Verdict::Commit {
-                    let ttft = ttft_ms.unwrap_or_else(|| started.elapsed().as_millis() as u64);
-                    return Ok((
-                        ttft,
-                        ReadyKind::Stream {
-                            held,
-                            decoder,
-                            body,
-                            usage,
-                            saw_stop,
-                            started,
-                        },
-                    ));
+                    break 'hold;
                 }
                 return Err(invalid());
             }
@@ -269,6 +247,19 @@ async fn hold_stream(
             }
         }
     }
+    // Committed: at a content frame, or at the timeout after a valid first frame.
+    let ttft = ttft_ms.unwrap_or_else(|| started.elapsed().as_millis() as u64);
+    Ok((
+        ttft,
+        ReadyKind::Stream {
+            held,
+            decoder,
+            body,
+            usage,
+            saw_stop,
+            started,
+        },
+    ))
 }
 
 /// Reads a body up to `limit` bytes, waiting at most `idle` for each chunk. With

@@ -439,7 +439,6 @@ fn record_failure(
     snapshot_len: usize,
     failure: &Failure,
 ) -> Classification {
-    let now = now_ms();
     let attempt_failure = match failure {
         Failure::Status {
             status, rate_limit, ..
@@ -449,23 +448,43 @@ fn record_failure(
         },
         Failure::Transport(t) => AttemptFailure::Transport(*t),
     };
-    let c = classify(&attempt_failure, now);
     let attempt = Attempt {
         account: &candidate.id,
         base_url: candidate.base_url.as_deref().unwrap_or(""),
         started_at,
         snapshot_len,
     };
+    credit_failure(app, &attempt, &attempt_failure, now_ms())
+}
+
+/// Credits a failure (of an attempt, or of a committed stream) to its account:
+/// classification, cooldown or disabling, breaker, rating sample, failover metric.
+fn credit_failure(
+    app: &App,
+    attempt: &Attempt<'_>,
+    failure: &AttemptFailure<'_>,
+    now: UnixMs,
+) -> Classification {
+    let c = classify(failure, now);
     let store = app.store();
-    store.record_failure(&attempt, &c, now);
+    store.record_failure(attempt, &c, now);
     let sample = if c.is_request_error() {
         Sample::RequestError
     } else {
         Sample::Failure
     };
-    store.record_rating(&candidate.id, sample, now);
+    store.record_rating(attempt.account, sample, now);
     app.metrics().failover(&c);
     c
+}
+
+/// Credits a success (a complete answer, or a stream that completed) to its account:
+/// the cooldown book and breaker, the rating sample, the total-time metric.
+fn credit_success(app: &App, attempt: &Attempt<'_>, ttft_ms: u64, total_ms: u64, now: UnixMs) {
+    let store = app.store();
+    store.record_success(attempt, now);
+    store.record_rating(attempt.account, Sample::Success { ttft_ms, total_ms }, now);
+    app.metrics().total(attempt.account, total_ms);
 }
 
 /// Seconds until the earliest cooldown of the pool ends, at least 1.
@@ -542,23 +561,13 @@ fn commit(
             usage,
             total_ms,
         } => {
-            let now = now_ms();
             let attempt = Attempt {
                 account: &account,
                 base_url: &base_url,
                 started_at,
                 snapshot_len,
             };
-            app.store().record_success(&attempt, now);
-            app.store().record_rating(
-                &account,
-                Sample::Success {
-                    ttft_ms: ready.ttft_ms,
-                    total_ms,
-                },
-                now,
-            );
-            app.metrics().total(&account, total_ms);
+            credit_success(app, &attempt, ready.ttft_ms, total_ms, now_ms());
             if let Some(log) = log.as_mut() {
                 log.usage = usage;
             }
@@ -630,26 +639,18 @@ impl StreamFinish for StreamCompletion {
             started_at: this.started_at,
             snapshot_len: this.snapshot_len,
         };
-        let store = this.app.store();
         let outcome = match end {
             StreamEnd::Completed => {
-                store.record_success(&attempt, now);
-                store.record_rating(
-                    &this.account,
-                    Sample::Success {
-                        ttft_ms: this.ttft_ms,
-                        total_ms,
-                    },
-                    now,
-                );
-                this.app.metrics().total(&this.account, total_ms);
+                credit_success(&this.app, &attempt, this.ttft_ms, total_ms, now);
                 "completed"
             }
             StreamEnd::Failed(failure) => {
-                let c = classify(&AttemptFailure::Transport(failure), now);
-                store.record_failure(&attempt, &c, now);
-                store.record_rating(&this.account, Sample::Failure, now);
-                this.app.metrics().failover(&c);
+                credit_failure(
+                    &this.app,
+                    &attempt,
+                    &AttemptFailure::Transport(failure),
+                    now,
+                );
                 this.app.metrics().stream_failure();
                 match failure {
                     TransportFailure::Timeout => "idle_timeout",
