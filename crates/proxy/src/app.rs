@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use dashmap::DashMap;
 use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
@@ -17,7 +17,7 @@ use keypool_store::resolve::PoolKey;
 use keypool_store::{Store, now_ms};
 
 use crate::attempt::Call;
-use crate::body::ProxyBody;
+use crate::body::{Collected, ProxyBody};
 use crate::headers::{X_REQUEST_ID, add_legacy_headers};
 use crate::log::RequestLog;
 use crate::metrics::{Metrics, UNRESOLVED};
@@ -372,8 +372,7 @@ where
     let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
     let limited = std::pin::pin!(Limited::new(body, limit_usize));
     let mut limited = limited;
-    let mut first: Option<Bytes> = None;
-    let mut rest: Option<BytesMut> = None;
+    let mut collected = Collected::default();
     loop {
         let frame = match tokio::time::timeout(idle, limited.as_mut().frame()).await {
             Err(_) => return Err(Reject::body_timeout(idle)),
@@ -384,24 +383,11 @@ where
             Ok(Some(Err(_))) => return Err(Reject::unreadable_body()),
             Ok(Some(Ok(frame))) => frame,
         };
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        match (&first, &mut rest) {
-            (None, _) => first = Some(data),
-            (Some(f), None) => {
-                let mut buf = BytesMut::with_capacity(f.len() + data.len());
-                buf.extend_from_slice(f);
-                buf.extend_from_slice(&data);
-                rest = Some(buf);
-            }
-            (Some(_), Some(buf)) => buf.extend_from_slice(&data),
+        if let Ok(data) = frame.into_data() {
+            collected.push(data);
         }
     }
-    Ok(match rest {
-        Some(buf) => buf.freeze(),
-        None => first.unwrap_or_default(),
-    })
+    Ok(collected.into_bytes())
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -27,6 +27,7 @@ use keypool_store::now_ms;
 use tokio::time::Instant;
 
 use crate::App;
+use crate::body::Collected;
 
 /// Most bytes of an upstream error body read (to classify it and for the pass-through
 /// message); the rest is not read.
@@ -270,8 +271,7 @@ async fn read_body(
     idle: Duration,
     truncate: bool,
 ) -> Result<Bytes, TransportFailure> {
-    let mut first: Option<Bytes> = None;
-    let mut rest: Option<BytesMut> = None;
+    let mut collected = Collected::default();
     let mut len = 0usize;
     loop {
         let frame = match tokio::time::timeout(idle, body.frame()).await {
@@ -290,22 +290,10 @@ async fn read_body(
             data.truncate(limit - len);
         }
         len += data.len();
-        match (&mut first, &mut rest) {
-            (None, _) => first = Some(data),
-            (Some(f), None) => {
-                let mut buf = BytesMut::with_capacity(f.len() + data.len());
-                buf.extend_from_slice(f);
-                buf.extend_from_slice(&data);
-                rest = Some(buf);
-            }
-            (Some(_), Some(buf)) => buf.extend_from_slice(&data),
-        }
+        collected.push(data);
         if len >= limit {
             break;
         }
     }
-    Ok(match rest {
-        Some(buf) => buf.freeze(),
-        None => first.unwrap_or_default(),
-    })
+    Ok(collected.into_bytes())
 }

@@ -7,13 +7,45 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use keypool_cooldown::TransportFailure;
 use keypool_providers::{StreamUsage, Usage, stream_error};
 use keypool_sse::{Decoder, overloaded_error_frame};
 use tokio::time::{Instant, Sleep};
+
+/// Joins the data chunks of a body read in full: a body of one chunk (the usual case)
+/// is kept as it came, without a copy; only a second chunk starts a buffer.
+#[derive(Debug, Default)]
+pub(crate) struct Collected {
+    first: Option<Bytes>,
+    rest: Option<BytesMut>,
+}
+
+impl Collected {
+    /// Appends one chunk.
+    pub(crate) fn push(&mut self, data: Bytes) {
+        match (&self.first, &mut self.rest) {
+            (None, _) => self.first = Some(data),
+            (Some(first), None) => {
+                let mut buf = BytesMut::with_capacity(first.len() + data.len());
+                buf.extend_from_slice(first);
+                buf.extend_from_slice(&data);
+                self.rest = Some(buf);
+            }
+            (Some(_), Some(buf)) => buf.extend_from_slice(&data),
+        }
+    }
+
+    /// The whole body.
+    pub(crate) fn into_bytes(self) -> Bytes {
+        match self.rest {
+            Some(buf) => buf.freeze(),
+            None => self.first.unwrap_or_default(),
+        }
+    }
+}
 
 /// The body of every response keypool writes. It never fails: a committed stream whose
 /// upstream breaks ends with one generic `event: error` frame instead (SPEC 3.8).
