@@ -1,0 +1,451 @@
+//! Hostile input (SPEC 3.1–3.4): keypool answers whatever a client throws at it with a
+//! clear 4xx, never a 5xx, a panic or a hang, and never an upstream call.
+//!
+//! - a huge chunked body is refused with `413` long before it has all been sent (not
+//!   buffered whole), and so is an announced `content-length` over the limit;
+//! - a client trickling its headers one byte at a time is still cut off at the header
+//!   timeout, and a body that stalls gets `408`;
+//! - invalid JSON, non-UTF-8 bytes, missing or non-string `model`, deep nesting, huge
+//!   header counts and sizes, odd paths (`..`, encoded slashes, very long slugs) → 4xx;
+//! - thousands of idle connections: memory stays bounded, requests are still served, and
+//!   the header timeout closes every one of them.
+
+// Test code may unwrap (helpers outside #[test] functions too).
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use keypool_sim::Script;
+use keypool_tests::{AccountSpec, Harness, KEY, MODEL, message_body};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn harness(limits: &[(&str, &str)]) -> Harness {
+    let mut b = Harness::builder().account(AccountSpec::new("a", Script::ok()));
+    for (k, v) in limits {
+        b = b.server(k, v);
+    }
+    b.start().await
+}
+
+fn host(h: &Harness) -> String {
+    h.base_url().trim_start_matches("http://").to_owned()
+}
+
+/// Sends `request` (raw bytes, which should say `connection: close`) and reads the answer
+/// to its end (at most 10 s). Returns the status and the whole answer text.
+async fn raw(h: &Harness, request: &[u8]) -> (u16, String) {
+    let mut socket = TcpStream::connect(host(h)).await.unwrap();
+    // the server may answer and close before it read everything: a failed write is fine
+    let _ = socket.write_all(request).await;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match socket.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .expect("an answer within 10 s");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    (status_of(&text), text)
+}
+
+/// The status of a raw HTTP/1.1 answer (0 when there is none).
+fn status_of(answer: &str) -> u16 {
+    answer
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn post(path: &str, key: &str, extra_headers: &str, body: &[u8]) -> Vec<u8> {
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nhost: keypool\r\nconnection: close\r\nx-api-key: {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n{extra_headers}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body);
+    request
+}
+
+/// The resident set size of this process, in KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_chunked_body_gets_413_before_it_is_all_sent() {
+    const LIMIT: usize = 1 << 20;
+    const WOULD_SEND: usize = 256 << 20;
+    let h = harness(&[("max_body_bytes", &LIMIT.to_string())]).await;
+    let mut socket = TcpStream::connect(host(&h)).await.unwrap();
+    let head = format!(
+        "POST /acme/team/v1/messages HTTP/1.1\r\nhost: keypool\r\nx-api-key: {}\r\n\
+         content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+        h.key(KEY)
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let (mut read, mut write) = socket.into_split();
+    let writer = tokio::spawn(async move {
+        let chunk = vec![b' '; 64 * 1024];
+        let mut frame = format!("{:x}\r\n", chunk.len()).into_bytes();
+        frame.extend_from_slice(&chunk);
+        frame.extend_from_slice(b"\r\n");
+        let mut sent = 0usize;
+        while sent < WOULD_SEND {
+            if write.write_all(&frame).await.is_err() {
+                break;
+            }
+            sent += chunk.len();
+        }
+        sent
+    });
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            match read.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .expect("a 413 head within 20 s");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    assert_eq!(status_of(&text), 413, "{text}");
+    drop(read);
+    let sent = writer.await.unwrap();
+    eprintln!("413 after {sent} bytes of a {WOULD_SEND}-byte body (limit {LIMIT})");
+    assert!(
+        sent < WOULD_SEND / 4,
+        "answered after {sent} of {WOULD_SEND} bytes: the server read on long past the limit"
+    );
+    assert_eq!(h.sim().total_stats().requests, 0);
+
+    // an announced length over the limit is refused from the head alone
+    let mut request = format!(
+        "POST /acme/team/v1/messages HTTP/1.1\r\nhost: keypool\r\nconnection: close\r\n\
+         x-api-key: {}\r\ncontent-length: {}\r\n\r\n",
+        h.key(KEY),
+        WOULD_SEND
+    )
+    .into_bytes();
+    request.extend_from_slice(b"{\"model\":");
+    let started = Instant::now();
+    let (status, text) = raw(&h, &request).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(text.contains("request_too_large"), "{text}");
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn headers_trickled_byte_by_byte_are_cut_at_the_header_timeout() {
+    let h = harness(&[("header_read_timeout_secs", "1")]).await;
+    let mut socket = TcpStream::connect(host(&h)).await.unwrap();
+    let started = Instant::now();
+    let head = b"POST /acme/team/v1/messages HTTP/1.1\r\nhost: keypool\r\nx-padding: ".to_vec();
+    let closed = tokio::time::timeout(Duration::from_secs(6), async {
+        let mut i = 0usize;
+        loop {
+            let byte = head.get(i).copied().unwrap_or(b'a');
+            if socket.write_all(&[byte]).await.is_err() {
+                return;
+            }
+            i += 1;
+            let mut buf = [0u8; 256];
+            // the server closing (EOF or reset) shows as a read within the pause
+            if let Ok(r) =
+                tokio::time::timeout(Duration::from_millis(100), socket.read(&mut buf)).await
+            {
+                match r {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => assert!(
+                        status_of(&String::from_utf8_lossy(&buf[..n])) == 408,
+                        "only a 408 may answer a slow head"
+                    ),
+                }
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "still open after 6 s of trickling");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "cut after {took:?} with a 1 s header timeout"
+    );
+    assert_eq!(h.sim().total_stats().requests, 0);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn a_body_that_stalls_gets_408() {
+    let h = harness(&[("header_read_timeout_secs", "1")]).await;
+    let mut request = post("/acme/team/v1/messages", &h.key(KEY), "", &[0u8; 100]);
+    request.truncate(request.len() - 90); // 10 of the 100 announced bytes
+    let started = Instant::now();
+    let mut socket = TcpStream::connect(host(&h)).await.unwrap();
+    socket.write_all(&request).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer))
+        .await
+        .expect("answered within 5 s")
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert_eq!(status_of(&text), 408, "{text}");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert_eq!(h.sim().total_stats().requests, 0);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn malformed_bodies_are_400_from_keypool_without_an_upstream_call() {
+    let h = harness(&[]).await;
+    let key = h.key(KEY);
+    let deep = format!(
+        "{{\"model\":\"{MODEL}\",\"x\":{}{}}}",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("not JSON", b"hello".to_vec()),
+        ("truncated JSON", br#"{"model":"claude"#.to_vec()),
+        ("empty body", Vec::new()),
+        (
+            "non-UTF-8",
+            b"{\"model\":\"\xff\xfe\xfd\",\"max_tokens\":1}".to_vec(),
+        ),
+        (
+            "invalid UTF-8 escape",
+            br#"{"model":"\ud800","max_tokens":1}"#.to_vec(),
+        ),
+        (
+            "missing model",
+            br#"{"max_tokens":1,"messages":[]}"#.to_vec(),
+        ),
+        (
+            "model not a string",
+            br#"{"model":5,"messages":[]}"#.to_vec(),
+        ),
+        ("null model", br#"{"model":null}"#.to_vec()),
+        ("array body", br#"[{"model":"claude"}]"#.to_vec()),
+        ("NUL bytes", b"\0\0\0\0".to_vec()),
+    ];
+    for (case, body) in cases {
+        let (status, text) = raw(&h, &post("/acme/team/v1/messages", &key, "", &body)).await;
+        assert_eq!(status, 400, "{case}: {text}");
+        assert!(text.contains("invalid_request_error"), "{case}: {text}");
+        let (status, text) = raw(
+            &h,
+            &post("/acme/team/v1/messages/count_tokens", &key, "", &body),
+        )
+        .await;
+        assert_eq!(status, 400, "count_tokens, {case}: {text}");
+    }
+    assert_eq!(h.sim().total_stats().requests, 0);
+    // 100,000 levels of nesting are valid JSON with a model: keypool neither overflows
+    // its stack nor refuses it (the upstream decides)
+    let (status, text) = raw(
+        &h,
+        &post("/acme/team/v1/messages", &key, "", deep.as_bytes()),
+    )
+    .await;
+    assert_eq!(status, 200, "deeply nested: {text}");
+    assert_eq!(h.sim().total_stats().requests, 1);
+    // keypool still serves
+    assert_eq!(h.send_message().await.status, 200);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn huge_header_counts_and_sizes_are_4xx() {
+    let h = harness(&[]).await;
+    let key = h.key(KEY);
+    let body = serde_json::to_vec(&message_body(MODEL, false)).unwrap();
+    let many: String = (0..5_000).map(|i| format!("x-h-{i}: v\r\n")).collect();
+    let big = format!("x-big: {}\r\n", "a".repeat(1 << 20));
+    let long_key = format!("sk-lb-{}", "A".repeat(100_000));
+    for (case, request) in [
+        (
+            "5,000 headers",
+            post("/acme/team/v1/messages", &key, &many, &body),
+        ),
+        (
+            "a 1 MiB header",
+            post("/acme/team/v1/messages", &key, &big, &body),
+        ),
+        (
+            "a 100 kB key",
+            post("/acme/team/v1/messages", &long_key, "", &body),
+        ),
+        (
+            "a non-ASCII key",
+            post("/acme/team/v1/messages", "sk-lb-\u{e9}\u{e9}", "", &body),
+        ),
+        (
+            "an empty bearer",
+            post(
+                "/acme/team/v1/messages",
+                "",
+                "authorization: Bearer \r\n",
+                &body,
+            ),
+        ),
+    ] {
+        let (status, text) = raw(&h, &request).await;
+        assert!(
+            (400..500).contains(&status),
+            "{case}: a 4xx, got {status}: {}",
+            text.chars().take(300).collect::<String>()
+        );
+    }
+    assert_eq!(h.sim().total_stats().requests, 0);
+    assert_eq!(h.send_message().await.status, 200);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn odd_paths_are_4xx_and_never_reach_the_upstream() {
+    let h = harness(&[]).await;
+    let key = h.key(KEY);
+    let body = serde_json::to_vec(&message_body(MODEL, false)).unwrap();
+    let long = "a".repeat(10_000);
+    let paths = [
+        "/acme/../acme/team/v1/messages".to_owned(),
+        "/acme/team/../team/v1/messages".to_owned(),
+        "/acme/team/v1/../v1/messages".to_owned(),
+        "/../../etc/passwd".to_owned(),
+        "/acme%2Fteam/v1/messages".to_owned(),
+        "/acme/team%2Fv1%2Fmessages".to_owned(),
+        "/acme/team/v1%2Fmessages".to_owned(),
+        "/%2e%2e/team/v1/messages".to_owned(),
+        "/acme/%2e%2e/v1/messages".to_owned(),
+        "//v1/messages".to_owned(),
+        "/acme//v1/messages".to_owned(),
+        "/acme/team//v1/messages".to_owned(),
+        "/acme/team/v1/messages/".to_owned(),
+        "/acme/team/v1/messages/extra".to_owned(),
+        "/acme/team%00/v1/messages".to_owned(),
+        "/acme/t%C3%A9am/v1/messages".to_owned(),
+        "/acme/%ff%fe/v1/messages".to_owned(),
+        format!("/{long}/team/v1/messages"),
+        format!("/acme/{long}/v1/messages"),
+        format!("/{long}/v1/messages"),
+        format!("/acme/team/v1/messages?{long}=1"),
+        "*".to_owned(),
+        "/admin/../acme/team/v1/messages".to_owned(),
+    ];
+    for path in &paths {
+        let (status, text) = raw(&h, &post(path, &key, "", &body)).await;
+        let shown: String = path.chars().take(60).collect();
+        if path.starts_with("/acme/team/v1/messages?") {
+            // a long query string is still the messages route
+            assert_eq!(status, 200, "{shown}: {text}");
+            continue;
+        }
+        assert!(
+            (400..500).contains(&status),
+            "{shown}: a 4xx, got {status}: {}",
+            text.chars().take(300).collect::<String>()
+        );
+    }
+    // the same with GET and other methods
+    for method in ["GET", "PUT", "DELETE", "PATCH", "OPTIONS"] {
+        let request = format!(
+            "{method} /acme/team/v1/messages HTTP/1.1\r\nhost: keypool\r\nconnection: close\r\n\
+             x-api-key: {key}\r\ncontent-length: 0\r\n\r\n"
+        );
+        let (status, text) = raw(&h, request.as_bytes()).await;
+        assert!((400..500).contains(&status), "{method}: {text}");
+    }
+    assert_eq!(
+        h.sim().total_stats().requests,
+        1,
+        "only the long-query request"
+    );
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_idle_connections_stay_bounded_and_requests_are_still_served() {
+    let fd_limit: usize = std::fs::read_to_string("/proc/self/limits")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        .unwrap_or(1024);
+    // both ends of every connection live in this process
+    let idle = 2_000.min(fd_limit.saturating_sub(256) / 2);
+    eprintln!("idle connections: {idle} (open-file soft limit {fd_limit})");
+    assert!(
+        idle >= 400,
+        "the open-file limit {fd_limit} is too low for this test"
+    );
+    let h = harness(&[("header_read_timeout_secs", "3")]).await;
+    // warm up, so that the baseline includes the pools
+    assert_eq!(h.send_message().await.status, 200);
+    let before = rss_kib();
+    let started = Instant::now();
+    let mut sockets = Vec::with_capacity(idle);
+    for i in 0..idle {
+        let mut s = TcpStream::connect(host(&h)).await.unwrap();
+        if i % 2 == 0 {
+            // half of them send part of a head, then nothing
+            s.write_all(b"POST /acme/team/v1/messages HTTP/1.1\r\nhost: k")
+                .await
+                .unwrap();
+        }
+        sockets.push(s);
+    }
+    // every connection is accepted and held: requests are still served meanwhile
+    for stream in [false, true, false, true] {
+        let r = h.messages(&message_body(MODEL, stream)).send().await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let grown_kib = rss_kib().saturating_sub(before);
+    eprintln!("RSS growth with {idle} idle connections: {grown_kib} KiB");
+    // measured ~27 KiB per connection (both ends, debug build): a per-connection
+    // buffer of the body limit, or a leak per connection, would blow this bound
+    let per_connection = grown_kib * 1024 / idle as u64;
+    assert!(
+        per_connection < 64 * 1024,
+        "{idle} idle connections cost {grown_kib} KiB ({per_connection} B each, both ends)"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the check ran inside the header timeout; make the timeout longer"
+    );
+    // the header timeout closes every idle connection
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        for s in &mut sockets {
+            let mut buf = [0u8; 512];
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "idle connections still open 10 s later");
+    assert!(
+        started.elapsed() >= Duration::from_millis(2_900),
+        "closed before the header timeout"
+    );
+    assert_eq!(h.send_message().await.status, 200);
+    h.finish().await;
+}
