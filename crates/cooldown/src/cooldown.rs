@@ -20,6 +20,7 @@ use dashmap::mapref::entry::Entry;
 use keypool_core::{AccountId, UnixMs};
 use serde::{Deserialize, Serialize};
 
+use crate::book;
 use crate::classify::{Classification, FailureClass, Trigger};
 use crate::config::CooldownConfig;
 
@@ -179,13 +180,10 @@ impl CooldownBook {
 
     /// Every entry, with absolute times, for the state file and Redis.
     pub fn export(&self) -> Vec<CooldownRecord> {
-        self.entries
-            .iter()
-            .map(|e| CooldownRecord {
-                account: e.key().clone(),
-                entry: *e.value(),
-            })
-            .collect()
+        book::export(&self.entries, |account, entry| CooldownRecord {
+            account,
+            entry,
+        })
     }
 
     /// Loads exported entries: those whose cooldown has not expired at `now` are kept
@@ -193,21 +191,13 @@ impl CooldownBook {
     /// dropped. When the book already holds an entry for the account, the one with the
     /// later expiry wins. Returns how many entries were taken.
     pub fn import(&self, records: impl IntoIterator<Item = CooldownRecord>, now: UnixMs) -> usize {
-        let mut taken = 0;
-        for r in records.into_iter().filter(|r| r.entry.until > now) {
-            match self.entries.entry(r.account) {
-                Entry::Vacant(v) => {
-                    v.insert(r.entry);
-                    taken += 1;
-                }
-                Entry::Occupied(mut o) if o.get().until < r.entry.until => {
-                    o.insert(r.entry);
-                    taken += 1;
-                }
-                Entry::Occupied(_) => {}
-            }
-        }
-        taken
+        let live = records
+            .into_iter()
+            .filter(|r| r.entry.until > now)
+            .map(|r| (r.account, r.entry));
+        book::import(&self.entries, live, |current, incoming| {
+            current.until < incoming.until
+        })
     }
 
     /// Drops entries that no longer matter at `now`: expired and at backoff level 0.

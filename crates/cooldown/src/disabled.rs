@@ -22,6 +22,7 @@ use dashmap::DashMap;
 use keypool_core::{AccountId, UnixMs};
 use serde::{Deserialize, Serialize};
 
+use crate::book;
 use crate::classify::{Classification, Trigger};
 use crate::config::CooldownConfig;
 
@@ -136,26 +137,17 @@ impl DisabledBook {
 
     /// Every disabled account, for the state file and Redis.
     pub fn export(&self) -> Vec<DisabledRecord> {
-        self.entries
-            .iter()
-            .map(|e| DisabledRecord {
-                account: e.key().clone(),
-                disabled: e.value().clone(),
-            })
-            .collect()
+        book::export(&self.entries, |account, disabled| DisabledRecord {
+            account,
+            disabled,
+        })
     }
 
     /// Loads exported entries (they do not expire). An account already disabled here
     /// keeps its own entry. Returns how many were taken.
     pub fn import(&self, records: impl IntoIterator<Item = DisabledRecord>) -> usize {
-        let mut taken = 0;
-        for r in records {
-            self.entries.entry(r.account).or_insert_with(|| {
-                taken += 1;
-                r.disabled
-            });
-        }
-        taken
+        let records = records.into_iter().map(|r| (r.account, r.disabled));
+        book::import(&self.entries, records, |_, _| false)
     }
 
     /// Number of disabled accounts.

@@ -48,6 +48,7 @@
 //! - `state`: [`PoolHealth`] and its serde [`HealthExport`].
 //! - `error`: [`CooldownError`].
 
+mod book;
 mod breaker;
 mod classify;
 mod config;

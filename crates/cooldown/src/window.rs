@@ -26,6 +26,7 @@ use dashmap::DashMap;
 use keypool_core::{AccountId, UnixMs, Window};
 use serde::{Deserialize, Serialize};
 
+use crate::book;
 use crate::config::CooldownConfig;
 use crate::headers::{RateLimitInfo, UnifiedStatus, WindowUsage};
 
@@ -245,31 +246,23 @@ impl WindowBook {
 
     /// Every state, for the state file and Redis.
     pub fn export(&self) -> Vec<WindowRecord> {
-        self.entries
-            .iter()
-            .map(|e| WindowRecord {
-                account: e.key().clone(),
-                state: e.value().clone(),
-            })
-            .collect()
+        book::export(&self.entries, |account, state| WindowRecord {
+            account,
+            state,
+        })
     }
 
     /// Loads exported states that still have a reset after `now`; states whose every
     /// reset has passed are dropped. An account already known here keeps the state
     /// updated last. Returns how many were taken.
     pub fn import(&self, records: impl IntoIterator<Item = WindowRecord>, now: UnixMs) -> usize {
-        let mut taken = 0;
-        for r in records {
-            if r.state.latest_future_reset(now).is_none() {
-                continue;
-            }
-            let mut slot = self.entries.entry(r.account).or_default();
-            if slot.info.is_empty() || slot.updated_at < r.state.updated_at {
-                *slot = r.state;
-                taken += 1;
-            }
-        }
-        taken
+        let live = records
+            .into_iter()
+            .filter(|r| r.state.latest_future_reset(now).is_some())
+            .map(|r| (r.account, r.state));
+        book::import(&self.entries, live, |current, incoming| {
+            current.info.is_empty() || current.updated_at < incoming.updated_at
+        })
     }
 
     /// Number of accounts with a state.

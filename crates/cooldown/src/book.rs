@@ -1,0 +1,42 @@
+//! The export/import shape the per-account books share: a `DashMap` from account id to
+//! one value, written out as records and merged back in (restart and Redis state).
+
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use keypool_core::AccountId;
+
+/// Every entry of `entries`, as records built by `record`.
+pub(crate) fn export<V: Clone, R>(
+    entries: &DashMap<AccountId, V>,
+    record: impl Fn(AccountId, V) -> R,
+) -> Vec<R> {
+    entries
+        .iter()
+        .map(|e| record(e.key().clone(), e.value().clone()))
+        .collect()
+}
+
+/// Merges `records` into `entries`: an account without an entry takes the record's
+/// value; one with an entry takes it only when `replaces(current, incoming)`. Returns
+/// how many records were taken.
+pub(crate) fn import<V>(
+    entries: &DashMap<AccountId, V>,
+    records: impl IntoIterator<Item = (AccountId, V)>,
+    replaces: impl Fn(&V, &V) -> bool,
+) -> usize {
+    let mut taken = 0;
+    for (account, value) in records {
+        match entries.entry(account) {
+            Entry::Vacant(v) => {
+                v.insert(value);
+                taken += 1;
+            }
+            Entry::Occupied(mut o) if replaces(o.get(), &value) => {
+                o.insert(value);
+                taken += 1;
+            }
+            Entry::Occupied(_) => {}
+        }
+    }
+    taken
+}
