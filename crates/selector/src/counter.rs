@@ -5,6 +5,7 @@
 //! ([`PlanInput::counter`](crate::PlanInput::counter)). Only groups whose strategy is
 //! `round_robin` or `weighted` need it ([`needs_counter`](crate::needs_counter)).
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -44,6 +45,28 @@ impl MemoryCounter {
             .or_default()
             .fetch_add(1, Ordering::Relaxed)
     }
+
+    /// Raises `group`'s counter to at least `value` (never lowers it): for merging an
+    /// exported or shared (Redis) value back in.
+    pub fn raise_to(&self, group: &str, value: u64) {
+        if let Some(counter) = self.groups.get(group) {
+            counter.fetch_max(value, Ordering::Relaxed);
+            return;
+        }
+        self.groups
+            .entry(group.into())
+            .or_default()
+            .fetch_max(value, Ordering::Relaxed);
+    }
+
+    /// Every group's current value (the next one [`next_value`](Self::next_value)
+    /// would return), by group; [`raise_to`](Self::raise_to) loads them back.
+    pub fn export(&self) -> BTreeMap<String, u64> {
+        self.groups
+            .iter()
+            .map(|e| (e.key().to_string(), e.value().load(Ordering::Relaxed)))
+            .collect()
+    }
 }
 
 impl Counter for MemoryCounter {
@@ -74,6 +97,28 @@ mod tests {
         assert_eq!(ready(c.next("g1")), 1);
         assert_eq!(ready(c.next("g2")), 0);
         assert_eq!(c.next_value("g1"), 2);
+    }
+
+    #[test]
+    fn export_and_raise_to_carry_the_counters_over() {
+        let c = MemoryCounter::new();
+        c.next_value("g1");
+        c.next_value("g1");
+        c.next_value("g2");
+        let exported = c.export();
+        assert_eq!(
+            exported,
+            BTreeMap::from([("g1".into(), 2), ("g2".into(), 1)])
+        );
+        let d = MemoryCounter::new();
+        for (group, value) in &exported {
+            d.raise_to(group, *value);
+        }
+        assert_eq!(d.next_value("g1"), 2);
+        assert_eq!(d.next_value("g2"), 1);
+        // Never lowered.
+        d.raise_to("g1", 0);
+        assert_eq!(d.next_value("g1"), 3);
     }
 
     #[test]

@@ -396,7 +396,7 @@ impl Store {
                 .raise_to(pool, v.saturating_add(1));
             return v;
         }
-        self.inner.state.counters.next(pool)
+        self.inner.state.counters.next_value(pool)
     }
 
     /// The account `key`'s session is bound to (session affinity), if the binding has

@@ -3,9 +3,9 @@
 //!
 //! The books themselves belong to the policy crates: `keypool-cooldown`'s
 //! [`PoolHealth`] (cooldowns, disabled accounts, usage windows, breakers) and
-//! `keypool-selector`'s [`RatingEngine`]. This module adds what only the store needs:
-//! rotation counters that can be exported, the `last_used` time of each account, and the
-//! serialisable [`StateExport`] of everything with absolute times.
+//! `keypool-selector`'s [`RatingEngine`] and [`MemoryCounter`] (the local rotation
+//! counters). This module adds what only the store needs: the `last_used` time of each
+//! account, and the serialisable [`StateExport`] of everything with absolute times.
 
 pub(crate) mod file;
 pub(crate) mod redis;
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use dashmap::DashMap;
 use keypool_cooldown::{HealthExport, PoolHealth};
 use keypool_core::{AccountId, UnixMs};
-use keypool_selector::{RatingEngine, RatingState};
+use keypool_selector::{MemoryCounter, RatingEngine, RatingState};
 use serde::{Deserialize, Serialize};
 
 pub use file::StateFileLoad;
@@ -42,41 +42,6 @@ pub struct StateExport {
     pub last_used: BTreeMap<AccountId, UnixMs>,
 }
 
-/// Per-pool rotation counters held in memory (the fallback when Redis is configured).
-#[derive(Debug, Default)]
-pub struct LocalCounters {
-    counters: DashMap<Box<str>, AtomicU64>,
-}
-
-impl LocalCounters {
-    /// The next value of `pool`'s counter (the first is 0).
-    pub fn next(&self, pool: &str) -> u64 {
-        if let Some(c) = self.counters.get(pool) {
-            return c.fetch_add(1, Ordering::Relaxed);
-        }
-        self.counters
-            .entry(pool.into())
-            .or_default()
-            .fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Raises `pool`'s counter to at least `value` (used when Redis answers again).
-    pub fn raise_to(&self, pool: &str, value: u64) {
-        self.counters
-            .entry(pool.into())
-            .or_default()
-            .fetch_max(value, Ordering::Relaxed);
-    }
-
-    /// Every counter.
-    pub fn export(&self) -> BTreeMap<String, u64> {
-        self.counters
-            .iter()
-            .map(|e| (e.key().to_string(), e.value().load(Ordering::Relaxed)))
-            .collect()
-    }
-}
-
 /// The in-memory runtime state: the request path's source of truth.
 #[derive(Debug)]
 pub struct RuntimeState {
@@ -84,8 +49,8 @@ pub struct RuntimeState {
     pub health: PoolHealth,
     /// The rating engine.
     pub rating: RatingEngine,
-    /// Local rotation counters.
-    pub counters: LocalCounters,
+    /// Local rotation counters by pool key (the fallback when Redis is configured).
+    pub counters: MemoryCounter,
     last_used: DashMap<AccountId, AtomicU64>,
 }
 
@@ -95,7 +60,7 @@ impl RuntimeState {
         Self {
             health,
             rating,
-            counters: LocalCounters::default(),
+            counters: MemoryCounter::new(),
             last_used: DashMap::new(),
         }
     }
