@@ -1,0 +1,171 @@
+//! Admin API refusal (SPEC 10, `docs/ADMIN.md`): every `/admin` route, with every
+//! method and path spelling, refuses a missing or wrong token with `401
+//! authentication_error`, and a refused call changes nothing (a disabled account stays
+//! disabled, a cooldown keeps running, the configuration is not reloaded). The status
+//! page is the one exception: it answers without a token and holds no data.
+
+// Test code may unwrap (helpers outside #[test] functions too).
+#![allow(clippy::unwrap_used)]
+
+use keypool_core::AccountId;
+use keypool_sim::{Behaviour, ErrorReply, Script};
+use keypool_tests::{AccountSpec, Harness, KEY};
+
+const TOKEN: &str = "admin-refusal-token-9f8e7d6c5b4a";
+const DISABLED: &str = "acct-disabled-zeta";
+const COOLING: &str = "acct-cooling-eta";
+const HEALTHY: &str = "acct-healthy-theta";
+
+#[tokio::test]
+async fn every_admin_route_refuses_a_missing_or_wrong_token_and_changes_nothing() {
+    let h = Harness::builder()
+        .extra_toml(&format!("[admin]\ntoken = \"{TOKEN}\""))
+        .account(AccountSpec::new(DISABLED, Script::new(Behaviour::status(401))).priority(0))
+        .account(
+            AccountSpec::new(
+                COOLING,
+                Script::new(ErrorReply::rate_limited().retry_after_secs(600)),
+            )
+            .priority(1),
+        )
+        .account(AccountSpec::new(HEALTHY, Script::ok()).priority(2))
+        .start()
+        .await;
+    assert_eq!(h.send_message().await.status, 200);
+    let disabled = AccountId::from(DISABLED);
+    assert!(h.store().health().disabled.is_disabled(&disabled));
+    let cooling = h.cooldown(COOLING).expect("cooling after its 429");
+
+    // A reload would drop the healthy account: a refused reload must not happen.
+    let dir = std::env::temp_dir().join(format!("keypool-admin-refusal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("keypool.toml");
+    std::fs::write(
+        &file,
+        h.toml()
+            .replace("priority = 2", "priority = 2\nactive = false"),
+    )
+    .unwrap();
+    let _ = h.app().clone().with_config_path(&file);
+
+    let ids = [DISABLED, COOLING, HEALTHY, "no-such-account"];
+    let mut paths = vec![
+        "/admin".to_owned(),
+        "/admin/".to_owned(),
+        "/admin/accounts".to_owned(),
+        "/admin/accounts/".to_owned(),
+        "/admin//accounts".to_owned(),
+        "/admin/./accounts".to_owned(),
+        "/admin/accounts?token=".to_owned() + TOKEN,
+        "/admin/reload".to_owned(),
+        "/admin/reload/".to_owned(),
+        "/admin/ui/../reload".to_owned(),
+        "/admin/accounts/../reload".to_owned(),
+        "/admin/nothing".to_owned(),
+        "/admin/ui/x".to_owned(),
+    ];
+    for id in ids {
+        paths.push(format!("/admin/accounts/{id}"));
+        paths.push(format!("/admin/accounts/{id}/enable"));
+        paths.push(format!("/admin/accounts/{id}/clear-cooldown"));
+        paths.push(format!("/admin/accounts/{id}/enable?token={TOKEN}"));
+    }
+    let lb_key = h.key(KEY);
+    let wrong: Vec<(&str, Option<(&str, String)>)> = vec![
+        ("no header", None),
+        (
+            "empty bearer",
+            Some(("authorization", "Bearer ".to_owned())),
+        ),
+        (
+            "wrong bearer",
+            Some(("authorization", "Bearer wrong".to_owned())),
+        ),
+        (
+            "token prefix",
+            Some((
+                "authorization",
+                format!("Bearer {}", &TOKEN[..TOKEN.len() - 1]),
+            )),
+        ),
+        (
+            "token and more",
+            Some(("authorization", format!("Bearer {TOKEN}0"))),
+        ),
+        (
+            "token twice",
+            Some(("authorization", format!("Bearer {TOKEN}{TOKEN}"))),
+        ),
+        (
+            "basic scheme",
+            Some(("authorization", format!("Basic {TOKEN}"))),
+        ),
+        ("no scheme", Some(("authorization", TOKEN.to_owned()))),
+        ("as x-api-key", Some(("x-api-key", TOKEN.to_owned()))),
+        (
+            "LB key",
+            Some(("authorization", format!("Bearer {lb_key}"))),
+        ),
+        ("LB key as x-api-key", Some(("x-api-key", lb_key.clone()))),
+    ];
+    let mut checked = 0;
+    for path in &paths {
+        for method in [
+            http::Method::GET,
+            http::Method::POST,
+            http::Method::PUT,
+            http::Method::DELETE,
+        ] {
+            for (what, header) in &wrong {
+                let mut request = h.client().request(method.clone(), h.url(path));
+                if let Some((name, value)) = header {
+                    request = request.header(name, value);
+                }
+                let r = request.send().await;
+                let message = r.assert_keypool_error(401, "authentication_error");
+                assert!(
+                    message.contains("admin token"),
+                    "{method} {path} ({what}): {message}"
+                );
+                assert!(!r.text().contains(HEALTHY), "{method} {path} ({what})");
+                checked += 1;
+            }
+        }
+    }
+    // Nothing changed.
+    assert!(
+        h.store().health().disabled.is_disabled(&disabled),
+        "still disabled"
+    );
+    assert_eq!(
+        h.cooldown(COOLING),
+        Some(cooling),
+        "still cooling, same entry"
+    );
+    assert!(
+        h.store().config().account(HEALTHY).unwrap().active(),
+        "the configuration was not reloaded"
+    );
+    // The status page answers without a token and holds no data.
+    let page = h
+        .client()
+        .request(http::Method::GET, h.url("/admin/ui"))
+        .send()
+        .await;
+    assert_eq!(page.status, 200);
+    for id in [DISABLED, COOLING, HEALTHY] {
+        assert!(!page.text().contains(id), "the page names {id}");
+    }
+    // And the right token works (the refusals were not for another reason).
+    let r = h
+        .client()
+        .request(http::Method::GET, h.url("/admin/accounts"))
+        .bearer(TOKEN)
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains(HEALTHY));
+    eprintln!("admin refusal: {checked} refused calls");
+    std::fs::remove_dir_all(&dir).unwrap();
+    h.finish().await;
+}
