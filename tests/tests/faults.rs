@@ -1,0 +1,724 @@
+//! Faults around keypool (SPEC 6, 9, 10): Redis killed and restarted during load, config
+//! reloads under load (in process and by `SIGHUP` on the real binary), `SIGTERM` under
+//! load on the real `keypool` binary, and restarts that keep cooldowns, windows and
+//! disabled flags with their absolute expiry (state file and Redis).
+//!
+//! The binary tests build `keypool` once (`cargo build -p keypool`, a no-op when it is
+//! up to date) and run it as a child process on a free loopback port, in front of an
+//! in-process `keypool-sim`.
+
+// Test code may unwrap (helpers outside #[test] functions too).
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use keypool_core::{AccountId, Window};
+use keypool_sim::{Behaviour, Delay, ErrorReply, OkSpec, Script, UnifiedHeaders};
+use keypool_store::config::Config;
+use keypool_store::keys::LB_KEY_PREFIX;
+use keypool_store::testing::RedisServer;
+use keypool_store::{Store, now_ms};
+use keypool_tests::{
+    AccountSpec, Client, Harness, HarnessBuilder, KEY, MODEL, message_body, secret_of,
+};
+use serde_json::Value;
+
+const ADMIN_TOKEN: &str = "faults-admin-token-0a1b2c3d4e5f";
+
+/// The `keypool` binary, built once per test process.
+fn keypool_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let root = keypool_tests::workspace_root();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .current_dir(&root)
+            .args(["build", "-p", "keypool", "--bin", "keypool"])
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "cargo build -p keypool failed");
+        let target =
+            std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+        let bin = target.join("debug").join("keypool");
+        assert!(bin.exists(), "{} after the build", bin.display());
+        bin
+    })
+    .clone()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "keypool-faults-{name}-{}-{}",
+        std::process::id(),
+        now_ms()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `kill -<signal> <pid>` on a child this test started.
+fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{signal}"), child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal}");
+}
+
+/// A `keypool serve` child process.
+struct Keypool {
+    child: Child,
+    port: u16,
+    stderr: PathBuf,
+}
+
+impl Keypool {
+    /// Starts `keypool serve --config <config>` (which must listen on `port`) with debug
+    /// logs on a file, and waits until `/healthz` answers.
+    async fn start(config: &Path, port: u16) -> Self {
+        let stderr = config.with_extension(format!("stderr-{}", now_ms()));
+        let child = Command::new(keypool_binary())
+            .args(["serve", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "debug")
+            .env_remove("KEYPOOL_LISTEN")
+            .env_remove("REDIS_URL")
+            .env_remove("KEYPOOL_ADMIN_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        let k = Self {
+            child,
+            port,
+            stderr,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Ok(r)) = tokio::time::timeout(
+                Duration::from_secs(1),
+                tokio::net::TcpStream::connect(("127.0.0.1", port)),
+            )
+            .await
+            {
+                drop(r);
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "keypool did not listen within 20 s: {}",
+                k.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        k
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Waits (at most `within`) for the process to exit; its exit code.
+    async fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "keypool still running {within:?} after SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Asserts that the binary's log holds no account secret and no LB key.
+    fn assert_logs_clean(&self, h: &Harness, accounts: &[&str]) {
+        let logs = self.logs();
+        assert!(!logs.is_empty(), "the binary logged nothing");
+        for id in accounts {
+            assert!(!logs.contains(&secret_of(id)), "secret of {id} in the log");
+        }
+        assert!(!logs.contains(LB_KEY_PREFIX), "an sk-lb- value in the log");
+        let key = h.key(KEY);
+        assert!(
+            !logs.contains(&key[LB_KEY_PREFIX.len()..]),
+            "the LB key in the log"
+        );
+        assert!(!logs.contains(ADMIN_TOKEN), "the admin token in the log");
+    }
+}
+
+impl Drop for Keypool {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_file(&self.stderr);
+    }
+}
+
+/// The configuration text of `h` for the binary: listening on `port`, with `[server]`
+/// options replaced.
+fn binary_config(h: &Harness, port: u16, server: &[(&str, &str)]) -> String {
+    let mut text = h.toml().replacen(
+        "[server]\n",
+        &format!("[server]\nlisten = \"127.0.0.1:{port}\"\n"),
+        1,
+    );
+    for (option, value) in server {
+        let start = text
+            .find(&format!("\n{option} = "))
+            .map(|i| i + 1)
+            .unwrap_or_else(|| panic!("no {option} in the harness config"));
+        let end = start + text[start..].find('\n').unwrap();
+        text.replace_range(start..end, &format!("{option} = {value}"));
+    }
+    text
+}
+
+fn builder_with(accounts: Vec<AccountSpec>) -> HarnessBuilder {
+    let mut b = Harness::builder().extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""));
+    for a in accounts {
+        b = b.account(a);
+    }
+    b
+}
+
+/// Sends `requests` messages (alternately streaming) through `url` with `concurrency`
+/// clients, until `stop` is set when `requests` is 0; returns the statuses that were not
+/// 200 (with their bodies) and how many were sent.
+async fn load(
+    client: Client,
+    url: String,
+    key: String,
+    concurrency: usize,
+    stop: Arc<AtomicBool>,
+) -> (Vec<String>, u64) {
+    let sent = Arc::new(AtomicU64::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..concurrency {
+        let (client, url, key, stop, sent) = (
+            client.clone(),
+            url.clone(),
+            key.clone(),
+            stop.clone(),
+            sent.clone(),
+        );
+        workers.spawn(async move {
+            let mut failures = Vec::new();
+            let mut i = w;
+            while !stop.load(Ordering::SeqCst) {
+                let stream = i % 2 == 0;
+                i += 1;
+                let r = client
+                    .post(url.clone())
+                    .api_key(&key)
+                    .json(&message_body(MODEL, stream))
+                    .send()
+                    .await;
+                sent.fetch_add(1, Ordering::SeqCst);
+                let complete =
+                    !stream || r.events().last().map(String::as_str) == Some("message_stop");
+                if r.status != 200 || !complete {
+                    failures.push(format!("{} {}", r.status, r.text()));
+                }
+            }
+            failures
+        });
+    }
+    let mut failures = Vec::new();
+    while let Some(done) = workers.join_next().await {
+        failures.extend(done.unwrap());
+    }
+    (failures, sent.load(Ordering::SeqCst))
+}
+
+fn slow_stream() -> OkSpec {
+    OkSpec::default()
+        .ttft(Delay::ms(20))
+        .chunks(10)
+        .chunk_interval(Delay::ms(100))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_finishes_streams_refuses_new_connections_and_exits_0() {
+    let port = free_port();
+    let h = builder_with(vec![
+        AccountSpec::new("a", Script::new(slow_stream())),
+        AccountSpec::new("b", Script::new(slow_stream())).priority(1),
+    ])
+    .strategy("round_robin")
+    .start()
+    .await;
+    let dir = temp_dir("sigterm");
+    let file = dir.join("keypool.toml");
+    std::fs::write(
+        &file,
+        binary_config(&h, port, &[("shutdown_grace_secs", "10")]),
+    )
+    .unwrap();
+    let mut k = Keypool::start(&file, port).await;
+    let url = k.url("/acme/team/v1/messages");
+    let key = h.key(KEY);
+    // eight streams in flight (heads written: committed), each ~1 s long
+    let mut streams = Vec::new();
+    for _ in 0..8 {
+        streams.push(
+            h.client()
+                .post(url.clone())
+                .api_key(&key)
+                .json(&message_body(MODEL, true))
+                .send_streaming()
+                .await,
+        );
+    }
+    for s in &streams {
+        assert_eq!(s.status, 200);
+    }
+    let sent_at = Instant::now();
+    signal(&k.child, "TERM");
+    // new connections are refused while the streams drain
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Err(e) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+                break;
+            }
+            Ok(_) => assert!(
+                Instant::now() < deadline,
+                "still accepting 2 s after SIGTERM"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        k.child.try_wait().unwrap().is_none(),
+        "exited before its streams finished"
+    );
+    // every stream finishes whole
+    for s in streams {
+        let r = s.read_to_end().await;
+        assert_eq!(
+            r.events().last().map(String::as_str),
+            Some("message_stop"),
+            "a stream in flight at SIGTERM was cut: {}",
+            r.text()
+        );
+    }
+    let code = k.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code, Some(0), "exit code; log:\n{}", k.logs());
+    assert!(
+        sent_at.elapsed() < Duration::from_secs(10),
+        "within the grace period"
+    );
+    assert!(k.logs().contains("all connections drained"), "{}", k.logs());
+    k.assert_logs_clean(&h, &["a", "b"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reload_under_load_swaps_valid_files_and_keeps_serving_on_invalid_ones() {
+    let port = free_port();
+    let h = builder_with(vec![
+        AccountSpec::new("a", Script::ok()),
+        AccountSpec::new("b", Script::ok()).priority(1),
+    ])
+    .strategy("round_robin")
+    .start()
+    .await;
+    let dir = temp_dir("sighup");
+    let file = dir.join("keypool.toml");
+    let valid = binary_config(&h, port, &[]);
+    std::fs::write(&file, &valid).unwrap();
+    let k = Keypool::start(&file, port).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(load(
+        h.client().clone(),
+        k.url("/acme/team/v1/messages"),
+        h.key(KEY),
+        6,
+        stop.clone(),
+    ));
+    let metrics = |client: Client, url: String| async move {
+        client.request(http::Method::GET, url).send().await.text()
+    };
+    for round in 0..4 {
+        // invalid: rejected, logged, the old config keeps serving
+        std::fs::write(&file, valid.replace("priority = 1", "priority = \"one\"")).unwrap();
+        signal(&k.child, "HUP");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // valid: b taken out of rotation (active = false) on even rounds, back on odd ones
+        let next = if round % 2 == 0 {
+            valid.replace("priority = 1", "priority = 1\nactive = false")
+        } else {
+            valid.clone()
+        };
+        std::fs::write(&file, &next).unwrap();
+        signal(&k.child, "HUP");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let m = metrics(h.client().clone(), k.url("/metrics")).await;
+        let b_off = m.contains("keypool_account_disabled{account=\"b\"} 1");
+        assert_eq!(
+            b_off,
+            round % 2 == 0,
+            "round {round}: the valid file applied"
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (failures, sent) = load.await.unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {sent} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    assert!(sent > 20, "only {sent} requests during the reloads");
+    let logs = k.logs();
+    assert!(logs.contains("configuration reloaded"), "{logs}");
+    assert!(
+        logs.lines().filter(|l| l.contains("ERROR")).count() >= 4,
+        "every invalid file is logged: {logs}"
+    );
+    k.assert_logs_clean(&h, &["a", "b"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_under_load_fails_no_request_and_an_invalid_file_changes_nothing() {
+    let h = Harness::builder()
+        .strategy("round_robin")
+        .account(AccountSpec::new("a", Script::ok()))
+        .account(AccountSpec::new("b", Script::ok()))
+        .start()
+        .await;
+    let dir = temp_dir("reload");
+    let file = dir.join("keypool.toml");
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(load(
+        h.client().clone(),
+        h.messages_url(),
+        h.key(KEY),
+        8,
+        stop.clone(),
+    ));
+    let mut swaps = 0;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        // a valid swap: b on and off
+        let b_active = swaps % 2 == 1;
+        let text = if b_active {
+            h.toml().to_owned()
+        } else {
+            h.toml()
+                .replacen("priority = 0\n", "priority = 0\nactive = false\n", 2)
+                .replacen("active = false\n", "", 1)
+        };
+        std::fs::write(&file, &text).unwrap();
+        h.store().reload(&file).unwrap();
+        assert_eq!(h.store().config().account("b").unwrap().active(), b_active);
+        // an invalid file: refused, the config above keeps serving
+        std::fs::write(
+            &file,
+            text.replace("strategy = \"round_robin\"", "strategy = \"coin\""),
+        )
+        .unwrap();
+        let error = h.store().reload(&file).unwrap_err();
+        assert!(error.to_string().contains("strategy"), "{error}");
+        assert_eq!(h.store().config().account("b").unwrap().active(), b_active);
+        swaps += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (failures, sent) = load.await.unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {sent} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    assert!(swaps > 20 && sent > 100, "{swaps} swaps, {sent} requests");
+    std::fs::remove_dir_all(&dir).unwrap();
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_during_load_fails_no_request_and_reconciles() {
+    let Some(mut redis) = RedisServer::start_or_skip("redis_killed_and_restarted_during_load")
+    else {
+        return;
+    };
+    let h = Harness::builder()
+        .strategy("round_robin")
+        .server("redis_url", &format!("{:?}", redis.url()))
+        .server("redis_timeout_ms", "100")
+        .server("state_snapshot_interval_secs", "1")
+        .account(AccountSpec::new("a", Script::ok()))
+        .account(AccountSpec::new("b", Script::ok()))
+        .account(AccountSpec::new("c", Script::ok()))
+        .start()
+        .await;
+    let ready = |h: &Harness| {
+        let (client, url) = (h.client().clone(), h.url("/readyz"));
+        async move { client.request(http::Method::GET, url).send().await.status }
+    };
+    assert_eq!(ready(&h).await, 200);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(load(
+        h.client().clone(),
+        h.messages_url(),
+        h.key(KEY),
+        6,
+        stop.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.kill();
+    // readiness says so (the next Redis operation notices)
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ready(&h).await != 503 {
+        assert!(
+            Instant::now() < deadline,
+            "/readyz still 200 with Redis dead"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // state changes while Redis is away: c is rate-limited for 10 minutes
+    h.sim()
+        .set_script(
+            "c",
+            Script::new(ErrorReply::rate_limited().retry_after_secs(600)),
+        )
+        .unwrap();
+    h.wait_until("c answered its 429", Duration::from_secs(5), |s| {
+        s.requests_for("c").len() > 1 && h.cooldown("c").is_some()
+    })
+    .await;
+    let until = h.cooldown("c").unwrap().until;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.restart().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ready(&h).await != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "/readyz not back 10 s after Redis returned"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::SeqCst);
+    let (failures, sent) = load.await.unwrap();
+    // c's 429s failed over to a and b: no request failed
+    assert!(
+        failures.is_empty(),
+        "{} of {sent} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    // reconciled: a replica opening now sees the cooldown set while Redis was dead,
+    // with the same absolute expiry
+    let config = Config::from_toml_str(h.toml(), None, &|_| None).unwrap();
+    let replica = Store::open(config).await.unwrap();
+    let entry = replica
+        .health()
+        .cooldowns
+        .entry(&AccountId::from("c"))
+        .expect("the replica sees c's cooldown from Redis");
+    assert_eq!(entry.until, until, "absolute expiry kept through Redis");
+    let metrics = h
+        .client()
+        .request(http::Method::GET, h.url("/metrics"))
+        .send()
+        .await
+        .text();
+    assert!(metrics.contains("keypool_redis_ready 1"), "{metrics}");
+    eprintln!("redis fault: {sent} requests, none failed");
+    h.finish().await;
+}
+
+/// One account's restart-relevant state from `GET /admin/accounts`.
+fn admin_state(overview: &Value, id: &str) -> (Option<u64>, bool, Option<u64>) {
+    let account = overview["orgs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|o| o["groups"].as_array().unwrap())
+        .flat_map(|g| g["accounts"].as_array().unwrap())
+        .find(|a| a["id"] == id)
+        .unwrap_or_else(|| panic!("no account {id} in {overview}"));
+    (
+        account["cooldown"]["until"].as_u64(),
+        !account["disabled"].is_null(),
+        account["windows"]["out_of_window"]["until"].as_u64(),
+    )
+}
+
+fn restart_accounts() -> Vec<AccountSpec> {
+    let reset = now_ms() / 1000 + 4 * 3600;
+    vec![
+        AccountSpec::new("revoked", Script::new(Behaviour::status(401))).priority(0),
+        AccountSpec::new(
+            "limited",
+            Script::new(ErrorReply::rate_limited().retry_after_secs(3600)),
+        )
+        .priority(1),
+        AccountSpec::new(
+            "exhausted",
+            Script::new(ErrorReply::rate_limited().unified(
+                &UnifiedHeaders::rejected(reset).window(Window::FiveHour, 1.0, reset, "rejected"),
+            )),
+        )
+        .priority(2),
+        AccountSpec::new("healthy", Script::ok()).priority(3),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_restart_keeps_cooldowns_windows_and_disabled_flags_from_the_state_file() {
+    let port = free_port();
+    let h = builder_with(restart_accounts()).start().await;
+    let dir = temp_dir("restart");
+    let file = dir.join("keypool.toml");
+    std::fs::write(
+        &file,
+        binary_config(&h, port, &[("state_file", "\"state.json\"")]),
+    )
+    .unwrap();
+    let admin = |k: &Keypool| {
+        let (client, url) = (h.client().clone(), k.url("/admin/accounts"));
+        async move {
+            let r = client
+                .request(http::Method::GET, url)
+                .bearer(ADMIN_TOKEN)
+                .send()
+                .await;
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.json()
+        }
+    };
+    let mut k = Keypool::start(&file, port).await;
+    let r = h
+        .client()
+        .post(k.url("/acme/team/v1/messages"))
+        .api_key(&h.key(KEY))
+        .json(&message_body(MODEL, false))
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let before = admin(&k).await;
+    let ids = ["revoked", "limited", "exhausted", "healthy"];
+    let states: Vec<_> = ids.iter().map(|id| admin_state(&before, id)).collect();
+    assert!(states[0].1, "revoked is disabled");
+    assert!(states[1].0.is_some(), "limited is cooling");
+    assert!(states[2].2.is_some(), "exhausted is out of its window");
+    assert_eq!(states[3], (None, false, None), "healthy is fine");
+    signal(&k.child, "TERM");
+    assert_eq!(k.wait_exit(Duration::from_secs(10)).await, Some(0));
+    assert!(
+        dir.join("state.json").exists(),
+        "the state file was written"
+    );
+    drop(k);
+
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let k = Keypool::start(&file, port).await;
+    let after = admin(&k).await;
+    for (id, state) in ids.iter().zip(&states) {
+        assert_eq!(
+            admin_state(&after, id),
+            *state,
+            "{id} after the restart (absolute expiry, same flags)"
+        );
+    }
+    // and the restarted keypool acts on it: straight to the healthy account
+    let upstream_before = h.sim().total_stats().requests;
+    let r = h
+        .client()
+        .post(k.url("/acme/team/v1/messages"))
+        .api_key(&h.key(KEY))
+        .json(&message_body(MODEL, false))
+        .send()
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(h.sim().total_stats().requests, upstream_before + 1);
+    assert_eq!(
+        h.upstream_order().last().map(String::as_str),
+        Some("healthy")
+    );
+    k.assert_logs_clean(&h, &ids);
+    drop(k);
+    std::fs::remove_dir_all(&dir).unwrap();
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_on_the_same_redis_keeps_cooldowns_windows_and_disabled_flags() {
+    let Some(redis) = RedisServer::start_or_skip("restart_on_the_same_redis") else {
+        return;
+    };
+    let with_redis = |b: HarnessBuilder| {
+        b.server("redis_url", &format!("{:?}", redis.url()))
+            .server("redis_timeout_ms", "500")
+    };
+    let h = with_redis(builder_with(restart_accounts())).start().await;
+    assert_eq!(h.send_message().await.status, 200);
+    let ids = ["revoked", "limited", "exhausted", "healthy"];
+    let snapshot = |h: &Harness| {
+        ids.iter()
+            .map(|id| {
+                let account = AccountId::from(*id);
+                (
+                    h.cooldown(id).map(|e| e.until),
+                    h.store().health().disabled.is_disabled(&account),
+                    h.store().out_of_window(&account, now_ms()).is_some(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = snapshot(&h);
+    assert!(
+        before[0].1 && before[1].0.is_some() && before[2].2,
+        "{before:?}"
+    );
+    let toml = h.toml().to_owned();
+    h.finish().await;
+
+    // a new keypool (new store, new upstream) on the same Redis
+    let h2 = with_redis(builder_with(restart_accounts())).start().await;
+    assert!(
+        h2.toml()
+            .contains(&toml[toml.find("[[keys]]").unwrap()..][..20])
+    );
+    assert_eq!(
+        snapshot(&h2),
+        before,
+        "state restored from Redis, same absolute expiry"
+    );
+    assert_eq!(h2.send_message().await.status, 200);
+    assert_eq!(
+        h2.upstream_order(),
+        ["healthy"],
+        "straight to the healthy account"
+    );
+    h2.finish().await;
+}
