@@ -298,8 +298,8 @@ impl App {
             Err(e) => return rescue(&Reject::from(e), request_id),
         };
         *labels = (
-            Arc::from(route.org().slug()),
-            Arc::from(route.url().custom_url()),
+            route.org().slug_shared().clone(),
+            route.url().custom_url_shared().clone(),
         );
         if let Some(log) = log.as_mut() {
             log.org = Some(labels.0.clone());

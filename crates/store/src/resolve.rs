@@ -41,8 +41,10 @@ impl Route {
     }
     /// The pool's identity, used for rotation counters and the snapshot cache:
     /// `org/group` or `org/*` for the whole org.
+    ///
+    /// Built once per URL config at validation: this is a reference-count increment.
     pub fn pool_key(&self) -> PoolKey {
-        PoolKey::new(self.org.slug(), self.group.as_ref().map(|g| g.id()))
+        self.url.pool.clone()
     }
 }
 

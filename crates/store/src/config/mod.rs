@@ -27,6 +27,7 @@ pub use keypool_core::StreamCommit;
 pub use secret::Secret;
 
 use crate::StoreError;
+use crate::resolve::PoolKey;
 
 /// The default `[server] max_body_bytes`: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
@@ -276,6 +277,10 @@ impl Org {
     pub fn slug(&self) -> &str {
         &self.slug
     }
+    /// The same, shared: for labels and logs that keep it without a copy.
+    pub fn slug_shared(&self) -> &Arc<str> {
+        &self.slug
+    }
     /// Whether the org is suspended (its valid keys get `403 ORG_SUSPENDED`).
     pub fn suspended(&self) -> bool {
         self.suspended
@@ -400,11 +405,17 @@ pub struct UrlConfig {
     pub(crate) custom_url: Arc<str>,
     pub(crate) org: Arc<str>,
     pub(crate) group: Option<Arc<str>>,
+    /// The pool it points at, built once at validation (the request path only clones it).
+    pub(crate) pool: PoolKey,
 }
 
 impl UrlConfig {
     /// Its `custom_url` (unique within its org).
     pub fn custom_url(&self) -> &str {
+        &self.custom_url
+    }
+    /// The same, shared: for labels and logs that keep it without a copy.
+    pub fn custom_url_shared(&self) -> &Arc<str> {
         &self.custom_url
     }
     /// The slug of its org.

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
+use crate::resolve::PoolKey;
 use keypool_core::{AccountId, AuthType, Provider, Strategy};
 use serde::de::DeserializeOwned;
 
@@ -471,6 +472,7 @@ pub(super) fn parse_and_validate(
                     custom_url.clone(),
                     Arc::new(UrlConfig {
                         custom_url,
+                        pool: PoolKey::new(&org, u.group.as_deref()),
                         org,
                         group: u.group.as_deref().map(Arc::from),
                     }),
