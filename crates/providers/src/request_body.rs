@@ -16,6 +16,9 @@ pub struct RequestInfo {
     /// Whether the body says `"stream": true` (any other value, or none: not streaming).
     /// This, not the `Accept` header, decides streaming (SPEC 3.4).
     pub stream: bool,
+    /// `metadata.user_id` when it is a string (any other shape, or none: `None`): read
+    /// in the same pass for session affinity, so the body is parsed once.
+    pub user_id: Option<String>,
 }
 
 /// A field that is either absent (`None`) or present with any JSON value, `null`
@@ -35,9 +38,11 @@ struct Probe {
     model: Present,
     #[serde(default)]
     stream: Present,
+    #[serde(default)]
+    metadata: Present,
 }
 
-/// Reads `model` and `stream` from a Messages API request body, checking that it is a
+/// Reads `model`, `stream` and `metadata.user_id` from a Messages API request body, checking that it is a
 /// JSON object with a string `model` (SPEC 3.4). Other fields are skipped, not built.
 ///
 /// # Errors
@@ -59,9 +64,17 @@ pub fn inspect_request(body: &[u8]) -> Result<RequestInfo, ProvidersError> {
         Some(serde_json::Value::String(model)) => model,
         Some(_) => return Err(ProvidersError::ModelNotString),
     };
+    let user_id = match probe.metadata.0 {
+        Some(serde_json::Value::Object(mut metadata)) => match metadata.remove("user_id") {
+            Some(serde_json::Value::String(user_id)) => Some(user_id),
+            _ => None,
+        },
+        _ => None,
+    };
     Ok(RequestInfo {
         model,
         stream: matches!(probe.stream.0, Some(serde_json::Value::Bool(true))),
+        user_id,
     })
 }
 
@@ -275,7 +288,8 @@ mod tests {
             info,
             RequestInfo {
                 model: "claude-sonnet-4-5".into(),
-                stream: true
+                stream: true,
+                user_id: None,
             }
         );
         let info = inspect_request(br#" {"stream":"true","model":"m\u00e9"}"#).unwrap();
@@ -283,10 +297,24 @@ mod tests {
             info,
             RequestInfo {
                 model: "mé".into(),
-                stream: false
+                stream: false,
+                user_id: None,
             }
         );
         assert!(!inspect_request(br#"{"model":"m"}"#).unwrap().stream);
+    }
+
+    #[test]
+    fn inspect_reads_a_string_metadata_user_id_and_ignores_other_shapes() {
+        let user_id = |body: &[u8]| inspect_request(body).unwrap().user_id;
+        assert_eq!(
+            user_id(br#"{"model":"m","metadata":{"user_id":"u_session_1"}}"#).as_deref(),
+            Some("u_session_1")
+        );
+        assert_eq!(user_id(br#"{"model":"m"}"#), None);
+        assert_eq!(user_id(br#"{"model":"m","metadata":null}"#), None);
+        assert_eq!(user_id(br#"{"model":"m","metadata":"x"}"#), None);
+        assert_eq!(user_id(br#"{"model":"m","metadata":{"user_id":7}}"#), None);
     }
 
     #[test]

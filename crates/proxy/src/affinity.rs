@@ -27,6 +27,16 @@ pub const MAX_SESSION_ID_LEN: usize = 128;
 
 /// The session key of a request, if it carries one.
 pub fn session_id(headers: &HeaderMap, body: &[u8]) -> Option<String> {
+    session_id_of(headers, || metadata_user_id(body))
+}
+
+/// [`session_id`] for a body already read: `user_id` is its `metadata.user_id`
+/// (`RequestInfo::user_id`), so the body is not parsed again.
+pub fn session_id_with(headers: &HeaderMap, user_id: Option<&str>) -> Option<String> {
+    session_id_of(headers, || user_id.and_then(normalise_user_id))
+}
+
+fn session_id_of(headers: &HeaderMap, user_id: impl FnOnce() -> Option<String>) -> Option<String> {
     for name in [CLAUDE_CODE_SESSION_HEADER, SESSION_HEADER] {
         if let Some(id) = headers
             .get(name)
@@ -36,7 +46,7 @@ pub fn session_id(headers: &HeaderMap, body: &[u8]) -> Option<String> {
             return Some(id.to_owned());
         }
     }
-    let user_id = metadata_user_id(body)?;
+    let user_id = user_id()?;
     session_from_user_id(&user_id).map(str::to_owned)
 }
 
@@ -75,23 +85,29 @@ fn metadata_user_id(body: &[u8]) -> Option<String> {
     struct Metadata {
         user_id: Option<String>,
     }
-    #[derive(Deserialize)]
-    struct JsonUserId {
-        session_id: Option<String>,
-    }
     let user_id = serde_json::from_slice::<Body>(body)
         .ok()?
         .metadata?
         .user_id?;
+    normalise_user_id(&user_id)
+}
+
+/// A `metadata.user_id` in the legacy string form (kept as is), or the session of the
+/// newer JSON-object-in-a-string form (as `_session_{id}`, the legacy form's tail).
+fn normalise_user_id(user_id: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct JsonUserId {
+        session_id: Option<String>,
+    }
     if user_id.trim_start().starts_with('{') {
-        let inner: JsonUserId = serde_json::from_str(&user_id).ok()?;
+        let inner: JsonUserId = serde_json::from_str(user_id).ok()?;
         return inner
             .session_id
             .as_deref()
             .and_then(valid)
             .map(|s| format!("_session_{s}"));
     }
-    Some(user_id)
+    Some(user_id.to_owned())
 }
 
 #[cfg(test)]
@@ -151,6 +167,31 @@ mod tests {
         let long = "a".repeat(MAX_SESSION_ID_LEN + 1);
         headers.insert(SESSION_HEADER, HeaderValue::from_str(&long).unwrap());
         assert_eq!(session_id(&headers, b"{}"), None);
+    }
+
+    #[test]
+    fn the_request_path_reading_agrees_with_the_body_reading() {
+        let json_form = r#"{"device_id":"d","session_id":"s-42"}"#;
+        let none = HeaderMap::new();
+        for user_id in [LEGACY, json_form, "same-user-across-chats", "u_session_"] {
+            let b = body(user_id);
+            let info = keypool_providers::inspect_request(&b).unwrap();
+            assert_eq!(
+                session_id_with(&none, info.user_id.as_deref()),
+                session_id(&none, &b),
+                "{user_id}"
+            );
+        }
+        assert_eq!(
+            session_id_with(&none, Some(json_form)).as_deref(),
+            Some("s-42")
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert(SESSION_HEADER, HeaderValue::from_static("h-1"));
+        assert_eq!(
+            session_id_with(&headers, Some(LEGACY)).as_deref(),
+            Some("h-1")
+        );
     }
 
     #[test]

@@ -342,6 +342,7 @@ impl App {
             body: bytes,
             endpoint,
             stream: info.stream,
+            user_id: info.user_id.as_deref(),
         };
         failover::serve(&call, &route, log, request_id).await
     }

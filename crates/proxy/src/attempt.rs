@@ -45,6 +45,8 @@ pub(crate) struct Call<'a> {
     pub body: Bytes,
     pub endpoint: Endpoint,
     pub stream: bool,
+    /// The body's `metadata.user_id`, for session affinity.
+    pub user_id: Option<&'a str>,
 }
 
 /// An attempt that reached its commit point.

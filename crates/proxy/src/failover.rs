@@ -111,7 +111,7 @@ pub(crate) async fn serve<'c>(
     // the filters keep it.
     let affinity_ttl = settings.session_affinity_ttl_ms;
     let session = (affinity_ttl > 0)
-        .then(|| affinity::session_id(call.headers, &call.body))
+        .then(|| affinity::session_id_with(call.headers, call.user_id))
         .flatten()
         .map(|id| affinity::binding_key(route.org().slug(), route.url().custom_url(), &id));
     let bound = match &session {
