@@ -6,6 +6,9 @@
 //!   installs Debian's `chromium` when missing (the status-page browser test).
 //! - `cargo xtask bench [--quick] [--peers]`: keypool's overhead and throughput against
 //!   the bare upstream simulator and, with `--peers`, LiteLLM and Portkey (`bench`).
+//! - `cargo xtask endurance [--quick]`: keypool's resident memory idle, over 10,000
+//!   streamed requests and with 1,000 streams at once; fails on growth after warm-up
+//!   (`endurance`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,6 +16,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 
 mod bench;
+mod endurance;
 
 /// The SDK venv, shared with the end-to-end suites (`keypool-tests`), so both create it
 /// the same way under the same lock.
@@ -25,6 +29,7 @@ fn main() -> anyhow::Result<()> {
     match args.first().map(String::as_str) {
         Some("ci") => ci(&root),
         Some("bench") => bench::run(&root, &args[1..]),
+        Some("endurance") => endurance::run(&root, &args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
             Ok(())
@@ -41,7 +46,8 @@ fn print_help() {
         "cargo xtask <command>\n\n\
          commands:\n  \
          ci     cargo fmt --check, cargo clippy -D warnings, and the whole test suite\n  \
-         bench  [--quick] [--peers] overhead and throughput on loopback, target/bench/report.json"
+         bench  [--quick] [--peers] overhead and throughput on loopback, target/bench/report.json\n  \
+         endurance  [--quick] keypool's memory idle, over 10,000 streams and 1,000 at once"
     );
 }
 
