@@ -38,7 +38,9 @@ struct Inner {
     store: Store,
     client: UpstreamClient,
     metrics: Metrics,
-    budgets: DashMap<PoolKey, Option<Arc<HedgeBudget>>>,
+    /// Per pool: the `hedge_budget` ratio (its bits) the budget was made for, and the
+    /// budget. A reload that changes the ratio gets a new budget on the next request.
+    budgets: DashMap<PoolKey, (u64, Option<Arc<HedgeBudget>>)>,
     ids: AtomicU64,
     seed: u64,
     unresolved: Arc<str>,
@@ -118,17 +120,22 @@ impl App {
         splitmix(self.inner.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
     }
 
-    /// The pool's hedge budget (`None` when the configured ratio is invalid, which the
-    /// config validation prevents).
+    /// The pool's hedge budget for `ratio` (`None` when the ratio is invalid, which the
+    /// config validation prevents). The same budget while the ratio stays the same; a
+    /// new one once a reload changed it.
     pub(crate) fn hedge_budget(&self, pool: &PoolKey, ratio: f64) -> Option<Arc<HedgeBudget>> {
-        if let Some(b) = self.inner.budgets.get(pool) {
-            return b.clone();
+        let bits = ratio.to_bits();
+        if let Some(b) = self.inner.budgets.get(pool)
+            && b.0 == bits
+        {
+            return b.1.clone();
         }
-        self.inner
-            .budgets
-            .entry(pool.clone())
-            .or_insert_with(|| HedgeBudget::try_new(ratio).ok().map(Arc::new))
-            .clone()
+        let fresh = || (bits, HedgeBudget::try_new(ratio).ok().map(Arc::new));
+        let mut entry = self.inner.budgets.entry(pool.clone()).or_insert_with(fresh);
+        if entry.0 != bits {
+            *entry = fresh();
+        }
+        entry.1.clone()
     }
 
     fn request_id(&self) -> Arc<str> {
@@ -406,4 +413,27 @@ fn splitmix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keypool_store::config::Config;
+
+    #[tokio::test]
+    async fn a_changed_hedge_budget_ratio_gets_a_new_budget() {
+        let toml = "[server]\nstate_file = \"\"\n[[orgs]]\nslug = \"acme\"\n";
+        let config = Config::from_toml_str(toml, None, &|_| None).unwrap();
+        let app = App::new(Store::open(config).await.unwrap());
+        let pool = PoolKey::new("acme", Some("g"));
+        let first = app.hedge_budget(&pool, 0.1).unwrap();
+        assert!(Arc::ptr_eq(&first, &app.hedge_budget(&pool, 0.1).unwrap()));
+        let changed = app.hedge_budget(&pool, 0.5).unwrap();
+        assert!(!Arc::ptr_eq(&first, &changed));
+        assert!(Arc::ptr_eq(
+            &changed,
+            &app.hedge_budget(&pool, 0.5).unwrap()
+        ));
+        assert!(app.hedge_budget(&pool, 2.0).is_none());
+    }
 }
