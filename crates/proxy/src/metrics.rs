@@ -5,7 +5,9 @@
 //! `-`), classes, triggers and gate reasons are static names. No secret and no LB key is
 //! ever a label.
 
+use std::borrow::Borrow;
 use std::fmt::Write as _;
+use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -160,14 +162,7 @@ impl Metrics {
     /// One answered request (`org`/`url` are [`UNRESOLVED`] when not resolved).
     pub fn request(&self, org: &Arc<str>, url: &Arc<str>, status: u16) {
         let key = (org.clone(), url.clone(), status);
-        if let Some(c) = self.requests.get(&key) {
-            c.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        self.requests
-            .entry(key)
-            .or_default()
-            .fetch_add(1, Ordering::Relaxed);
+        with_value(&self.requests, &key, || key.clone(), increment);
     }
 
     /// How many upstream attempts one request made (0 for requests answered without any).
@@ -182,14 +177,7 @@ impl Metrics {
     /// One failed attempt, by class and trigger.
     pub fn failover(&self, c: &Classification) {
         let key = (c.class.as_str(), c.trigger.as_str());
-        if let Some(n) = self.failovers.get(&key) {
-            n.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        self.failovers
-            .entry(key)
-            .or_default()
-            .fetch_add(1, Ordering::Relaxed);
+        with_value(&self.failovers, &key, || key, increment);
     }
 
     /// The hedge/race gate sent a request down the single path for `reason`.
@@ -270,10 +258,7 @@ impl Metrics {
     /// Counts one attempt in flight on `account` until the returned guard is dropped
     /// (an attempt that wins a streaming answer hands its guard to the stream).
     pub fn start_in_flight(&self, account: &AccountId) -> InFlight {
-        let counter = match self.in_flight.get(account) {
-            Some(c) => c.clone(),
-            None => self.in_flight.entry(account.clone()).or_default().clone(),
-        };
+        let counter = with_value(&self.in_flight, account, || account.clone(), Arc::clone);
         counter.fetch_add(1, Ordering::Relaxed);
         InFlight(counter)
     }
@@ -495,11 +480,31 @@ impl Metrics {
 
 fn observe_account(map: &DashMap<AccountId, Histogram<12>>, account: &AccountId, ms: u64) {
     let bucket = latency_bucket(ms);
-    if let Some(h) = map.get(account) {
-        h.observe(bucket, ms);
-        return;
+    with_value(map, account, || account.clone(), |h| h.observe(bucket, ms));
+}
+
+/// Runs `f` on `key`'s value in `map`: under the shard's read lock when the key is there
+/// (every call after the first), else on a default value inserted with the key `owned`
+/// makes (only then: no clone of the key on the usual path).
+fn with_value<K, Q, V, R>(
+    map: &DashMap<K, V>,
+    key: &Q,
+    owned: impl FnOnce() -> K,
+    f: impl FnOnce(&V) -> R,
+) -> R
+where
+    K: Eq + Hash + Borrow<Q>,
+    Q: Eq + Hash + ?Sized,
+    V: Default,
+{
+    if let Some(value) = map.get(key) {
+        return f(&value);
     }
-    map.entry(account.clone()).or_default().observe(bucket, ms);
+    f(&map.entry(owned()).or_default())
+}
+
+fn increment(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Escapes a label value (`\`, `"`, newline).
