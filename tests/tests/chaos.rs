@@ -401,9 +401,11 @@ async fn chaos_every_request_ends_as_spec_3_allows_and_accounting_adds_up() {
     let ok = statuses.get(&200).copied().unwrap_or(0);
     // A quarter of the upstream answers fail and every failure cools its account for up
     // to 2 s, so the pool is often all cooling (last resort: one attempt). Failover still
-    // turns most of it into successes.
+    // turns most of it into successes (seen: 78–80 % of the requests that reached the
+    // pool, i.e. not refused at once because every window was exhausted).
+    let reached = total - window_429s;
     assert!(
-        ok * 10 >= total * 6,
+        ok * 100 >= reached * 65,
         "failover turns most failed attempts into successes: {statuses:?}"
     );
 

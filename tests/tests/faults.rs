@@ -301,7 +301,14 @@ async fn sigterm_under_load_finishes_streams_refuses_new_connections_and_exits_0
     loop {
         match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
             Err(e) => {
-                assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+                assert!(
+                    matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset
+                    ),
+                    "connecting after SIGTERM: {e} ({:?})",
+                    e.kind()
+                );
                 break;
             }
             Ok(_) => assert!(
@@ -514,8 +521,9 @@ async fn redis_killed_and_restarted_during_load_fails_no_request_and_reconciles(
         s.requests_for("c").len() > 1 && h.cooldown("c").is_some()
     })
     .await;
-    let until = h.cooldown("c").unwrap().until;
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // (read after the 429s that were in flight together with the first one landed)
+    let until = h.cooldown("c").unwrap().until;
     redis.restart().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while ready(&h).await != 200 {
