@@ -82,6 +82,16 @@ impl State {
         self.in_use.get(account).copied().unwrap_or(0)
     }
 
+    /// One slot of `account` less in use.
+    fn unreserve(&mut self, account: &AccountId) {
+        if let Some(n) = self.in_use.get_mut(account) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.in_use.remove(account);
+            }
+        }
+    }
+
     /// Whether a waiter older than `before` wants `account`.
     fn queued_ahead(&self, account: &AccountId, before: u64) -> bool {
         self.waiters.iter().any(|w| {
@@ -161,12 +171,7 @@ impl Shared {
                 }
             }
         }
-        if let Some(n) = state.in_use.get_mut(&account) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                state.in_use.remove(&account);
-            }
-        }
+        state.unreserve(&account);
         if let Some(lease) = &lease {
             state.leases.remove(lease);
         }
@@ -197,8 +202,15 @@ impl Shared {
             }
             *state.in_use.entry(account.clone()).or_default() += 1;
         }
+        // Undone on drop unless it becomes a guard: a caller that gives up while Redis
+        // answers (its future dropped) leaves no count behind.
+        let reserved = Reserved {
+            shared: self,
+            account,
+            kept: false,
+        };
         let Some(mirror) = self.mirror.as_ref().filter(|m| !m.needs_reconcile()) else {
-            return Some(self.guard(account.clone(), None));
+            return Some(reserved.keep(None));
         };
         let lease = format!(
             "{}:{}",
@@ -212,24 +224,39 @@ impl Shared {
         {
             Ok(true) => {
                 self.lock().leases.insert(lease.clone(), account.clone());
-                Some(self.guard(account.clone(), Some(lease)))
+                Some(reserved.keep(Some(lease)))
             }
-            Ok(false) => {
-                // Another replica holds the rest: undo the local reservation (waiters
-                // look again at their next poll).
-                let mut state = self.lock();
-                if let Some(n) = state.in_use.get_mut(account) {
-                    *n = n.saturating_sub(1);
-                    if *n == 0 {
-                        state.in_use.remove(account);
-                    }
-                }
-                None
-            }
+            // Another replica holds the rest: the reservation is undone as it drops
+            // (waiters look again at their next poll).
+            Ok(false) => None,
             Err(e) => {
                 tracing::debug!(error = %e, "lease not taken in redis; counting the slot locally");
-                Some(self.guard(account.clone(), None))
+                Some(reserved.keep(None))
             }
+        }
+    }
+}
+
+/// A slot counted in `in_use` before its Redis lease is known; given back on drop
+/// (without a hand-off: no lease was taken for it) unless [`Reserved::keep`] made it a
+/// guard.
+struct Reserved<'a> {
+    shared: &'a Arc<Shared>,
+    account: &'a AccountId,
+    kept: bool,
+}
+
+impl Reserved<'_> {
+    fn keep(mut self, lease: Option<String>) -> SlotGuard {
+        self.kept = true;
+        self.shared.guard(self.account.clone(), lease)
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.shared.lock().unreserve(self.account);
         }
     }
 }

@@ -291,3 +291,32 @@ async fn two_replicas_share_session_bindings_and_concurrency_leases() {
     assert!(guard.is_some(), "an expired lease must not hold the slot");
     assert!(one.slots().try_acquire(&a1, 1).await.is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_request_given_up_while_redis_answers_leaves_no_local_count() {
+    let Some(redis) = RedisServer::start_or_skip("slot_request_given_up") else {
+        return;
+    };
+    let store = Store::open(redis_config(&redis, 1)).await.unwrap();
+    let a0 = AccountId::from("a0");
+    // One poll (the local reservation, then the wait for Redis's lease answer), then
+    // the future is dropped: a request cancelled by its client at that point. While the
+    // store still reconciles with Redis a slot is taken locally at once; try again.
+    let mut given_up = false;
+    for _ in 0..100 {
+        match tokio::time::timeout(Duration::ZERO, store.slots().try_acquire(&a0, 1)).await {
+            Err(_) => {
+                given_up = true;
+                break;
+            }
+            Ok(guard) => drop(guard),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(given_up, "every slot request was answered within one poll");
+    assert_eq!(
+        store.slots().in_use(&a0),
+        0,
+        "the reservation was not undone"
+    );
+}
