@@ -315,31 +315,30 @@ impl Metrics {
             self.stream_failures.load(Ordering::Relaxed)
         );
 
-        out.push_str("# HELP keypool_hedge_gate_total Requests that took the single path, by the hedge/race gate reason.\n# TYPE keypool_hedge_gate_total counter\n");
-        for (reason, n) in GateReason::ALL.iter().zip(&self.gate) {
-            let _ = writeln!(
-                out,
-                "keypool_hedge_gate_total{{reason=\"{}\"}} {}",
-                reason.as_str(),
-                n.load(Ordering::Relaxed)
-            );
-        }
-        out.push_str("# HELP keypool_hedge_backups_total Backup attempts fired, by strategy.\n# TYPE keypool_hedge_backups_total counter\n");
-        for (kind, n) in ["hedge", "race"].iter().zip(&self.fired) {
-            let _ = writeln!(
-                out,
-                "keypool_hedge_backups_total{{strategy=\"{kind}\"}} {}",
-                n.load(Ordering::Relaxed)
-            );
-        }
-        out.push_str("# HELP keypool_hedge_wins_total Requests whose primary and backup both ran, by the attempt that served them.\n# TYPE keypool_hedge_wins_total counter\n");
-        for (role, n) in ["primary", "backup"].iter().zip(&self.wins) {
-            let _ = writeln!(
-                out,
-                "keypool_hedge_wins_total{{winner=\"{role}\"}} {}",
-                n.load(Ordering::Relaxed)
-            );
-        }
+        counter_family(
+            &mut out,
+            "keypool_hedge_gate_total",
+            "Requests that took the single path, by the hedge/race gate reason.",
+            "reason",
+            GateReason::ALL
+                .iter()
+                .map(|r| r.as_str())
+                .zip(loads(&self.gate)),
+        );
+        counter_family(
+            &mut out,
+            "keypool_hedge_backups_total",
+            "Backup attempts fired, by strategy.",
+            "strategy",
+            ["hedge", "race"].into_iter().zip(loads(&self.fired)),
+        );
+        counter_family(
+            &mut out,
+            "keypool_hedge_wins_total",
+            "Requests whose primary and backup both ran, by the attempt that served them.",
+            "winner",
+            ["primary", "backup"].into_iter().zip(loads(&self.wins)),
+        );
 
         let bounds: Vec<String> = LATENCY_BUCKETS_SECS.iter().map(f64::to_string).collect();
         for (name, help, map) in [
@@ -436,23 +435,24 @@ impl Metrics {
     /// Session affinity outcomes, queue rejections and the slot gauges of capped
     /// accounts (`max_concurrent`).
     fn render_affinity_and_slots(&self, out: &mut String, store: &Store) {
-        out.push_str("# HELP keypool_session_affinity_total Requests with a session key, by what affinity did: hit (bound account tried first), miss (no binding), rebind (served elsewhere, binding moved).\n# TYPE keypool_session_affinity_total counter\n");
-        for outcome in AffinityOutcome::ALL {
-            let _ = writeln!(
-                out,
-                "keypool_session_affinity_total{{outcome=\"{}\"}} {}",
-                outcome.as_str(),
-                self.affinity_count(outcome)
-            );
-        }
-        out.push_str("# HELP keypool_queue_rejections_total Requests answered 429 because every available account was at its max_concurrent, by reason.\n# TYPE keypool_queue_rejections_total counter\n");
-        for (reason, n) in ["full", "timeout"].iter().zip(&self.queue_rejections) {
-            let _ = writeln!(
-                out,
-                "keypool_queue_rejections_total{{reason=\"{reason}\"}} {}",
-                n.load(Ordering::Relaxed)
-            );
-        }
+        counter_family(
+            out,
+            "keypool_session_affinity_total",
+            "Requests with a session key, by what affinity did: hit (bound account tried first), miss (no binding), rebind (served elsewhere, binding moved).",
+            "outcome",
+            AffinityOutcome::ALL
+                .into_iter()
+                .map(|o| (o.as_str(), self.affinity_count(o))),
+        );
+        counter_family(
+            out,
+            "keypool_queue_rejections_total",
+            "Requests answered 429 because every available account was at its max_concurrent, by reason.",
+            "reason",
+            ["full", "timeout"]
+                .into_iter()
+                .zip(loads(&self.queue_rejections)),
+        );
         let slots = store.slots();
         let _ = writeln!(
             out,
@@ -505,6 +505,26 @@ where
 
 fn increment(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A counter family with one label: its `HELP`/`TYPE` lines, then one sample per
+/// `(label value, count)` row.
+fn counter_family<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    label: &str,
+    rows: impl IntoIterator<Item = (&'a str, u64)>,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    for (value, n) in rows {
+        let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
+    }
+}
+
+/// The current values of an array of counters.
+fn loads(counters: &[AtomicU64]) -> impl Iterator<Item = u64> + '_ {
+    counters.iter().map(|n| n.load(Ordering::Relaxed))
 }
 
 /// Escapes a label value (`\`, `"`, newline).
