@@ -1,5 +1,5 @@
 //! Chaos: keypool in front of `keypool-sim` whose accounts misbehave at random (latency
-//! spikes, stalls before headers and before the first frame, resets, 429s with and
+//! spikes, stalls before headers, before the first frame and mid-stream, resets, 429s with and
 //! without `retry-after`, exhausted windows, 529s, in-band error frames after
 //! `message_start`, streams cut mid-way, one account turning 401 mid-run), under
 //! concurrent mixed streaming and non-streaming load.
@@ -106,7 +106,12 @@ fn random_behaviour(rng: &mut StdRng, account: &str, n: u64, window_reset_s: u64
     let cut = [Cut::EndOfBody, Cut::Close, Cut::Reset][rng.random_range(0..3)];
     match roll {
         0..=659 => ok_spec(account).into(),
-        660..=749 => ok_spec(account)
+        // a stall mid-stream, past the commit point: longer than the 2 s idle timeout
+        740..=749 => ok_spec(account)
+            .chunks(3)
+            .chunk_interval(Delay::Fixed(Duration::from_millis(2_500)))
+            .into(),
+        660..=739 => ok_spec(account)
             .latency(Delay::Fixed(Duration::from_millis(
                 rng.random_range(100..400),
             )))
@@ -429,6 +434,23 @@ async fn chaos_every_request_ends_as_spec_3_allows_and_accounting_adds_up() {
             "successes credited to {id} vs 2xx answers it served"
         );
     }
+    // Every broken committed stream a client saw (ending with the generic frame) is one
+    // stream failure in the metrics, and the other way round.
+    let broken = outcomes
+        .iter()
+        .filter(|o| {
+            o.stream
+                && o.reply.status == 200
+                && o.reply.events().last().map(String::as_str) == Some("error")
+        })
+        .count() as u64;
+    let rendered = h.app().metrics().render(h.store(), now_ms());
+    let stream_failures: u64 = rendered
+        .lines()
+        .find_map(|l| l.strip_prefix("keypool_stream_failures_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("keypool_stream_failures_total in /metrics");
+    assert_eq!(stream_failures, broken, "stream failures counted vs seen");
     let (requests_counted, attempts) = h.app().metrics().attempt_totals();
     let upstream = h.sim().total_stats().requests;
     assert_eq!(attempts, upstream, "attempts counted vs upstream requests");
@@ -500,7 +522,8 @@ async fn chaos_every_request_ends_as_spec_3_allows_and_accounting_adds_up() {
         "every 401 {TURNS_401} answered was one key_error (and nothing else was)"
     );
     eprintln!(
-        "chaos: {total} requests ({statuses:?}, {window_429s} window 429s), {upstream} upstream attempts, in {load_time:?}; \
+        "chaos: {total} requests ({statuses:?}, {window_429s} window 429s, {broken} broken \
+         streams), {upstream} upstream attempts, in {load_time:?}; \
          failovers {failovers:?}"
     );
 
