@@ -449,3 +449,89 @@ async fn thousands_of_idle_connections_stay_bounded_and_requests_are_still_serve
     assert_eq!(h.send_message().await.status, 200);
     h.finish().await;
 }
+
+#[tokio::test]
+async fn ambiguous_framing_is_refused_and_pipelined_requests_are_answered_in_order() {
+    let h = harness(&[("max_body_bytes", "4096")]).await;
+    let key = h.key(KEY);
+    let body = serde_json::to_string(&message_body(MODEL, false)).unwrap();
+    // request smuggling shapes: two lengths, length + chunked, a bad chunk size
+    for (case, request) in [
+        (
+            "two content-lengths",
+            format!(
+                "POST /acme/team/v1/messages HTTP/1.1\r\nhost: k\r\nconnection: close\r\n\
+                 x-api-key: {key}\r\ncontent-length: {}\r\ncontent-length: 3\r\n\r\n{body}",
+                body.len()
+            ),
+        ),
+        (
+            "bad chunk size",
+            format!(
+                "POST /acme/team/v1/messages HTTP/1.1\r\nhost: k\r\nconnection: close\r\n\
+                 x-api-key: {key}\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{body}\r\n0\r\n\r\n"
+            ),
+        ),
+        (
+            "expect 100-continue over the limit",
+            format!(
+                "POST /acme/team/v1/messages HTTP/1.1\r\nhost: k\r\nconnection: close\r\n\
+                 x-api-key: {key}\r\nexpect: 100-continue\r\ncontent-length: 100000000\r\n\r\n"
+            ),
+        ),
+    ] {
+        let (status, text) = raw(&h, request.as_bytes()).await;
+        assert!(
+            (400..500).contains(&status),
+            "{case}: a 4xx, got {status}: {text}"
+        );
+        assert!(!text.contains("HTTP/1.1 200"), "{case}: {text}");
+    }
+    assert_eq!(h.sim().total_stats().requests, 0);
+    // content-length and chunked (RFC 9112 6.3): refused, or read as chunked and the
+    // connection closed after the answer, so that nothing smuggled behind it is served
+    let smuggled = format!(
+        "POST /acme/team/v1/messages HTTP/1.1\r\nhost: k\r\n\
+         x-api-key: {key}\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n\
+         {:x}\r\n{body}\r\n0\r\n\r\n\
+         POST /acme/team/v1/messages HTTP/1.1\r\nhost: k\r\nconnection: close\r\n\
+         x-api-key: {key}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len(),
+        body.len()
+    );
+    let (status, text) = raw(&h, smuggled.as_bytes()).await;
+    assert!(status == 200 || (400..500).contains(&status), "{text}");
+    assert_eq!(
+        text.matches("HTTP/1.1 ").count(),
+        1,
+        "the request behind a CL+TE request was served: {text}"
+    );
+    h.sim().clear_requests();
+    let served_before = h.sim().total_stats().requests;
+    // three pipelined requests in one write: three answers, in order
+    let one = |model: &str, close: bool| {
+        let b = serde_json::to_string(&message_body(model, false)).unwrap();
+        format!(
+            "POST /acme/team/v1/messages HTTP/1.1\r\nhost: k\r\n{}x-api-key: {key}\r\n\
+             content-length: {}\r\n\r\n{b}",
+            if close { "connection: close\r\n" } else { "" },
+            b.len()
+        )
+    };
+    let pipelined = format!(
+        "{}{}{}",
+        one(MODEL, false),
+        one("", false),
+        one(MODEL, true)
+    );
+    let (status, text) = raw(&h, pipelined.as_bytes()).await;
+    assert_eq!(status, 200, "{text}");
+    let statuses: Vec<u16> = text
+        .match_indices("HTTP/1.1 ")
+        .map(|(i, _)| status_of(&text[i..]))
+        .collect();
+    // an empty model is still a string: keypool forwards it (the upstream decides)
+    assert_eq!(statuses, [200, 200, 200], "{text}");
+    assert_eq!(h.sim().total_stats().requests, served_before + 3);
+    h.finish().await;
+}
