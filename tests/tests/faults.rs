@@ -730,3 +730,50 @@ async fn restart_on_the_same_redis_keeps_cooldowns_windows_and_disabled_flags() 
     );
     h2.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_state_file_is_moved_aside_and_keypool_serves() {
+    let port = free_port();
+    let h = builder_with(vec![AccountSpec::new("a", Script::ok())])
+        .start()
+        .await;
+    let dir = temp_dir("corrupt");
+    let file = dir.join("keypool.toml");
+    std::fs::write(
+        &file,
+        binary_config(&h, port, &[("state_file", "\"state.json\"")]),
+    )
+    .unwrap();
+    // a half-written file from some other tool, and a crash
+    std::fs::write(dir.join("state.json"), b"{\"version\": 1, \"cooldowns\": [").unwrap();
+    let mut k = Keypool::start(&file, port).await;
+    let r = h
+        .client()
+        .post(k.url("/acme/team/v1/messages"))
+        .api_key(&h.key(KEY))
+        .json(&message_body(MODEL, true))
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let aside: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("state.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the corrupt file is kept aside: {aside:?}");
+    signal(&k.child, "TERM");
+    assert_eq!(k.wait_exit(Duration::from_secs(10)).await, Some(0));
+    let written = std::fs::read_to_string(dir.join("state.json")).unwrap();
+    assert!(
+        serde_json::from_str::<Value>(&written).is_ok(),
+        "a valid state file is written at shutdown: {written}"
+    );
+    assert!(
+        k.logs().contains("corrupt"),
+        "the move is logged: {}",
+        k.logs()
+    );
+    drop(k);
+    std::fs::remove_dir_all(&dir).unwrap();
+    h.finish().await;
+}
