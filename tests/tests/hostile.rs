@@ -394,7 +394,7 @@ async fn thousands_of_idle_connections_stay_bounded_and_requests_are_still_serve
         idle >= 400,
         "the open-file limit {fd_limit} is too low for this test"
     );
-    let h = harness(&[("header_read_timeout_secs", "3")]).await;
+    let h = harness(&[("header_read_timeout_secs", "5")]).await;
     // warm up, so that the baseline includes the pools
     assert_eq!(h.send_message().await.status, 200);
     let before = rss_kib();
@@ -425,7 +425,7 @@ async fn thousands_of_idle_connections_stay_bounded_and_requests_are_still_serve
         "{idle} idle connections cost {grown_kib} KiB ({per_connection} B each, both ends)"
     );
     assert!(
-        started.elapsed() < Duration::from_secs(3),
+        started.elapsed() < Duration::from_secs(5),
         "the check ran inside the header timeout; make the timeout longer"
     );
     // the header timeout closes every idle connection
@@ -443,7 +443,7 @@ async fn thousands_of_idle_connections_stay_bounded_and_requests_are_still_serve
     .await;
     assert!(closed.is_ok(), "idle connections still open 10 s later");
     assert!(
-        started.elapsed() >= Duration::from_millis(2_900),
+        started.elapsed() >= Duration::from_millis(4_900),
         "closed before the header timeout"
     );
     assert_eq!(h.send_message().await.status, 200);
