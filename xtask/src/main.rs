@@ -84,10 +84,12 @@ fn ensure_chromium() {
     if on_path("chromium") {
         return;
     }
-    eprintln!("$ apt-get install -y chromium");
+    eprintln!("$ apt-get install -y --no-install-recommends chromium");
     let install = || {
         Command::new("apt-get")
-            .args(["install", "-y", "chromium"])
+            .args(["install", "-y", "--no-install-recommends", "chromium"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdin(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
     };
