@@ -9,8 +9,10 @@
 //! 3. Resident memory (`VmRSS` of `/proc/<pid>/status`) and open file descriptors of the
 //!    keypool process: idle; after a warm-up of 2,000 streamed requests; after 10,000
 //!    more streamed requests at concurrency 100 (the leak check: growth after warm-up
-//!    must stay under 5 MB); the peak while 1,000 streams are in flight at once; and
-//!    after those.
+//!    must stay under 5 MB); the peak while 1,000 streams are in flight at once; after
+//!    those; and once the clients have gone and keypool's idle upstream connections
+//!    have been reaped (within 2 × its 90 s pool idle timeout: its fds must be back to
+//!    the idle count, +4).
 //!
 //! Every request must succeed and every stream end with `message_stop`; the command
 //! fails otherwise, or when the growth after warm-up is 5 MB or more. `--quick` divides
@@ -275,6 +277,23 @@ async fn endurance(
     let after_burst = memory(pid);
     keypool.check_alive()?;
     sim.check_alive()?;
+    // the clients close their connections; keypool's idle upstream connections expire
+    // after its pool idle timeout (90 s), reaped by hyper's pool on a 90 s interval, so
+    // within 2 × 90 s: then every connection fd must be gone
+    drop(client);
+    let settled = if quick {
+        None
+    } else {
+        let since = std::time::Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            keypool.check_alive()?;
+            let m = memory(pid);
+            if m.fds <= idle.fds + 4 || since.elapsed() > Duration::from_secs(190) {
+                break Some((m, since.elapsed().as_secs()));
+            }
+        }
+    };
 
     let growth = after_10k.rss_kib.saturating_sub(warm.rss_kib);
     let mib = |kib: u64| kib as f64 / 1024.0;
@@ -286,6 +305,7 @@ async fn endurance(
          | after {} more streams (c100) | {:.1} MiB | {} |\n\
          | peak with {} streams in flight | {:.1} MiB | {} |\n\
          | after those streams | {:.1} MiB | {} |\n\
+         {}\
          growth after warm-up: {:.2} MiB (limit {:.0} MiB)",
         mib(idle.rss_kib),
         idle.fds,
@@ -300,12 +320,26 @@ async fn endurance(
         peak_fds.load(Ordering::SeqCst),
         mib(after_burst.rss_kib),
         after_burst.fds,
+        settled.map_or_else(String::new, |(m, after)| format!(
+            "| {after} s later, clients gone, idle upstream connections reaped | {:.1} MiB | {} |\n",
+            mib(m.rss_kib),
+            m.fds
+        )),
         mib(growth),
         mib(MAX_GROWTH_KIB),
         mode = if quick { "--quick" } else { "full run" },
     );
     if !quick && growth >= MAX_GROWTH_KIB {
         bail!("resident memory grew {growth} KiB after warm-up (a leak?)\n{report}");
+    }
+    if let Some((m, _)) = settled
+        && m.fds > idle.fds + 4
+    {
+        bail!(
+            "{} fds open once everything is idle, {} at start (a leak?)\n{report}",
+            m.fds,
+            idle.fds
+        );
     }
     Ok(report)
 }
