@@ -154,12 +154,16 @@ impl App {
         let started = Instant::now();
         let request_id = self.request_id();
         let (parts, body) = request.into_parts();
-        let mut labels = (self.inner.unresolved.clone(), self.inner.unresolved.clone());
+        let mut counted = CountedRequest {
+            metrics: self.metrics(),
+            labels: (self.inner.unresolved.clone(), self.inner.unresolved.clone()),
+            status: CLIENT_CLOSED_REQUEST,
+        };
         let mut response = self
-            .dispatch(parts, body, &request_id, started, &mut labels)
+            .dispatch(parts, body, &request_id, started, &mut counted.labels)
             .await;
-        self.metrics()
-            .request(&labels.0, &labels.1, response.status().as_u16());
+        counted.status = response.status().as_u16();
+        drop(counted);
         if let Ok(value) = HeaderValue::from_str(&request_id) {
             response.headers_mut().insert(X_REQUEST_ID, value);
         }
@@ -413,6 +417,26 @@ fn splitmix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// The status `keypool_requests_total` counts for a request whose client went away
+/// before keypool wrote the answer's head (nginx's "client closed request").
+pub(crate) const CLIENT_CLOSED_REQUEST: u16 = 499;
+
+/// Counts one request in `keypool_requests_total` when dropped: with the status of the
+/// answer once there is one, or [`CLIENT_CLOSED_REQUEST`] when the handler was dropped
+/// first because the client went away, so that abandoned requests are counted too.
+struct CountedRequest<'a> {
+    metrics: &'a Metrics,
+    labels: (Arc<str>, Arc<str>),
+    status: u16,
+}
+
+impl Drop for CountedRequest<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .request(&self.labels.0, &self.labels.1, self.status);
+    }
 }
 
 #[cfg(test)]
