@@ -19,7 +19,7 @@
 //! the request counts by 10 (a smoke run; its growth figure means little).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,38 +43,9 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         [flag] if flag == "--quick" => true,
         _ => bail!("usage: cargo xtask endurance [--quick]"),
     };
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    if cfg!(debug_assertions) {
-        crate::cargo(
-            root,
-            &[
-                "build",
-                "--release",
-                "-p",
-                "keypool",
-                "-p",
-                "keypool-sim",
-                "-p",
-                "xtask",
-            ],
-        )?;
-        let xtask = target.join("release").join("xtask");
-        let status = Command::new(&xtask)
-            .arg("endurance")
-            .args(args)
-            .status()
-            .with_context(|| format!("cannot run {}", xtask.display()))?;
-        if !status.success() {
-            bail!("the release xtask failed ({status})");
-        }
+    let Some((target, bins)) = crate::bench::release_build(root, "endurance", args)? else {
         return Ok(());
-    }
-    crate::cargo(
-        root,
-        &["build", "--release", "-p", "keypool", "-p", "keypool-sim"],
-    )?;
+    };
     let dir = target.join("endurance");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -82,11 +53,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
-    let bins = (
-        target.join("release").join("keypool"),
-        target.join("release").join("keypool-sim"),
-    );
-    let report = runtime.block_on(endurance(quick, &bins.0, &bins.1, &dir))?;
+    let report = runtime.block_on(endurance(quick, &bins.keypool, &bins.sim, &dir))?;
     println!("{report}");
     let file = dir.join("report.txt");
     std::fs::write(&file, &report).with_context(|| format!("cannot write {}", file.display()))?;

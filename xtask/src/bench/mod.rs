@@ -134,50 +134,50 @@ impl Plan {
 /// rate-limited account gets, so every request meets it again.
 const FAILOVER_PAUSE: Duration = Duration::from_millis(2);
 
-/// Entry point of `cargo xtask bench`.
-pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
-    let options = Options::parse(args)?;
+/// Builds keypool and keypool-sim in release mode and says where they are, with the
+/// target directory. `cargo xtask` is a debug build, and a load driver at opt-level 0
+/// would be slower than the gateways it measures: from a debug build this also builds
+/// the release xtask, runs `xtask <command> <args>` there and returns `None` (the work
+/// is done).
+pub(crate) fn release_build(
+    root: &Path,
+    command: &str,
+    args: &[String],
+) -> anyhow::Result<Option<(PathBuf, Bins)>> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
+    let mut build = vec!["build", "--release", "-p", "keypool", "-p", "keypool-sim"];
     if cfg!(debug_assertions) {
-        // `cargo xtask` is a debug build; a driver at opt-level 0 would be slower than
-        // the gateways it measures. Build everything in release and run the release
-        // xtask instead.
-        crate::cargo(
-            root,
-            &[
-                "build",
-                "--release",
-                "-p",
-                "keypool",
-                "-p",
-                "keypool-sim",
-                "-p",
-                "xtask",
-            ],
-        )?;
+        build.extend(["-p", "xtask"]);
+        crate::cargo(root, &build)?;
         let xtask = target.join("release").join("xtask");
         let status = Command::new(&xtask)
-            .arg("bench")
+            .arg(command)
             .args(args)
             .status()
             .with_context(|| format!("cannot run {}", xtask.display()))?;
         if !status.success() {
             bail!("the release xtask failed ({status})");
         }
-        return Ok(());
+        return Ok(None);
     }
-    crate::cargo(
-        root,
-        &["build", "--release", "-p", "keypool", "-p", "keypool-sim"],
-    )?;
-    let dir = target.join("bench");
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    crate::cargo(root, &build)?;
     let bins = Bins {
         keypool: target.join("release").join("keypool"),
         sim: target.join("release").join("keypool-sim"),
     };
+    Ok(Some((target, bins)))
+}
+
+/// Entry point of `cargo xtask bench`.
+pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
+    let options = Options::parse(args)?;
+    let Some((target, bins)) = release_build(root, "bench", args)? else {
+        return Ok(());
+    };
+    let dir = target.join("bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     // The driver runs on one thread: the gateway and the upstream get the other core's
     // worth of time between them, as the 2-core setup says.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -193,9 +193,9 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-struct Bins {
-    keypool: PathBuf,
-    sim: PathBuf,
+pub(crate) struct Bins {
+    pub(crate) keypool: PathBuf,
+    pub(crate) sim: PathBuf,
 }
 
 /// A target and how to measure it.
