@@ -14,6 +14,8 @@
 //! assert_eq!(book.cooldown_until(&a, 61_000), None);
 //! ```
 
+use std::sync::Arc;
+
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
@@ -23,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::book;
 use crate::classify::{Classification, FailureClass, Trigger};
 use crate::config::CooldownConfig;
+use crate::signal::{CooldownSignal, Signals};
 
 /// One account's cooldown state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +61,7 @@ pub struct CooldownRecord {
 pub struct CooldownBook {
     config: ArcSwap<CooldownConfig>,
     entries: DashMap<AccountId, CooldownEntry>,
+    signals: Signals<CooldownSignal>,
 }
 
 impl Default for CooldownBook {
@@ -72,6 +76,7 @@ impl CooldownBook {
         Self {
             config: ArcSwap::from_pointee(config),
             entries: DashMap::new(),
+            signals: Signals::default(),
         }
     }
 
@@ -119,8 +124,13 @@ impl CooldownBook {
                 consecutive_failures: 1,
             }
         };
+        let signal = self.signals.get(account);
         let until = match self.entries.entry(account.clone()) {
-            Entry::Vacant(v) => v.insert(fresh(u32::from(raises))).until,
+            Entry::Vacant(v) => {
+                let entry = v.insert(fresh(u32::from(raises)));
+                signal.set(entry.until);
+                entry.until
+            }
             Entry::Occupied(mut o) => {
                 let e = o.get_mut();
                 let herd = attempt_started_at <= e.set_at;
@@ -144,6 +154,7 @@ impl CooldownBook {
                 if !herd {
                     e.set_at = now;
                 }
+                signal.set(e.until);
                 e.until
             }
         };
@@ -175,7 +186,19 @@ impl CooldownBook {
     /// Forgets everything about the account: cooldown, backoff level, failure count
     /// (the operator's "clear cooldown").
     pub fn clear(&self, account: &AccountId) {
-        self.entries.remove(account);
+        if let Entry::Occupied(o) = self.entries.entry(account.clone()) {
+            if let Some(signal) = self.signals.existing(account) {
+                signal.set(0);
+            }
+            o.remove();
+        }
+    }
+
+    /// The account's [`CooldownSignal`]: its expiry, readable without a lock, kept in
+    /// step with the entry by every write of this book. Resolve it once and read it
+    /// many times (see the `signal` module).
+    pub fn signal(&self, account: &AccountId) -> Arc<CooldownSignal> {
+        self.signals.get(account)
     }
 
     /// Every entry, with absolute times, for the state file and Redis.
@@ -195,9 +218,12 @@ impl CooldownBook {
             .into_iter()
             .filter(|r| r.entry.until > now)
             .map(|r| (r.account, r.entry));
-        book::import(&self.entries, live, |current, incoming| {
-            current.until < incoming.until
-        })
+        book::import(
+            &self.entries,
+            live,
+            |current, incoming| current.until < incoming.until,
+            |account, entry| self.signals.get(account).set(entry.until),
+        )
     }
 
     /// Drops entries that no longer matter at `now`: expired and at backoff level 0.

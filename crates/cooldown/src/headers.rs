@@ -134,24 +134,25 @@ impl RateLimitInfo {
     /// Parses every rate-limit header keypool knows from `headers`. `now` is only used
     /// to turn an HTTP-date `retry-after` into a delay.
     pub fn from_headers(headers: &HeaderMap, now: UnixMs) -> Self {
-        let get = |name: &str| headers.get(name);
-        let retry_after_ms = get(RETRY_AFTER_MS)
+        let found = Found::scan(headers);
+        let get = |slot: usize| found.0[slot];
+        let retry_after_ms = get(Found::RETRY_AFTER_MS)
             .and_then(parse_retry_after_ms)
-            .or_else(|| get(RETRY_AFTER).and_then(|v| parse_retry_after(v, now)));
-        let window = |util: &str, reset: &str, status: &str| WindowUsage {
+            .or_else(|| get(Found::RETRY_AFTER).and_then(|v| parse_retry_after(v, now)));
+        let window = |util: usize| WindowUsage {
             utilization: get(util).and_then(parse_utilization),
-            reset: get(reset).and_then(parse_unix_seconds),
-            status: get(status).and_then(parse_unified_status),
+            reset: get(util + 1).and_then(parse_unix_seconds),
+            status: get(util + 2).and_then(parse_unified_status),
         };
         Self {
             retry_after_ms,
-            unified_status: get(UNIFIED_STATUS).and_then(parse_unified_status),
-            unified_reset: get(UNIFIED_RESET).and_then(parse_unix_seconds),
-            representative_claim: get(UNIFIED_REPRESENTATIVE_CLAIM).and_then(parse_claim),
-            five_hour: window(UNIFIED_5H_UTILIZATION, UNIFIED_5H_RESET, UNIFIED_5H_STATUS),
-            seven_day: window(UNIFIED_7D_UTILIZATION, UNIFIED_7D_RESET, UNIFIED_7D_STATUS),
-            requests_remaining: get(REQUESTS_REMAINING).and_then(parse_u64),
-            requests_reset: get(REQUESTS_RESET).and_then(parse_timestamp),
+            unified_status: get(Found::UNIFIED_STATUS).and_then(parse_unified_status),
+            unified_reset: get(Found::UNIFIED_RESET).and_then(parse_unix_seconds),
+            representative_claim: get(Found::CLAIM).and_then(parse_claim),
+            five_hour: window(Found::FIVE_HOUR),
+            seven_day: window(Found::SEVEN_DAY),
+            requests_remaining: get(Found::REQUESTS_REMAINING).and_then(parse_u64),
+            requests_reset: get(Found::REQUESTS_RESET).and_then(parse_timestamp),
         }
     }
 
@@ -171,7 +172,74 @@ impl RateLimitInfo {
 
     /// True when no rate-limit header was present (or none parsed).
     pub fn is_empty(&self) -> bool {
-        self == &Self::default()
+        self.retry_after_ms.is_none() && self.has_no_window_state()
+    }
+
+    /// True when nothing but `retry-after` was present: nothing the window book keeps.
+    pub fn has_no_window_state(&self) -> bool {
+        self.unified_status.is_none()
+            && self.unified_reset.is_none()
+            && self.representative_claim.is_none()
+            && self.five_hour.is_empty()
+            && self.seven_day.is_empty()
+            && self.requests_remaining.is_none()
+            && self.requests_reset.is_none()
+    }
+}
+
+/// The first value of every header [`RateLimitInfo`] reads, found in one pass over the
+/// map (as `HeaderMap::get` would: the first value of a repeated header). One pass
+/// compares each name once instead of hashing twelve names per response.
+struct Found<'h>([Option<&'h HeaderValue>; 13]);
+
+impl<'h> Found<'h> {
+    const RETRY_AFTER: usize = 0;
+    const RETRY_AFTER_MS: usize = 1;
+    const UNIFIED_STATUS: usize = 2;
+    const UNIFIED_RESET: usize = 3;
+    const CLAIM: usize = 4;
+    /// Utilisation, then reset, then status.
+    const FIVE_HOUR: usize = 5;
+    /// Utilisation, then reset, then status.
+    const SEVEN_DAY: usize = 8;
+    const REQUESTS_REMAINING: usize = 11;
+    const REQUESTS_RESET: usize = 12;
+
+    fn slot(name: &str) -> Option<usize> {
+        const PREFIX: &str = "anthropic-ratelimit-";
+        let Some(rest) = name.strip_prefix(PREFIX) else {
+            return match name {
+                RETRY_AFTER => Some(Self::RETRY_AFTER),
+                RETRY_AFTER_MS => Some(Self::RETRY_AFTER_MS),
+                _ => None,
+            };
+        };
+        let slot = |full: &str| full.get(PREFIX.len()..) == Some(rest);
+        [
+            (UNIFIED_STATUS, Self::UNIFIED_STATUS),
+            (UNIFIED_RESET, Self::UNIFIED_RESET),
+            (UNIFIED_REPRESENTATIVE_CLAIM, Self::CLAIM),
+            (UNIFIED_5H_UTILIZATION, Self::FIVE_HOUR),
+            (UNIFIED_5H_RESET, Self::FIVE_HOUR + 1),
+            (UNIFIED_5H_STATUS, Self::FIVE_HOUR + 2),
+            (UNIFIED_7D_UTILIZATION, Self::SEVEN_DAY),
+            (UNIFIED_7D_RESET, Self::SEVEN_DAY + 1),
+            (UNIFIED_7D_STATUS, Self::SEVEN_DAY + 2),
+            (REQUESTS_REMAINING, Self::REQUESTS_REMAINING),
+            (REQUESTS_RESET, Self::REQUESTS_RESET),
+        ]
+        .into_iter()
+        .find_map(|(full, index)| slot(full).then_some(index))
+    }
+
+    fn scan(headers: &'h HeaderMap) -> Self {
+        let mut found = Self([None; 13]);
+        for (name, value) in headers {
+            if let Some(slot) = Self::slot(name.as_str()) {
+                found.0[slot].get_or_insert(value);
+            }
+        }
+        found
     }
 }
 
@@ -605,6 +673,46 @@ mod tests {
         days + d - 1
     }
 
+    /// The lookup-by-name reading that the one-pass scan replaced, kept as the
+    /// reference: `HeaderMap::get` gives the first value of a name.
+    fn by_lookup(headers: &HeaderMap, now: UnixMs) -> RateLimitInfo {
+        let get = |name: &str| headers.get(name);
+        let window = |util: &str, reset: &str, status: &str| WindowUsage {
+            utilization: get(util).and_then(parse_utilization),
+            reset: get(reset).and_then(parse_unix_seconds),
+            status: get(status).and_then(parse_unified_status),
+        };
+        RateLimitInfo {
+            retry_after_ms: get(RETRY_AFTER_MS)
+                .and_then(parse_retry_after_ms)
+                .or_else(|| get(RETRY_AFTER).and_then(|v| parse_retry_after(v, now))),
+            unified_status: get(UNIFIED_STATUS).and_then(parse_unified_status),
+            unified_reset: get(UNIFIED_RESET).and_then(parse_unix_seconds),
+            representative_claim: get(UNIFIED_REPRESENTATIVE_CLAIM).and_then(parse_claim),
+            five_hour: window(UNIFIED_5H_UTILIZATION, UNIFIED_5H_RESET, UNIFIED_5H_STATUS),
+            seven_day: window(UNIFIED_7D_UTILIZATION, UNIFIED_7D_RESET, UNIFIED_7D_STATUS),
+            requests_remaining: get(REQUESTS_REMAINING).and_then(parse_u64),
+            requests_reset: get(REQUESTS_RESET).and_then(parse_timestamp),
+        }
+    }
+
+    #[test]
+    fn repeated_headers_take_their_first_value_and_look_alikes_are_ignored() {
+        let mut h = HeaderMap::new();
+        h.append(UNIFIED_5H_UTILIZATION, HeaderValue::from_static("0.5"));
+        h.append(UNIFIED_5H_UTILIZATION, HeaderValue::from_static("0.9"));
+        h.append(
+            "anthropic-ratelimit-unified-5h-utilization-x",
+            HeaderValue::from_static("0.7"),
+        );
+        h.append("anthropic-ratelimit-", HeaderValue::from_static("1"));
+        h.append("x-retry-after", HeaderValue::from_static("5"));
+        let info = RateLimitInfo::from_headers(&h, NOW);
+        assert_eq!(info.five_hour.utilization, Some(0.5));
+        assert_eq!(info.retry_after_ms, None);
+        assert_eq!(info, by_lookup(&h, NOW));
+    }
+
     proptest! {
         #[test]
         fn arbitrary_header_values_never_panic(
@@ -628,6 +736,7 @@ mod tests {
             if let Some(u) = info.five_hour.utilization {
                 prop_assert!(u.is_finite() && u >= 0.0);
             }
+            prop_assert_eq!(info, by_lookup(&h, now));
         }
 
         #[test]

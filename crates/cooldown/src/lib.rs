@@ -45,6 +45,8 @@
 //! - `disabled`: [`DisabledBook`], key-error disabling behind `auto_disable_on_error`.
 //! - `window`: [`WindowBook`], the 5-hour / weekly / request-limit "out until" answer.
 //! - `breaker`: [`CircuitBreakers`], the optional per-`base_url` breaker.
+//! - `signal`: [`CooldownSignal`], [`WindowSignal`], the books' lock-free per-account
+//!   summaries that the request path reads instead of looking every account up.
 //! - `state`: [`PoolHealth`] and its serde [`HealthExport`].
 //! - `error`: [`CooldownError`].
 
@@ -56,6 +58,7 @@ mod cooldown;
 mod disabled;
 mod error;
 pub mod headers;
+mod signal;
 mod state;
 mod window;
 
@@ -68,5 +71,6 @@ pub use config::{BreakerSettings, CooldownConfig, CooldownSettings};
 pub use cooldown::{CooldownBook, CooldownEntry, CooldownRecord};
 pub use disabled::{DisabledAccount, DisabledBook, DisabledRecord, disable_reason};
 pub use error::CooldownError;
+pub use signal::{CooldownSignal, WindowSignal};
 pub use state::{Attempt, FailureEffect, HealthExport, ImportCounts, PoolHealth};
-pub use window::{OutOfWindow, UsageLimit, WindowBook, WindowRecord, WindowState};
+pub use window::{OutOfWindow, UsageLimit, WindowBook, WindowChange, WindowRecord, WindowState};

@@ -22,13 +22,17 @@
 //! assert_eq!(book.out_of_window(&a, None, 50_000), None); // back at the reset
 //! ```
 
+use std::sync::Arc;
+
 use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
 use keypool_core::{AccountId, UnixMs, Window};
 use serde::{Deserialize, Serialize};
 
 use crate::book;
 use crate::config::CooldownConfig;
 use crate::headers::{RateLimitInfo, UnifiedStatus, WindowUsage};
+use crate::signal::{Signals, WindowSignal, WindowSummary};
 
 /// What keeps an account out of rotation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -139,6 +143,16 @@ impl WindowState {
     }
 }
 
+/// What [`WindowBook::observe_change`] saw: the "out of its window" answer before and
+/// after the update.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WindowChange {
+    /// Before the headers were merged.
+    pub before: Option<OutOfWindow>,
+    /// After.
+    pub after: Option<OutOfWindow>,
+}
+
 /// One exported window state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WindowRecord {
@@ -154,6 +168,7 @@ pub struct WindowRecord {
 pub struct WindowBook {
     default_threshold: std::sync::atomic::AtomicU64,
     entries: DashMap<AccountId, WindowState>,
+    signals: Signals<WindowSignal>,
 }
 
 impl Default for WindowBook {
@@ -174,6 +189,7 @@ impl WindowBook {
         let book = Self {
             default_threshold: std::sync::atomic::AtomicU64::new(0),
             entries: DashMap::new(),
+            signals: Signals::default(),
         };
         book.set_config(config);
         book
@@ -199,25 +215,57 @@ impl WindowBook {
     /// the account. Headers present overwrite what was known; absent ones keep the old
     /// value. A response with none of them changes nothing.
     pub fn observe(&self, account: &AccountId, info: &RateLimitInfo, now: UnixMs) {
-        let newer = RateLimitInfo {
-            retry_after_ms: None,
-            ..info.clone()
-        };
-        if newer.is_empty() {
-            return;
+        self.observe_change(account, info, None, now);
+    }
+
+    /// [`WindowBook::observe`], also answering [`WindowBook::out_of_window`] just before
+    /// and just after the update (with the account's `threshold`, `None` = default), in
+    /// one lookup: the store mirrors a state only when that answer changed.
+    pub fn observe_change(
+        &self,
+        account: &AccountId,
+        info: &RateLimitInfo,
+        threshold: Option<f64>,
+        now: UnixMs,
+    ) -> WindowChange {
+        let threshold = threshold.unwrap_or_else(|| self.default_threshold());
+        if info.has_no_window_state() {
+            let same = self
+                .entries
+                .get(account)
+                .and_then(|state| state.out_of_window(threshold, now));
+            return WindowChange {
+                before: same,
+                after: same,
+            };
         }
+        let signal = self.signals.get(account);
         let mut state = self.entries.entry(account.clone()).or_default();
+        let before = state.out_of_window(threshold, now);
         let i = &mut state.info;
-        i.unified_status = newer.unified_status.or(i.unified_status);
-        i.unified_reset = newer.unified_reset.or(i.unified_reset);
-        if newer.representative_claim.is_some() {
-            i.representative_claim = newer.representative_claim;
+        i.unified_status = info.unified_status.or(i.unified_status);
+        i.unified_reset = info.unified_reset.or(i.unified_reset);
+        if info.representative_claim.is_some() {
+            i.representative_claim
+                .clone_from(&info.representative_claim);
         }
-        merge_usage(&mut i.five_hour, &newer.five_hour);
-        merge_usage(&mut i.seven_day, &newer.seven_day);
-        i.requests_remaining = newer.requests_remaining.or(i.requests_remaining);
-        i.requests_reset = newer.requests_reset.or(i.requests_reset);
+        merge_usage(&mut i.five_hour, &info.five_hour);
+        merge_usage(&mut i.seven_day, &info.seven_day);
+        i.requests_remaining = info.requests_remaining.or(i.requests_remaining);
+        i.requests_reset = info.requests_reset.or(i.requests_reset);
         state.updated_at = state.updated_at.max(now);
+        signal.set(WindowSummary::of(&state));
+        WindowChange {
+            before,
+            after: state.out_of_window(threshold, now),
+        }
+    }
+
+    /// The account's [`WindowSignal`]: a lock-free "may be out of a window" kept in
+    /// step with the state by every write of this book. Resolve it once and read it
+    /// many times (see the `signal` module).
+    pub fn signal(&self, account: &AccountId) -> Arc<WindowSignal> {
+        self.signals.get(account)
     }
 
     /// SPEC 5: `Some` while the account is out of a window (or of its request limit) at
@@ -241,7 +289,12 @@ impl WindowBook {
 
     /// Forgets the account's window state.
     pub fn clear(&self, account: &AccountId) {
-        self.entries.remove(account);
+        if let Entry::Occupied(o) = self.entries.entry(account.clone()) {
+            if let Some(signal) = self.signals.existing(account) {
+                signal.set(WindowSummary::NONE);
+            }
+            o.remove();
+        }
     }
 
     /// Every state, for the state file and Redis.
@@ -260,9 +313,12 @@ impl WindowBook {
             .into_iter()
             .filter(|r| r.state.latest_future_reset(now).is_some())
             .map(|r| (r.account, r.state));
-        book::import(&self.entries, live, |current, incoming| {
-            current.info.is_empty() || current.updated_at < incoming.updated_at
-        })
+        book::import(
+            &self.entries,
+            live,
+            |current, incoming| current.info.is_empty() || current.updated_at < incoming.updated_at,
+            |account, state| self.signals.get(account).set(WindowSummary::of(state)),
+        )
     }
 
     /// Number of accounts with a state.
