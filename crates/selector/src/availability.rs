@@ -9,6 +9,7 @@ use std::hash::BuildHasherDefault;
 
 use keypool_core::{AccountId, UnixMs, Window};
 
+use crate::candidate::Candidate;
 use crate::hash::IdHasher;
 
 /// An account is out of a usage window until `until` (SPEC 5).
@@ -50,7 +51,8 @@ pub trait Availability {
     }
 
     /// Both facts in one call; the window wins over the cooldown, as in the pipeline.
-    /// Override it when one lookup can answer both (the planner calls only this).
+    /// Override it when one lookup can answer both (the default
+    /// [`Availability::status_of`] calls it).
     fn status(&self, id: &AccountId, now: UnixMs) -> AccountStatus {
         if let Some(block) = self.window_block(id, now).filter(|b| b.until > now) {
             return AccountStatus::OutOfWindow(block);
@@ -59,6 +61,15 @@ pub trait Availability {
             Some(until) if until > now => AccountStatus::CoolingUntil(until),
             _ => AccountStatus::Available,
         }
+    }
+
+    /// The status of `candidate`, which sits at `index` in the snapshot being planned.
+    /// The planner calls only this. The default asks [`Availability::status`] by id;
+    /// an implementation that keeps per-snapshot state (facts resolved when the
+    /// snapshot was built) can answer by index instead of looking the id up.
+    fn status_of(&self, index: usize, candidate: &Candidate, now: UnixMs) -> AccountStatus {
+        let _ = index;
+        self.status(&candidate.id, now)
     }
 }
 

@@ -6,8 +6,9 @@
 //! 3. drop accounts in cooldown; if every remaining account is cooling, keep exactly one:
 //!    [`pick_earliest_cooldown_expiry`], ties broken at random.
 //!
-//! The stages are computed in one pass over the snapshot (one [`Availability::status`]
-//! call per active account); the result is the same as running them one after the other.
+//! The stages are computed in one pass over the snapshot (one
+//! [`Availability::status_of`] call per active account); the result is the same as
+//! running them one after the other.
 
 use std::cell::Cell;
 
@@ -98,7 +99,7 @@ where
             continue;
         }
         active += 1;
-        match availability.status(&candidate.id, now) {
+        match availability.status_of(index, candidate, now) {
             // Stage 2: without_limited_accounts.
             AccountStatus::OutOfWindow(block) if block.until > now => limited.note(block),
             // Stage 3: accounts in cooldown.
