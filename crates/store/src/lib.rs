@@ -35,7 +35,7 @@
 //! let route = config.resolve(org, url)?;              // or resolve_legacy(url)
 //! let key = keys::presented_key(x_api_key, authorization);
 //! let caller = config.authenticate(&route, key)?;     // 401 / 403 ORG_SUSPENDED
-//! let snapshot = store.snapshot(&route, now);         // Arc<[Candidate]>, SPEC order
+//! let snapshot = store.snapshot(&route, now);         // Snapshot: candidates in SPEC order
 //! let counter = store.next_counter(route.pool_key().as_str()).await;
 //! let bound = store.session_account(&session_key, now).await;  // session affinity
 //! // ... plan with keypool-selector (preferring `bound`), then per attempt:
@@ -71,9 +71,11 @@ pub mod keys;
 pub mod resolve;
 pub mod sessions;
 pub mod slots;
+pub mod snapshot;
 pub mod state;
 pub mod store;
 pub mod testing;
 
 pub use error::StoreError;
+pub use snapshot::{CandidateSignals, Snapshot};
 pub use store::{BackendKind, BackendStatus, BootState, Store, now_ms};

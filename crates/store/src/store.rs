@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::resolve::{PoolKey, Route};
 use crate::sessions::SessionBook;
 use crate::slots::SlotBook;
+use crate::snapshot::Snapshot;
 use crate::state::file::{self, StateFileLoad};
 use crate::state::redis::{RedisMirror, StateEvent};
 use crate::state::{RuntimeState, StateExport};
@@ -87,7 +88,7 @@ enum Backend {
 struct CachedSnapshot {
     taken_at: UnixMs,
     generation: u64,
-    candidates: Arc<[Candidate]>,
+    snapshot: Snapshot,
 }
 
 struct Inner {
@@ -321,7 +322,7 @@ impl Store {
     /// `id`), with `active = false` for accounts inactive in the file or disabled at
     /// runtime. Reused for `snapshot_ttl` (so `last_used` order may lag that long;
     /// `snapshot_ttl_secs = 0` rebuilds it for every request).
-    pub fn snapshot(&self, route: &Route, now: UnixMs) -> Arc<[Candidate]> {
+    pub fn snapshot(&self, route: &Route, now: UnixMs) -> Snapshot {
         let config = self.config();
         let ttl = config.server().snapshot_ttl_ms;
         let key = route.pool_key();
@@ -331,7 +332,7 @@ impl Store {
             && c.generation == generation
             && now.saturating_sub(c.taken_at) < ttl
         {
-            return c.candidates.clone();
+            return c.snapshot.clone();
         }
         let ids = match route.group() {
             Some(g) => g.accounts(),
@@ -354,18 +355,18 @@ impl Store {
             })
             .collect();
         sort_snapshot(&mut candidates);
-        let candidates: Arc<[Candidate]> = candidates.into();
+        let snapshot = Snapshot::new(candidates, &state.health, &config);
         if ttl > 0 {
             self.inner.snapshots.insert(
                 key,
                 CachedSnapshot {
                     taken_at: now,
                     generation,
-                    candidates: candidates.clone(),
+                    snapshot: snapshot.clone(),
                 },
             );
         }
-        candidates
+        snapshot
     }
 
     /// Records that `account` served a request at `now` (the snapshot's `last_used`).
@@ -474,13 +475,14 @@ impl Store {
     /// Records an upstream response's rate-limit headers; mirrors the window state when
     /// it keeps the account out (or just stopped doing so).
     pub fn observe_windows(&self, account: &AccountId, info: &RateLimitInfo, now: UnixMs) {
+        if info.has_no_window_state() {
+            return;
+        }
         let threshold = self.window_threshold(account);
         let windows = &self.inner.state.health.windows;
-        let before = windows.out_of_window(account, threshold, now);
-        windows.observe(account, info, now);
-        let after = windows.out_of_window(account, threshold, now);
-        if (after.is_some() || before.is_some())
-            && before != after
+        let change = windows.observe_change(account, info, threshold, now);
+        if (change.after.is_some() || change.before.is_some())
+            && change.before != change.after
             && let Some(state) = windows.state(account)
         {
             self.mirror(StateEvent::Window {

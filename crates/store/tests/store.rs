@@ -58,7 +58,7 @@ async fn snapshot_is_cached_for_snapshot_ttl() {
     store.mark_used(&AccountId::from("a0"), t + 1);
     let cached = store.snapshot(&route, t + 14_999);
     assert!(
-        std::sync::Arc::ptr_eq(&first, &cached),
+        std::sync::Arc::ptr_eq(first.candidates(), cached.candidates()),
         "reused within 15 s"
     );
     assert_eq!(
@@ -306,4 +306,42 @@ mod properties {
             }
         }
     }
+}
+
+#[tokio::test]
+async fn snapshot_signals_follow_the_candidates_they_sit_beside() {
+    let store = Store::open(config(&config_text(
+        4,
+        "state_file = \"\"\nsnapshot_ttl_secs = 15",
+    )))
+    .await
+    .unwrap();
+    let c = store.config();
+    let route = c.resolve("acme", "team").unwrap();
+    let t = 1_000_000;
+    store.mark_used(&AccountId::from("a0"), t - 10);
+    // Taken before any failure: the signals are live, not a copy.
+    let snapshot = store.snapshot(&route, t);
+    assert_eq!(ids(&snapshot), ["a1", "a0", "a2", "a3"]);
+    assert_eq!(snapshot.signals().len(), snapshot.len());
+    let a2 = AccountId::from("a2");
+    let rate_limited = Classification {
+        class: FailureClass::RateLimit,
+        trigger: Trigger::RetryAfter { wait_ms: 30_000 },
+    };
+    let attempt = keypool_cooldown::Attempt {
+        account: &a2,
+        base_url: "",
+        started_at: t,
+        snapshot_len: 4,
+    };
+    store.record_failure(&attempt, &rate_limited, t);
+    let cooling: Vec<bool> = snapshot
+        .signals()
+        .iter()
+        .map(|s| s.cooldown.may_block(t))
+        .collect();
+    assert_eq!(cooling, [false, false, true, false]);
+    store.clear_cooldown(&a2);
+    assert!(!snapshot.signals()[2].cooldown.may_block(t));
 }
