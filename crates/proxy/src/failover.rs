@@ -99,7 +99,8 @@ pub(crate) async fn serve<'c>(
         0
     };
     let budget = app.hedge_budget(&pool, settings.hedge_budget);
-    let availability = HealthAvailability::new(store.health(), call.config);
+    let availability =
+        HealthAvailability::new(store.health(), call.config).with_signals(snapshot.signals());
     let mut input = PlanInput::new(&snapshot, &availability, strategy, store.rating(), now)
         .with_counter(counter)
         .with_count_tokens(call.endpoint == Endpoint::CountTokens)
