@@ -266,15 +266,7 @@ fn upstream_uri(
         base_url: base.to_owned(),
         reason,
     };
-    let parsed: Uri = base.parse().map_err(|_| invalid("not a URI"))?;
-    match parsed.scheme_str() {
-        Some("http" | "https") => {}
-        _ => return Err(invalid("the scheme must be http or https")),
-    }
-    if parsed.authority().is_none() {
-        return Err(invalid("no host"));
-    }
-    if parsed.query().is_some() || base.contains('#') {
+    if base.contains(['?', '#']) {
         return Err(invalid("a base URL cannot have a query or fragment"));
     }
     let trimmed = base.trim_end_matches('/');
@@ -285,8 +277,23 @@ fn upstream_uri(
         uri.push('?');
         uri.push_str(query);
     }
-    uri.parse()
-        .map_err(|_| invalid("not a URI once the path is added"))
+    let check = |parsed: &Uri| match (parsed.scheme_str(), parsed.authority()) {
+        (Some("http" | "https"), Some(_)) => Ok(()),
+        (Some("http" | "https"), None) => Err(invalid("no host")),
+        _ => Err(invalid("the scheme must be http or https")),
+    };
+    // One parse on the request path: the whole URI. Only when it fails is the base
+    // parsed alone, to say which part is wrong.
+    match uri.parse::<Uri>() {
+        Ok(parsed) => check(&parsed).map(|()| parsed),
+        Err(_) => match base.parse::<Uri>() {
+            Err(_) => Err(invalid("not a URI")),
+            Ok(parsed) => {
+                check(&parsed)?;
+                Err(invalid("not a URI once the path is added"))
+            }
+        },
+    }
 }
 
 #[cfg(test)]
@@ -475,6 +482,24 @@ mod tests {
                 InvalidBaseUrl {
                     base_url: "/relative".into(),
                     reason: "the scheme must be http or https",
+                },
+            ),
+            (
+                Provider::Anthropic,
+                AuthType::ApiKey,
+                Some("localhost:8080"),
+                InvalidBaseUrl {
+                    base_url: "localhost:8080".into(),
+                    reason: "the scheme must be http or https",
+                },
+            ),
+            (
+                Provider::Anthropic,
+                AuthType::ApiKey,
+                Some("https://bad host"),
+                InvalidBaseUrl {
+                    base_url: "https://bad host".into(),
+                    reason: "not a URI",
                 },
             ),
             (
