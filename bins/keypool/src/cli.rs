@@ -122,13 +122,16 @@ impl Command {
 pub fn init_logging(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    // Colours only on a terminal: a journal or a log file gets plain text.
+    // Colours only on a terminal: a journal or a log file gets plain text, written by
+    // the lean formatter (the same line, at a fraction of the cost per request).
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(terminal)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Human => builder.init(),
+        LogFormat::Human if terminal => builder.init(),
+        LogFormat::Human => builder.event_format(crate::logfmt::PlainFormat).init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
 }

@@ -4,6 +4,7 @@
 
 mod cli;
 mod demo;
+mod logfmt;
 
 use std::process::ExitCode;
 

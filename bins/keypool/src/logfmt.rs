@@ -1,0 +1,378 @@
+//! The plain-text log format when stderr is not a terminal (a journal, a file, a pipe).
+//!
+//! It writes the same line as `tracing-subscriber`'s default format with colours off
+//! (`2026-11-30T00:18:12.970542Z  INFO keypool::request: request request_id=... org="acme"
+//! ...`), but without that formatter's per-field styling machinery: every request ends
+//! with one such line, and the default formatter was the largest single cost of a
+//! request (~24,000 instructions, 18 % of the request path; see docs/BENCHMARKS.md).
+//! On a terminal the default, coloured formatter is kept.
+
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// The lean plain-text event format.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PlainFormat;
+
+impl<S, N> FormatEvent<S, N> for PlainFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let since_epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        write_rfc3339_micros(
+            &mut writer,
+            since_epoch.as_secs(),
+            since_epoch.subsec_micros(),
+        )?;
+        writer.write_str(level_label(*event.metadata().level()))?;
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                writer.write_str(span.name())?;
+                if let Some(fields) = span.extensions().get::<FormattedFields<N>>()
+                    && !fields.is_empty()
+                {
+                    write!(writer, "{{{fields}}}")?;
+                }
+                writer.write_char(':')?;
+            }
+            writer.write_char(' ')?;
+        }
+        writer.write_str(event.metadata().target())?;
+        writer.write_str(": ")?;
+        let mut visitor = PlainFields {
+            writer: &mut writer,
+            first: true,
+            result: Ok(()),
+        };
+        event.record(&mut visitor);
+        visitor.result?;
+        writer.write_char('\n')
+    }
+}
+
+/// `" INFO "` and friends: the level right-aligned in five columns between spaces.
+fn level_label(level: Level) -> &'static str {
+    match level {
+        Level::TRACE => " TRACE ",
+        Level::DEBUG => " DEBUG ",
+        Level::INFO => "  INFO ",
+        Level::WARN => "  WARN ",
+        Level::ERROR => " ERROR ",
+    }
+}
+
+/// Writes `2026-11-30T00:18:12.970542Z` for `secs` since the epoch (UTC) and `micros`.
+fn write_rfc3339_micros(out: &mut impl fmt::Write, secs: u64, micros: u32) -> fmt::Result {
+    let (y, m, d) = civil_from_days(secs / 86_400);
+    let rem = secs % 86_400;
+    let mut buf = *b"0000-00-00T00:00:00.000000Z";
+    put_digits(&mut buf[0..4], y);
+    put_digits(&mut buf[5..7], m);
+    put_digits(&mut buf[8..10], d);
+    put_digits(&mut buf[11..13], rem / 3600);
+    put_digits(&mut buf[14..16], rem % 3600 / 60);
+    put_digits(&mut buf[17..19], rem % 60);
+    put_digits(&mut buf[20..26], u64::from(micros));
+    // Only ASCII digits and the template's punctuation were written.
+    out.write_str(std::str::from_utf8(&buf).map_err(|_| fmt::Error)?)
+}
+
+/// Writes the last `out.len()` decimal digits of `n` into `out`, zero-padded.
+fn put_digits(out: &mut [u8], mut n: u64) {
+    for slot in out.iter_mut().rev() {
+        *slot = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+}
+
+/// Writes `n` in decimal without the formatting machinery.
+fn write_u64(out: &mut impl fmt::Write, n: u64) -> fmt::Result {
+    let mut buf = [0u8; 20];
+    let mut start = buf.len();
+    let mut n = n;
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.write_str(std::str::from_utf8(&buf[start..]).map_err(|_| fmt::Error)?)
+}
+
+/// Days since 1970-01-01 to a (year, month, day) of the proleptic Gregorian calendar
+/// (H. Hinnant's `civil_from_days`, for non-negative day counts).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+/// Writes `message` first, then ` name=value` per field: strings quoted (escaped only
+/// when they need it), numbers and booleans bare, anything else by its `Debug`.
+struct PlainFields<'w, 'a> {
+    writer: &'w mut Writer<'a>,
+    first: bool,
+    result: fmt::Result,
+}
+
+impl PlainFields<'_, '_> {
+    fn name(&mut self, field: &Field) -> fmt::Result {
+        if !std::mem::take(&mut self.first) {
+            self.writer.write_char(' ')?;
+        }
+        let name = field.name();
+        self.writer
+            .write_str(name.strip_prefix("r#").unwrap_or(name))?;
+        self.writer.write_char('=')
+    }
+
+    fn message(&mut self, value: fmt::Arguments<'_>) -> fmt::Result {
+        if !std::mem::take(&mut self.first) {
+            self.writer.write_char(' ')?;
+        }
+        self.writer.write_fmt(value)
+    }
+
+    fn quoted(&mut self, value: &str) -> fmt::Result {
+        let plain = value
+            .bytes()
+            .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b != 0x7f);
+        if plain {
+            self.writer.write_char('"')?;
+            self.writer.write_str(value)?;
+            self.writer.write_char('"')
+        } else {
+            write!(self.writer, "{value:?}")
+        }
+    }
+
+    fn record(&mut self, field: &Field, write: impl FnOnce(&mut Self) -> fmt::Result) {
+        if self.result.is_err() || field.name().starts_with("log.") {
+            return;
+        }
+        self.result = write(self);
+    }
+}
+
+impl Visit for PlainFields<'_, '_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.record(field, |v| {
+            if field.name() == "message" {
+                v.message(format_args!("{value}"))
+            } else {
+                v.name(field)?;
+                v.quoted(value)
+            }
+        });
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.record(field, |v| {
+            v.name(field)?;
+            write_u64(v.writer, value)
+        });
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.record(field, |v| {
+            v.name(field)?;
+            if value < 0 {
+                v.writer.write_char('-')?;
+            }
+            write_u64(v.writer, value.unsigned_abs())
+        });
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.record(field, |v| {
+            v.name(field)?;
+            v.writer.write_str(if value { "true" } else { "false" })
+        });
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.record(field, |v| {
+            v.name(field)?;
+            write!(v.writer, "{value}")?;
+            let mut source = value.source();
+            if source.is_some() {
+                write!(v.writer, " {}.sources=[", field.name())?;
+                let mut first = true;
+                while let Some(s) = source {
+                    if !std::mem::take(&mut first) {
+                        v.writer.write_str(", ")?;
+                    }
+                    write!(v.writer, "{s}")?;
+                    source = s.source();
+                }
+                v.writer.write_char(']')?;
+            }
+            Ok(())
+        });
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.record(field, |v| {
+            if field.name() == "message" {
+                v.message(format_args!("{value:?}"))
+            } else {
+                v.name(field)?;
+                write!(v.writer, "{value:?}")
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The same events through the default formatter (no colours, no timestamp) and
+    /// through ours, with our timestamp and the space after it cut off.
+    fn both(emit: impl Fn()) -> (String, String) {
+        let run = |lean: bool| {
+            let capture = Capture::default();
+            let writer = {
+                let c = capture.clone();
+                move || c.clone()
+            };
+            let builder = tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_max_level(Level::TRACE)
+                .with_writer(writer);
+            if lean {
+                tracing::subscriber::with_default(
+                    builder.event_format(PlainFormat).finish(),
+                    &emit,
+                );
+            } else {
+                tracing::subscriber::with_default(builder.without_time().finish(), &emit);
+            }
+            String::from_utf8(capture.0.lock().unwrap().clone()).unwrap()
+        };
+        let lean: String = run(true)
+            .lines()
+            .map(|l| format!("{}\n", &l[28..]))
+            .collect();
+        (run(false), lean)
+    }
+
+    #[test]
+    fn lines_match_the_default_format_without_colours() {
+        let (default, lean) = both(|| {
+            tracing::info!(
+                target: "keypool::request",
+                request_id = %"req_kp_1",
+                org = "acme",
+                caller = %"client_api_key_id=ci",
+                stream = false,
+                status = 200u16,
+                ttft_ms = Some(12u64),
+                missing = None::<u64>,
+                delta = -3i64,
+                zero = 0u64,
+                max = u64::MAX,
+                min = i64::MIN,
+                quoted = "say \"hi\"\n",
+                "request"
+            );
+            let span = tracing::warn_span!("reload", file = "keypool.toml");
+            let _e = span.enter();
+            tracing::warn!(error = %"bad value", "config reload refused");
+            tracing::error!("plain {} message", 42);
+            tracing::debug!(r#type = "x", "raw identifier");
+        });
+        assert_eq!(lean, default);
+        assert!(lean.contains(
+            r#" INFO keypool::request: request request_id=req_kp_1 org="acme" caller=client_api_key_id=ci stream=false status=200 ttft_ms=12 delta=-3 zero=0 max=18446744073709551615 min=-9223372036854775808 quoted="say \"hi\"\n""#
+        ));
+    }
+
+    #[test]
+    fn errors_list_their_sources() {
+        #[derive(Debug)]
+        struct Outer(io::Error);
+        impl fmt::Display for Outer {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("state file unreadable")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let (default, lean) = both(|| {
+            let e = Outer(io::Error::other("disk gone"));
+            tracing::error!(
+                error = &e as &(dyn std::error::Error + 'static),
+                "snapshot failed"
+            );
+        });
+        assert_eq!(lean, default);
+    }
+
+    fn rfc3339_micros(secs: u64, micros: u32) -> String {
+        let mut out = String::new();
+        write_rfc3339_micros(&mut out, secs, micros).unwrap();
+        out
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        assert_eq!(rfc3339_micros(0, 0), "1970-01-01T00:00:00.000000Z");
+        // 2026-11-30T00:18:12.970542Z
+        assert_eq!(
+            rfc3339_micros(1_795_997_892, 970_542),
+            "2026-11-30T00:18:12.970542Z"
+        );
+        // A leap day and the last second of a year.
+        assert_eq!(
+            rfc3339_micros(1_709_164_800, 1),
+            "2024-02-29T00:00:00.000001Z"
+        );
+        assert_eq!(
+            rfc3339_micros(1_735_689_599, 999_999),
+            "2024-12-31T23:59:59.999999Z"
+        );
+    }
+}
