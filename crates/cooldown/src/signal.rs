@@ -8,8 +8,12 @@
 //! store does it when it builds a pool's snapshot, every `snapshot_ttl`) and then reads
 //! them with plain atomic loads.
 //!
-//! A signal is **conservative**: when it says "not blocked", the book's exact answer is
-//! "not blocked" too; when it says "may be blocked", ask the book
+//! A signal gives the book's own yes/no answer for any `now` after the book's last
+//! write of the account: blocks only ever end with time (at their reset or expiry),
+//! and only a write can start one. The window signal knows the account's threshold
+//! ([`WindowBook::signal_with_threshold`](crate::WindowBook::signal_with_threshold)), so
+//! the book computes the exact "out until" when it writes. For the details of a block
+//! (which window, the exact expiry), ask the book
 //! ([`CooldownBook::cooldown_until`](crate::CooldownBook::cooldown_until),
 //! [`WindowBook::out_of_window`](crate::WindowBook::out_of_window)). Books store a
 //! signal while they hold the account's entry lock, so two writers of one account
@@ -24,16 +28,18 @@
 //!
 //! let book = WindowBook::default();
 //! let a = AccountId::from("a");
-//! let signal = book.signal(&a); // resolved once, before any state exists
-//! assert!(!signal.may_block(0.95, 1_000));
+//! // Resolved once, before any state exists, with the account's own threshold.
+//! let signal = book.signal_with_threshold(&a, Some(0.96));
+//! assert!(!signal.may_block(1_000));
 //! let info = RateLimitInfo {
 //!     five_hour: WindowUsage { utilization: Some(0.97), reset: Some(60_000), status: None },
 //!     ..Default::default()
 //! };
 //! book.observe(&a, &info, 1_000);
-//! assert!(signal.may_block(0.95, 1_000)); // now ask the book for the exact answer
-//! assert!(!signal.may_block(0.99, 1_000)); // this account's own threshold is higher
-//! assert!(!signal.may_block(0.95, 60_000)); // the reset has passed
+//! assert!(signal.may_block(1_000)); // out until 60_000: the book has the details
+//! assert!(!signal.may_block(60_000)); // back at the reset
+//! book.signal_with_threshold(&a, Some(0.99)); // a higher threshold of its own
+//! assert!(!signal.may_block(1_000));
 //! ```
 
 use std::sync::Arc;
@@ -42,7 +48,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use dashmap::DashMap;
 use keypool_core::{AccountId, UnixMs};
 
-use crate::headers::UnifiedStatus;
 use crate::window::WindowState;
 
 /// One account's cooldown expiry, readable without a lock. `0` = none.
@@ -67,88 +72,65 @@ impl CooldownSignal {
     }
 }
 
-/// What a [`WindowState`] can block, reduced to three numbers.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct WindowSummary {
-    /// The latest reset of a block that does not depend on the threshold: a `rejected`
-    /// status (overall or per window) or `requests-remaining: 0`. `0` = none.
-    hard_until: UnixMs,
-    /// The latest reset of a window that reported a utilisation. `0` = none.
-    full_until: UnixMs,
-    /// The highest utilisation reported by any window (`-inf` when none).
-    peak: f64,
-}
-
-impl WindowSummary {
-    pub(crate) const NONE: Self = Self {
-        hard_until: 0,
-        full_until: 0,
-        peak: f64::NEG_INFINITY,
-    };
-
-    /// Covers every block [`WindowState::out_of_window`] can report: a window blocks
-    /// when it is `rejected` (counted in `hard_until`) or when its utilisation reaches
-    /// the threshold (then `peak >= threshold` and `full_until >= its reset`).
-    pub(crate) fn of(state: &WindowState) -> Self {
-        let i = &state.info;
-        let mut s = Self::NONE;
-        for window in keypool_core::Window::ALL {
-            let usage = i.window(*window);
-            let reset = usage.reset.unwrap_or(0);
-            if usage.status == Some(UnifiedStatus::Rejected) {
-                s.hard_until = s.hard_until.max(reset);
-            }
-            if let Some(u) = usage.utilization {
-                s.peak = s.peak.max(u);
-                s.full_until = s.full_until.max(reset);
-            }
-        }
-        if i.unified_status == Some(UnifiedStatus::Rejected) {
-            s.hard_until = s.hard_until.max(i.unified_reset.unwrap_or(0));
-        }
-        if i.requests_remaining == Some(0) {
-            s.hard_until = s.hard_until.max(i.requests_reset.unwrap_or(0));
-        }
-        s
-    }
-}
-
-/// One account's window state, summarised for lock-free reads.
+/// One account's "out of its window until", readable without a lock: the account's
+/// own `window_threshold` lives here too, so the book can compute the exact answer
+/// when it writes, and a read is one load.
 #[derive(Debug)]
 pub struct WindowSignal {
-    hard_until: AtomicU64,
-    full_until: AtomicU64,
-    peak: AtomicU64,
+    until: AtomicU64,
+    /// The account's own threshold (`f64` bits), or [`DEFAULT_THRESHOLD`].
+    threshold: AtomicU64,
 }
+
+/// Marks a [`WindowSignal`] whose account has no threshold of its own (a NaN pattern
+/// no configuration can produce: thresholds are validated into `0..=1`).
+const DEFAULT_THRESHOLD: u64 = u64::MAX;
 
 impl Default for WindowSignal {
     fn default() -> Self {
-        let signal = Self {
-            hard_until: AtomicU64::new(0),
-            full_until: AtomicU64::new(0),
-            peak: AtomicU64::new(0),
-        };
-        signal.set(WindowSummary::NONE);
-        signal
+        Self {
+            until: AtomicU64::new(0),
+            threshold: AtomicU64::new(DEFAULT_THRESHOLD),
+        }
     }
 }
 
 impl WindowSignal {
-    /// Whether the account may be out of a window (or its request limit) at `now` with
-    /// the utilisation `threshold`. `false` means the book would answer `None`. A NaN
-    /// threshold matches no utilisation, as in the book.
-    pub fn may_block(&self, threshold: f64, now: UnixMs) -> bool {
-        self.hard_until.load(Ordering::Acquire) > now
-            || (self.full_until.load(Ordering::Acquire) > now
-                && f64::from_bits(self.peak.load(Ordering::Acquire)) >= threshold)
+    /// Whether the account is out of a window (or of its request limit) at `now`, with
+    /// its own threshold (see [`WindowBook::signal_with_threshold`](crate::WindowBook::signal_with_threshold)).
+    /// Exact for any `now` at or after the book's last write of this account: a block
+    /// only ever ends with time (at its reset), never starts without a write.
+    pub fn may_block(&self, now: UnixMs) -> bool {
+        self.until.load(Ordering::Acquire) > now
     }
 
-    pub(crate) fn set(&self, s: WindowSummary) {
-        // A reader that runs during this write may see parts of both summaries: it
-        // races with the write itself, as a lookup in the book would.
-        self.peak.store(s.peak.to_bits(), Ordering::Release);
-        self.full_until.store(s.full_until, Ordering::Release);
-        self.hard_until.store(s.hard_until, Ordering::Release);
+    /// When the account is back (unix ms; `0` when it is not out).
+    pub fn until(&self) -> UnixMs {
+        self.until.load(Ordering::Acquire)
+    }
+
+    /// The account's own threshold, if it has one.
+    pub(crate) fn threshold(&self) -> Option<f64> {
+        match self.threshold.load(Ordering::Acquire) {
+            DEFAULT_THRESHOLD => None,
+            bits => Some(f64::from_bits(bits)),
+        }
+    }
+
+    /// Records the account's own threshold; `true` when it changed.
+    pub(crate) fn set_threshold(&self, threshold: Option<f64>) -> bool {
+        let bits = threshold.map_or(DEFAULT_THRESHOLD, f64::to_bits);
+        self.threshold.swap(bits, Ordering::AcqRel) != bits
+    }
+
+    /// Stores the book's answer for `state` at `now` with `threshold`.
+    pub(crate) fn set_from(&self, state: &WindowState, threshold: f64, now: UnixMs) {
+        let until = state.out_of_window(threshold, now).map_or(0, |o| o.until);
+        self.until.store(until, Ordering::Release);
+    }
+
+    pub(crate) fn clear(&self) {
+        self.until.store(0, Ordering::Release);
     }
 }
 
@@ -185,8 +167,9 @@ impl<S: Default> Signals<S> {
 mod tests {
     use super::*;
     use crate::classify::{AttemptFailure, classify};
+    use crate::config::{CooldownConfig, CooldownSettings};
     use crate::cooldown::CooldownRecord;
-    use crate::headers::{RateLimitInfo, WindowUsage};
+    use crate::headers::{RateLimitInfo, UnifiedStatus, WindowUsage};
     use crate::window::WindowRecord;
     use crate::{CooldownBook, WindowBook};
     use http::StatusCode;
@@ -223,6 +206,13 @@ mod tests {
             account: usize,
             info: RateLimitInfo,
             age: u64,
+        },
+        OwnThreshold {
+            account: usize,
+            threshold: Option<f64>,
+        },
+        DefaultThreshold {
+            threshold: f64,
         },
         Advance {
             ms: u64,
@@ -268,6 +258,10 @@ mod tests {
             })
     }
 
+    fn threshold() -> impl Strategy<Value = f64> {
+        0.05f64..=1.0
+    }
+
     fn op() -> impl Strategy<Value = Op> {
         let account = 0usize..3;
         prop_oneof![
@@ -288,38 +282,41 @@ mod tests {
             (account.clone(), 0u64..H)
                 .prop_map(|(account, until)| Op::ImportCooldown { account, until }),
             (account.clone(), info()).prop_map(|(account, info)| Op::Observe { account, info }),
+            (account.clone(), info()).prop_map(|(account, info)| Op::Observe { account, info }),
             account
                 .clone()
                 .prop_map(|account| Op::ClearWindow { account }),
-            (account, info(), 0u64..H).prop_map(|(account, info, age)| Op::ImportWindow {
+            (account.clone(), info(), 0u64..H).prop_map(|(account, info, age)| Op::ImportWindow {
                 account,
                 info,
                 age
             }),
+            (account, proptest::option::of(threshold()))
+                .prop_map(|(account, threshold)| Op::OwnThreshold { account, threshold }),
+            threshold().prop_map(|threshold| Op::DefaultThreshold { threshold }),
             (0u64..2 * H).prop_map(|ms| Op::Advance { ms }),
         ]
     }
 
     proptest! {
-        /// Whatever the books go through, a signal resolved at any time never says "not
-        /// blocked" while the book says "blocked", and the cooldown signal holds the
-        /// entry's expiry.
+        /// Whatever the books go through (failures, successes, clears, imports, header
+        /// observations, threshold changes of one account or of the default), a signal
+        /// resolved at any time answers exactly as its book does at every later moment.
         #[test]
-        fn signals_never_miss_a_block(
+        fn signals_answer_as_their_books_do(
             ops in proptest::collection::vec(op(), 1..40),
             early in proptest::collection::vec(any::<bool>(), 3),
-            thresholds in proptest::collection::vec(
-                prop_oneof![0.0f64..=1.0, Just(f64::NAN)], 3),
             probes in proptest::collection::vec(0u64..12 * H, 4),
         ) {
             let cooldowns = CooldownBook::default();
             let windows = WindowBook::default();
             let ids: Vec<AccountId> = ["a", "b", "c"].map(AccountId::from).to_vec();
+            let mut own: Vec<Option<f64>> = vec![None; 3];
             // Some signals are taken before any state exists, the rest at the end.
             let mut signals: Vec<Option<(Arc<CooldownSignal>, Arc<WindowSignal>)>> = ids
                 .iter()
                 .zip(&early)
-                .map(|(id, &e)| e.then(|| (cooldowns.signal(id), windows.signal(id))))
+                .map(|(id, &e)| e.then(|| (cooldowns.signal(id), windows.signal_with_threshold(id, None))))
                 .collect();
             let mut now = NOW;
             for op in ops {
@@ -351,40 +348,39 @@ mod tests {
                         let state = WindowState { info, updated_at: now.saturating_sub(age) };
                         windows.import([WindowRecord { account: ids[account].clone(), state }], now);
                     }
+                    Op::OwnThreshold { account, threshold } => {
+                        own[account] = threshold;
+                        windows.signal_with_threshold(&ids[account], threshold);
+                    }
+                    Op::DefaultThreshold { threshold } => {
+                        let settings = CooldownSettings { window_threshold: threshold, ..CooldownSettings::default() };
+                        windows.set_config(&CooldownConfig::try_new(settings).unwrap());
+                    }
                     Op::Advance { ms } => now += ms,
                 }
             }
-            for (slot, id) in signals.iter_mut().zip(&ids) {
-                slot.get_or_insert_with(|| (cooldowns.signal(id), windows.signal(id)));
+            for ((slot, id), threshold) in signals.iter_mut().zip(&ids).zip(&own) {
+                slot.get_or_insert_with(|| (cooldowns.signal(id), windows.signal_with_threshold(id, *threshold)));
             }
-            for ((signal, id), threshold) in signals.iter().zip(&ids).zip(&thresholds) {
+            for ((signal, id), threshold) in signals.iter().zip(&ids).zip(&own) {
                 let (cooling, window) = signal.as_ref().unwrap();
-                // Exactly the entry's expiry; an entry dropped once expired may leave
-                // its (past) expiry behind, which blocks nothing.
-                match cooldowns.entry(id) {
-                    Some(e) => prop_assert_eq!(cooling.until(), e.until),
-                    None => prop_assert!(cooling.until() <= now),
-                }
-                for t in probes.iter().map(|p| now.saturating_sub(H) + p) {
-                    if cooldowns.cooldown_until(id, t).is_some() {
-                        prop_assert!(cooling.may_block(t));
-                    }
-                    if windows.out_of_window(id, Some(*threshold), t).is_some() {
-                        prop_assert!(window.may_block(*threshold, t), "{id} at {t}");
-                    }
-                    if windows.state(id).is_none() {
-                        prop_assert!(!window.may_block(*threshold, t));
-                    }
+                for t in probes.iter().map(|p| now + p) {
+                    prop_assert_eq!(cooling.may_block(t), cooldowns.cooldown_until(id, t).is_some());
+                    prop_assert_eq!(
+                        window.may_block(t),
+                        windows.out_of_window(id, *threshold, t).is_some(),
+                        "{} at {}", id, t
+                    );
                 }
             }
         }
     }
 
     #[test]
-    fn a_window_below_its_threshold_is_not_flagged() {
+    fn a_window_below_its_threshold_does_not_block() {
         let book = WindowBook::default();
         let a = AccountId::from("a");
-        let signal = book.signal(&a);
+        let signal = book.signal_with_threshold(&a, None);
         let info = RateLimitInfo {
             five_hour: WindowUsage {
                 utilization: Some(0.4),
@@ -400,19 +396,25 @@ mod tests {
         };
         book.observe(&a, &info, NOW);
         // The usual case: every account reports utilisation, few are near the line.
-        assert!(!signal.may_block(0.95, NOW));
-        assert!(signal.may_block(0.5, NOW));
+        assert!(!signal.may_block(NOW));
+        book.signal_with_threshold(&a, Some(0.5));
+        assert_eq!(
+            signal.until(),
+            NOW + 100 * H,
+            "the weekly window is over 0.5"
+        );
         let rejected = RateLimitInfo {
             unified_status: Some(UnifiedStatus::Rejected),
-            unified_reset: Some(NOW + 2 * H),
+            unified_reset: Some(NOW + 200 * H),
             ..RateLimitInfo::default()
         };
         book.observe(&a, &rejected, NOW);
-        assert!(
-            signal.may_block(0.95, NOW),
+        assert_eq!(
+            signal.until(),
+            NOW + 200 * H,
             "rejected blocks at any threshold"
         );
         book.clear(&a);
-        assert!(!signal.may_block(0.0, NOW));
+        assert!(!signal.may_block(NOW));
     }
 }

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::book;
 use crate::config::CooldownConfig;
 use crate::headers::{RateLimitInfo, UnifiedStatus, WindowUsage};
-use crate::signal::{Signals, WindowSignal, WindowSummary};
+use crate::signal::{Signals, WindowSignal};
 
 /// What keeps an account out of rotation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -195,12 +195,24 @@ impl WindowBook {
         book
     }
 
-    /// Takes the default threshold from a reloaded config.
+    /// Takes the default threshold from a reloaded config (and recomputes the signals
+    /// of accounts without a threshold of their own when it changed).
     pub fn set_config(&self, config: &CooldownConfig) {
-        self.default_threshold.store(
-            config.settings().window_threshold.to_bits(),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        let bits = config.settings().window_threshold.to_bits();
+        let old = self
+            .default_threshold
+            .swap(bits, std::sync::atomic::Ordering::AcqRel);
+        if old == bits {
+            return;
+        }
+        let threshold = f64::from_bits(bits);
+        for state in &self.entries {
+            if let Some(signal) = self.signals.existing(state.key())
+                && signal.threshold().is_none()
+            {
+                signal.set_from(&state, threshold, state.updated_at);
+            }
+        }
     }
 
     /// The default threshold (used when an account has none of its own).
@@ -241,6 +253,10 @@ impl WindowBook {
         }
         let signal = self.signals.get(account);
         let mut state = self.entries.entry(account.clone()).or_default();
+        // Read under the entry lock (see signal_with_threshold).
+        let own = signal
+            .threshold()
+            .unwrap_or_else(|| self.default_threshold());
         let before = state.out_of_window(threshold, now);
         let i = &mut state.info;
         i.unified_status = info.unified_status.or(i.unified_status);
@@ -254,18 +270,32 @@ impl WindowBook {
         i.requests_remaining = info.requests_remaining.or(i.requests_remaining);
         i.requests_reset = info.requests_reset.or(i.requests_reset);
         state.updated_at = state.updated_at.max(now);
-        signal.set(WindowSummary::of(&state));
+        signal.set_from(&state, own, now);
         WindowChange {
             before,
             after: state.out_of_window(threshold, now),
         }
     }
 
-    /// The account's [`WindowSignal`]: a lock-free "may be out of a window" kept in
-    /// step with the state by every write of this book. Resolve it once and read it
-    /// many times (see the `signal` module).
-    pub fn signal(&self, account: &AccountId) -> Arc<WindowSignal> {
-        self.signals.get(account)
+    /// The account's [`WindowSignal`]: a lock-free "out of a window until" kept in step
+    /// with the state by every write of this book, with the account's own `threshold`
+    /// (`None` = the default). Resolve it once and read it many times (see the `signal`
+    /// module); resolving it again with another threshold recomputes it.
+    pub fn signal_with_threshold(
+        &self,
+        account: &AccountId,
+        threshold: Option<f64>,
+    ) -> Arc<WindowSignal> {
+        let signal = self.signals.get(account);
+        // Stored before taking the entry lock: a writer that locks after us reads it,
+        // one that locked before us is recomputed here.
+        if signal.set_threshold(threshold)
+            && let Some(state) = self.entries.get(account)
+        {
+            let threshold = threshold.unwrap_or_else(|| self.default_threshold());
+            signal.set_from(&state, threshold, state.updated_at);
+        }
+        signal
     }
 
     /// SPEC 5: `Some` while the account is out of a window (or of its request limit) at
@@ -291,7 +321,7 @@ impl WindowBook {
     pub fn clear(&self, account: &AccountId) {
         if let Entry::Occupied(o) = self.entries.entry(account.clone()) {
             if let Some(signal) = self.signals.existing(account) {
-                signal.set(WindowSummary::NONE);
+                signal.clear();
             }
             o.remove();
         }
@@ -317,7 +347,13 @@ impl WindowBook {
             &self.entries,
             live,
             |current, incoming| current.info.is_empty() || current.updated_at < incoming.updated_at,
-            |account, state| self.signals.get(account).set(WindowSummary::of(state)),
+            |account, state| {
+                let signal = self.signals.get(account);
+                let threshold = signal
+                    .threshold()
+                    .unwrap_or_else(|| self.default_threshold());
+                signal.set_from(state, threshold, now);
+            },
         )
     }
 

@@ -12,12 +12,12 @@
 //! any cooling account, and when every account is cooling the earliest one is still
 //! tried (the last resort of SPEC 3.5.3) instead of refusing the request outright.
 //!
-//! **The request path reads signals, not the books.** With a [`Snapshot`]'s signals
+//! **The request path reads signals, not the books.** With a snapshot's signals
 //! ([`HealthAvailability::with_signals`]) the planner's per-account question is two
-//! lock-free reads ([`keypool_cooldown::CooldownSignal`],
-//! [`keypool_cooldown::WindowSignal`]); only an account whose signal says "may be
-//! blocked" is looked up in the books for the exact answer. At 1,000 accounts this
-//! replaced three hash lookups per account and request.
+//! atomic loads ([`keypool_cooldown::CooldownSignal`],
+//! [`keypool_cooldown::WindowSignal`], exact for the account's own threshold); only a
+//! blocked account is looked up in the books, for the details of its block. At 1,000
+//! accounts this replaced three hash lookups per account and request.
 
 use keypool_cooldown::{PoolHealth, UsageLimit};
 use keypool_core::{AccountId, UnixMs};
@@ -31,7 +31,6 @@ pub struct HealthAvailability<'a> {
     health: &'a PoolHealth,
     config: &'a Config,
     signals: &'a [CandidateSignals],
-    default_threshold: f64,
 }
 
 impl<'a> HealthAvailability<'a> {
@@ -41,7 +40,6 @@ impl<'a> HealthAvailability<'a> {
             health,
             config,
             signals: &[],
-            default_threshold: health.windows.default_threshold(),
         }
     }
 
@@ -77,6 +75,16 @@ impl<'a> HealthAvailability<'a> {
     }
 }
 
+impl HealthAvailability<'_> {
+    /// The books' answer, for an account whose signal says it is blocked (or without
+    /// signals): out of the planner's loop.
+    #[cold]
+    #[inline(never)]
+    fn status_cold(&self, id: &AccountId, now: UnixMs) -> AccountStatus {
+        self.status(id, now)
+    }
+}
+
 impl Availability for HealthAvailability<'_> {
     fn window_block(&self, id: &AccountId, now: UnixMs) -> Option<WindowBlock> {
         self.facts(id, now).0
@@ -104,14 +112,12 @@ impl Availability for HealthAvailability<'_> {
         }
     }
 
+    #[inline]
     fn status_of(&self, index: usize, candidate: &Candidate, now: UnixMs) -> AccountStatus {
-        if let Some(s) = self.signals.get(index) {
-            let threshold = s.window_threshold.unwrap_or(self.default_threshold);
-            if !s.cooldown.may_block(now) && !s.window.may_block(threshold, now) {
-                return AccountStatus::Available;
-            }
+        match self.signals.get(index) {
+            Some(signals) if !signals.blocked(now) => AccountStatus::Available,
+            _ => self.status_cold(&candidate.id, now),
         }
-        self.status(&candidate.id, now)
     }
 }
 
@@ -227,11 +233,13 @@ mod tests {
         ids.iter()
             .map(|id| CandidateSignals {
                 cooldown: health.cooldowns.signal(id),
-                window: health.windows.signal(id),
-                window_threshold: config
-                    .account(id.as_str())
-                    .and_then(|a| a.window_threshold())
-                    .map(|t| t.get()),
+                window: health.windows.signal_with_threshold(
+                    id,
+                    config
+                        .account(id.as_str())
+                        .and_then(|a| a.window_threshold())
+                        .map(|t| t.get()),
+                ),
             })
             .collect()
     }

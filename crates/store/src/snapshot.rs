@@ -10,16 +10,23 @@ use keypool_selector::Candidate;
 
 use crate::config::Config;
 
-/// One candidate's health signals (see `keypool_cooldown`'s `signal` module): they
-/// say when the account *may* be blocked; the books give the exact answer.
+/// One candidate's health signals (see `keypool_cooldown`'s `signal` module): whether
+/// the account is cooling or out of a window, as the books would answer, in two atomic
+/// loads; the books hold the details.
 #[derive(Debug, Clone)]
 pub struct CandidateSignals {
     /// Its cooldown expiry.
     pub cooldown: Arc<CooldownSignal>,
-    /// Its usage-window summary.
+    /// Its "out of a window until", with its own `window_threshold`.
     pub window: Arc<WindowSignal>,
-    /// Its own `window_threshold`; `None` takes the default at read time.
-    pub window_threshold: Option<f64>,
+}
+
+impl CandidateSignals {
+    /// Whether the books would call the account cooling or out of a window at `now`.
+    #[inline]
+    pub fn blocked(&self, now: keypool_core::UnixMs) -> bool {
+        self.cooldown.may_block(now) || self.window.may_block(now)
+    }
 }
 
 /// A pool's candidate accounts in SPEC order (`priority`, `last_used`, `id`) and, at
@@ -33,17 +40,19 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Resolves the signals of `candidates` (already in snapshot order) in `health`,
-    /// with the per-account thresholds of `config`.
+    /// handing the window book each account's threshold from `config`.
     pub fn new(candidates: Vec<Candidate>, health: &PoolHealth, config: &Config) -> Self {
         let signals = candidates
             .iter()
             .map(|c| CandidateSignals {
                 cooldown: health.cooldowns.signal(&c.id),
-                window: health.windows.signal(&c.id),
-                window_threshold: config
-                    .account(c.id.as_str())
-                    .and_then(|a| a.window_threshold())
-                    .map(|t| t.get()),
+                window: health.windows.signal_with_threshold(
+                    &c.id,
+                    config
+                        .account(c.id.as_str())
+                        .and_then(|a| a.window_threshold())
+                        .map(|t| t.get()),
+                ),
             })
             .collect();
         Self {
