@@ -109,6 +109,7 @@ pub struct HarnessBuilder {
     extra: String,
     extra_keys: Vec<(String, String, String)>,
     seed: u64,
+    workers: Option<usize>,
 }
 
 impl Default for HarnessBuilder {
@@ -137,6 +138,7 @@ impl Default for HarnessBuilder {
             extra: String::new(),
             extra_keys: Vec::new(),
             seed: 0x6b65_7970_6f6f_6c00,
+            workers: None,
         }
     }
 }
@@ -188,6 +190,13 @@ impl HarnessBuilder {
         self
     }
 
+    /// Serves with [`keypool_proxy::run_workers`] on `n` worker threads (as `keypool
+    /// serve` does) instead of [`keypool_proxy::run`] on the test's runtime.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = Some(n);
+        self
+    }
+
     /// The seed of the LB keys' generation.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = seed;
@@ -217,9 +226,18 @@ impl HarnessBuilder {
             .expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
         let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(keypool_proxy::run(listener, app.clone(), async move {
+        let stopped = async move {
             let _ = stopped.await;
-        }));
+        };
+        let server = match self.workers {
+            None => tokio::spawn(keypool_proxy::run(listener, app.clone(), stopped)),
+            Some(n) => tokio::spawn(keypool_proxy::run_workers(
+                listener,
+                app.clone(),
+                n,
+                stopped,
+            )),
+        };
         Harness {
             sim: Some(sim),
             store,

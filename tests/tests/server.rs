@@ -40,6 +40,65 @@ async fn many_concurrent_streams_all_complete() {
     h.finish().await;
 }
 
+/// `keypool serve`'s model: several threads, each its own runtime and upstream pool,
+/// accepting from one socket. Every request is served, the shared state (round robin
+/// counter, per-account counts, metrics) sees all of them, and shutdown drains every
+/// thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_threads_share_the_pool_state_and_drain_together() {
+    let spec = OkSpec::default().chunks(4).chunk_interval(Delay::ms(5));
+    let mut h = Harness::builder()
+        .workers(3)
+        .strategy("round_robin")
+        .server("snapshot_ttl_secs", "15")
+        .server("shutdown_grace_secs", "5")
+        .account(AccountSpec::new("a", Script::new(spec.clone())))
+        .account(AccountSpec::new("b", Script::new(spec)))
+        .start()
+        .await;
+    let mut tasks = tokio::task::JoinSet::new();
+    // Separate connections, so that the threads take some each.
+    for i in 0..40 {
+        let request = h.messages(&message_body(MODEL, i % 2 == 0));
+        tasks.spawn(async move { request.send().await });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let r = done.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(h.requests_per_account(&["a", "b"]), [20, 20]);
+    let metrics = h
+        .client()
+        .request(http::Method::GET, h.url("/metrics"))
+        .send()
+        .await
+        .text();
+    assert!(
+        metrics.contains(r#"keypool_requests_total{org="acme",url="team",status="200"} 40"#),
+        "{metrics}"
+    );
+    // A stream in flight on one of the threads finishes; then every thread is gone.
+    let mut stream = h
+        .messages(&message_body(MODEL, true))
+        .send_streaming()
+        .await;
+    assert_eq!(stream.status, 200);
+    h.begin_shutdown();
+    let mut last = None;
+    while let Some(frame) = stream.next_frame().await {
+        last = frame.event;
+    }
+    assert_eq!(last.as_deref(), Some("message_stop"));
+    h.wait_proxy_stopped().await;
+    assert!(
+        tokio::net::TcpStream::connect(h.base_url().trim_start_matches("http://"))
+            .await
+            .is_err(),
+        "a worker thread still accepts connections after shutdown"
+    );
+    h.finish().await;
+}
+
 #[tokio::test]
 async fn shutdown_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
     let spec = OkSpec::default().chunks(5).chunk_interval(Delay::ms(100));

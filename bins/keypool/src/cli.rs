@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
-use keypool_proxy::{App, run, signals};
+use keypool_proxy::{App, run_workers, signals};
 use keypool_store::config::Config;
 use keypool_store::{BootState, Store, StoreError};
 use rand::SeedableRng;
@@ -209,7 +209,13 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // This thread's runtime hosts the store's background tasks and the signal handlers,
+    // and serves as the first worker; run_workers starts the others.
+    let workers = match config.server().workers {
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        n => usize::try_from(n).unwrap_or(1),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
@@ -230,7 +236,8 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot listen on {listen}"))?;
         let shutdown = signals::terminate_signal()?;
         let _reload = signals::spawn_reload_on_sighup(store.clone(), path.to_path_buf())?;
-        run(listener, App::new(store).with_config_path(path), shutdown).await?;
+        let app = App::new(store).with_config_path(path);
+        run_workers(listener, app, workers, shutdown).await?;
         Ok(ExitCode::from(EXIT_OK))
     })
 }

@@ -32,11 +32,13 @@ use crate::{admin, failover};
 #[derive(Clone)]
 pub struct App {
     inner: Arc<Inner>,
+    /// The upstream connection pool: shared by clones, replaced by
+    /// [`App::with_own_client`] (one per worker thread).
+    client: Arc<UpstreamClient>,
 }
 
 struct Inner {
     store: Store,
-    client: UpstreamClient,
     metrics: Metrics,
     /// Per pool: the `hedge_budget` ratio (its bits) the budget was made for, and the
     /// budget. A reload that changes the ratio gets a new budget on the next request.
@@ -71,9 +73,9 @@ impl App {
             .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id()).rotate_left(32);
         Self {
+            client: Arc::new(build_client()),
             inner: Arc::new(Inner {
                 store,
-                client: build_client(),
                 metrics: Metrics::new(),
                 budgets: DashMap::new(),
                 ids: AtomicU64::new(0),
@@ -111,7 +113,17 @@ impl App {
     }
 
     pub(crate) fn client(&self) -> &UpstreamClient {
-        &self.inner.client
+        &self.client
+    }
+
+    /// The same application (store, metrics, budgets, ids) with a fresh upstream
+    /// connection pool: each [`run_workers`](crate::run_workers) thread gets one, so
+    /// that its requests use connections driven by its own runtime.
+    pub fn with_own_client(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            client: Arc::new(build_client()),
+        }
     }
 
     /// A seed for one request's random choices (ties between cooldown expiries).

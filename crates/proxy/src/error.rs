@@ -11,6 +11,11 @@ pub enum ProxyError {
     /// The configured hedge budget is out of range.
     #[error("invalid server.hedge_budget: {0}")]
     HedgeBudget(#[from] keypool_selector::SelectError),
+    /// A worker thread or its runtime could not start.
+    #[error(
+        "cannot start a worker thread: {0}; lower [server] workers or raise the process's thread limit"
+    )]
+    Worker(#[source] std::io::Error),
     /// Installing a signal handler failed.
     #[error("cannot install the {signal} handler: {source}; is this a Unix system?")]
     Signal {

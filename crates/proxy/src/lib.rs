@@ -28,7 +28,8 @@
 //! ```
 //!
 //! # Layout
-//! - [`server`]: [`run`], the accept loop, header read timeout, graceful drain.
+//! - [`server`]: [`run`], the accept loop, header read timeout, graceful drain;
+//!   [`run_workers`], the same on one single-threaded runtime per worker thread.
 //! - `app`: [`App`], steps 1–4 of SPEC 3 (limits, resolution, key, body), the fixed
 //!   routes (`HEAD`, `/healthz`, `/readyz`, `/metrics`).
 //! - [`route`]: path matching ([`route::match_path`]).
@@ -75,4 +76,4 @@ pub mod upstream;
 pub use app::App;
 pub use body::ProxyBody;
 pub use error::ProxyError;
-pub use server::run;
+pub use server::{run, run_workers};

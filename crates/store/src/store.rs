@@ -287,8 +287,8 @@ impl Store {
 
     /// Reads, validates and installs the config file at `path`. On any problem the old
     /// config keeps serving and every problem is returned. Runtime state of accounts
-    /// that still exist is kept. Changing `redis_url`, `state_file` or the rating weights
-    /// takes a restart (a warning is logged).
+    /// that still exist is kept. Changing `listen`, `workers`, `redis_url`, `state_file`
+    /// or the rating weights takes a restart (a warning is logged).
     pub fn reload(&self, path: &Path) -> Result<(), StoreError> {
         let config = Config::load(path)?;
         self.install(config);
@@ -299,9 +299,14 @@ impl Store {
     pub fn install(&self, config: Config) {
         let old = self.config();
         let (a, b) = (old.server(), config.server());
-        if a.redis_url != b.redis_url || a.state_file != b.state_file || a.rating != b.rating {
+        if a.redis_url != b.redis_url
+            || a.state_file != b.state_file
+            || a.rating != b.rating
+            || a.listen != b.listen
+            || a.workers != b.workers
+        {
             tracing::warn!(
-                "redis_url, state_file and [server.rating] changes take effect at the next restart"
+                "listen, workers, redis_url, state_file and [server.rating] changes take effect at the next restart"
             );
         }
         self.inner

@@ -132,6 +132,20 @@ fn defaults_follow_the_spec() {
     assert_eq!(s.session_affinity_ttl_ms, 3_600_000);
     assert_eq!(s.queue_max_wait_ms, 30_000);
     assert_eq!(s.queue_max_depth, 0);
+    assert_eq!(s.workers, 0);
+}
+
+#[test]
+fn workers_take_zero_to_1024() {
+    for (value, expected) in [("0", 0), ("1", 1), ("1024", 1024)] {
+        let text = BASE.to_owned() + &format!("[server]\nworkers = {value}\n");
+        assert_eq!(parse(&text).unwrap().server().workers, expected);
+    }
+    for bad in ["-1", "1025"] {
+        let errs = errors(&(BASE.to_owned() + &format!("[server]\nworkers = {bad}\n")));
+        assert_eq!(locations(&errs), ["server.workers"], "{errs}");
+        assert!(errs.to_string().contains("0 starts one per CPU"), "{errs}");
+    }
 }
 
 #[test]

@@ -96,6 +96,9 @@ pub struct ServerSettings {
     /// Most requests waiting for a slot at once in this process; `0` = unbounded
     /// (`queue_max_depth`).
     pub queue_max_depth: u32,
+    /// Serving threads, each a single-threaded runtime with its own upstream
+    /// connections; `0` = one per CPU (`workers`, restart only).
+    pub workers: u32,
     /// Rating score weights (`[server.rating]`).
     pub rating: RatingSettings,
 }
@@ -169,6 +172,7 @@ impl Default for ServerSettings {
             session_affinity_ttl_ms: 3_600_000,
             queue_max_wait_ms: 30_000,
             queue_max_depth: 0,
+            workers: 0,
             rating: RatingSettings::default(),
         }
     }

@@ -66,6 +66,7 @@ pub(crate) struct RawServer {
     pub session_affinity_ttl_secs: Option<i64>,
     pub queue_max_wait_ms: Option<i64>,
     pub queue_max_depth: Option<i64>,
+    pub workers: Option<i64>,
     #[serde(default)]
     pub rating: RawRating,
 }

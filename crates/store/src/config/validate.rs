@@ -934,10 +934,26 @@ fn validate_server(
             issues,
         ))
         .unwrap_or(u32::MAX),
+        workers: match s.workers {
+            None => d.workers,
+            Some(n @ 0..=MAX_WORKERS) => u32::try_from(n).unwrap_or(0),
+            Some(n) => {
+                issues.push(
+                    "server.workers",
+                    format!(
+                        "workers must be between 0 and {MAX_WORKERS} (got {n}); 0 starts one per CPU"
+                    ),
+                );
+                d.workers
+            }
+        },
         rating,
     };
     (issues.0.len() == before).then_some(settings)
 }
+
+/// The most serving threads `[server] workers` accepts.
+const MAX_WORKERS: i64 = 1024;
 
 /// A `[server]` integer that may be 0: `None` → `default`, else `value × scale`; a
 /// negative value is an issue (`zero` says what 0 means).
