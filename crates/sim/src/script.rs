@@ -113,6 +113,11 @@ pub struct OkSpec {
     pub usage: Usage,
     /// `stop_reason` of the finished message.
     pub stop_reason: Cow<'static, str>,
+    /// Streams: end `message_start`'s message id with `_think<ns>`, the nanoseconds
+    /// between the request's arrival (body read) and the rendering of the first frames.
+    /// A client subtracts it from its time to first byte to see what lies between it
+    /// and the upstream, without the upstream's own (timer-driven, jittery) wait.
+    pub think_time_in_id: bool,
 }
 
 impl Default for OkSpec {
@@ -125,6 +130,7 @@ impl Default for OkSpec {
             text: Arc::from("Hello"),
             usage: Usage::default(),
             stop_reason: Cow::Borrowed("end_turn"),
+            think_time_in_id: false,
         }
     }
 }
@@ -158,6 +164,11 @@ impl OkSpec {
     /// Sets [`OkSpec::usage`].
     pub fn usage(mut self, usage: Usage) -> Self {
         self.usage = usage;
+        self
+    }
+    /// Sets [`OkSpec::think_time_in_id`].
+    pub fn think_time_in_id(mut self, on: bool) -> Self {
+        self.think_time_in_id = on;
         self
     }
 }

@@ -445,6 +445,7 @@ type Answer = Result<Response<SimBody>, io::Error>;
 async fn handle(req: Request<Incoming>, shared: Arc<Shared>, reset: ResetFlag) -> Answer {
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map_err(io::Error::other)?.to_bytes();
+    let arrived = std::time::Instant::now();
     let account = shared.accounts.identify(credential(&parts.headers));
     let guard = shared.accounts.begin(account.clone());
     let n = shared.ids.fetch_add(1, Ordering::Relaxed);
@@ -482,19 +483,22 @@ async fn handle(req: Request<Incoming>, shared: Arc<Shared>, reset: ResetFlag) -
     if !headers.is_empty() {
         reply.headers = Some(headers);
     }
-    perform(behaviour, reply, endpoint, &body, n, shared.seed, reset).await
+    let at = (n, arrived);
+    perform(behaviour, reply, endpoint, &body, at, shared.seed, reset).await
 }
 
-/// Serves one request of a known account with its scripted behaviour.
+/// Serves one request of a known account with its scripted behaviour. `at` is the
+/// request's number and the moment its body was read.
 async fn perform(
     behaviour: Behaviour,
     mut reply: Reply,
     endpoint: Endpoint,
     body: &[u8],
-    n: u64,
+    at: (u64, std::time::Instant),
     seed: u64,
     reset: ResetFlag,
 ) -> Answer {
+    let (n, arrived) = at;
     let mut rng = SmallRng::seed_from_u64(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let probe = serde_json::from_slice::<Probe<'_>>(body).ok();
     let stream = endpoint == Endpoint::Messages && probe.as_ref().is_some_and(|p| p.stream);
@@ -568,10 +572,14 @@ async fn perform(
             (Endpoint::Messages, true) => {
                 pause(spec.ttft.sample(&mut rng)).await;
                 let send = spec.chunks as usize + 6;
+                let mut id = message_id(n);
+                if spec.think_time_in_id {
+                    id = format!("{id}_think{}", arrived.elapsed().as_nanos());
+                }
                 Ok(sse(
                     reply,
                     &model,
-                    n,
+                    &id,
                     &spec,
                     send,
                     false,
@@ -589,7 +597,7 @@ async fn perform(
             Ok(sse(
                 reply,
                 &model,
-                n,
+                &message_id(n),
                 &spec,
                 after_frames.max(1),
                 true,
@@ -619,7 +627,15 @@ async fn perform(
                 Cut::Close | Cut::Reset => Ending::Fail(cut),
             };
             Ok(sse(
-                reply, &model, n, &spec, send, false, ending, rng, reset,
+                reply,
+                &model,
+                &message_id(n),
+                &spec,
+                send,
+                false,
+                ending,
+                rng,
+                reset,
             ))
         }
     }
@@ -646,7 +662,7 @@ fn message_id(n: u64) -> String {
 fn sse(
     reply: Reply,
     model: &str,
-    n: u64,
+    id: &str,
     spec: &OkSpec,
     send: usize,
     error_frame: bool,
@@ -654,7 +670,7 @@ fn sse(
     rng: SmallRng,
     reset: ResetFlag,
 ) -> Response<SimBody> {
-    let frames = wire::StreamFrames::new(&message_id(n), model, spec);
+    let frames = wire::StreamFrames::new(id, model, spec);
     let cursor = StreamCursor::new(frames, send, error_frame, ending, spec.chunk_interval, rng);
     let body = SimBody::stream(cursor, reply.guard, reset);
     head(

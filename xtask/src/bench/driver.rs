@@ -65,6 +65,10 @@ pub struct Outcome {
     pub latency: Latencies,
     /// Streams: time to the first body chunk.
     pub ttft: Latencies,
+    /// Streams: time to the first body chunk minus the upstream's own wait, when the
+    /// simulator reported it (`--think-time-in-id`): what lies between the client and
+    /// the upstream, without the upstream's timer jitter.
+    pub net_ttft: Latencies,
     /// Streams: gaps between body chunks.
     pub gap: Latencies,
     /// Successful requests.
@@ -81,6 +85,7 @@ impl Outcome {
     fn merge(&mut self, other: Outcome) {
         self.latency.merge(&other.latency);
         self.ttft.merge(&other.ttft);
+        self.net_ttft.merge(&other.net_ttft);
         self.gap.merge(&other.gap);
         self.ok += other.ok;
         self.errors += other.errors;
@@ -117,6 +122,7 @@ async fn one(client: &HttpClient, ep: &Endpoint, start: Instant, out: &mut Outco
         let status = response.status();
         let mut body = response.into_body();
         let mut first: Option<Instant> = None;
+        let mut think: Option<Duration> = None;
         let mut last = start;
         let mut gaps = Vec::new();
         let mut tail: Vec<u8> = Vec::new();
@@ -131,6 +137,7 @@ async fn one(client: &HttpClient, ep: &Endpoint, start: Instant, out: &mut Outco
             let now = Instant::now();
             if first.is_none() {
                 first = Some(now);
+                think = think_time(&data);
             } else {
                 gaps.push(now - last);
             }
@@ -151,15 +158,18 @@ async fn one(client: &HttpClient, ep: &Endpoint, start: Instant, out: &mut Outco
         if ep.stream && !contains(&tail, b"message_stop") {
             return Err("stream ended without message_stop".to_owned());
         }
-        Ok((end, first, gaps))
+        Ok((end, first, think, gaps))
     };
     match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
-        Ok(Ok((end, first, gaps))) => {
+        Ok(Ok((end, first, think, gaps))) => {
             out.ok += 1;
             out.latency.record(end - start);
             if ep.stream {
                 if let Some(first) = first {
                     out.ttft.record(first - start);
+                    if let Some(think) = think {
+                        out.net_ttft.record((first - start).saturating_sub(think));
+                    }
                 }
                 for g in gaps {
                     out.gap.record(g);
@@ -169,6 +179,22 @@ async fn one(client: &HttpClient, ep: &Endpoint, start: Instant, out: &mut Outco
         Ok(Err(e)) => out.error(e),
         Err(_) => out.error(format!("no complete answer within {REQUEST_TIMEOUT:?}")),
     }
+}
+
+/// The upstream's own wait a `keypool-sim --think-time-in-id` wrote into the message
+/// id of the first chunk (`…_think<ns>"`), if any.
+fn think_time(chunk: &[u8]) -> Option<Duration> {
+    const MARK: &[u8] = b"_think";
+    let at = chunk.windows(MARK.len()).position(|w| w == MARK)? + MARK.len();
+    let digits = chunk[at..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    let ns: u64 = std::str::from_utf8(&chunk[at..at + digits])
+        .ok()?
+        .parse()
+        .ok()?;
+    Some(Duration::from_nanos(ns))
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -415,14 +441,33 @@ mod tests {
         sim.shutdown().await;
     }
 
+    #[test]
+    fn think_times_are_read_from_the_message_id() {
+        let chunk = br#"event: message_start
+data: {"type":"message_start","message":{"id":"msg_sim00000000000000000007_think20531000","type":"message"}}"#;
+        assert_eq!(think_time(chunk), Some(Duration::from_nanos(20_531_000)));
+        assert_eq!(think_time(br#"{"id":"msg_sim00000000000000000007"}"#), None);
+        assert_eq!(think_time(br#"{"id":"msg_think"}"#), None);
+    }
+
     #[tokio::test]
     async fn streams_record_ttft_and_gaps() {
-        // 5 deltas 5 ms apart: the first goes with message_start, then 4 paced writes.
-        let spec = OkSpec::default().chunks(5).chunk_interval(Delay::ms(5));
+        // 10 ms to the first frames, reported as think time; 5 deltas 5 ms apart: the
+        // first goes with message_start, then 4 paced writes.
+        let spec = OkSpec::default()
+            .ttft(Delay::ms(10))
+            .think_time_in_id(true)
+            .chunks(5)
+            .chunk_interval(Delay::ms(5));
         let sim = sim(Script::new(Behaviour::Ok(spec))).await;
         let out = closed_loop(&client(), &endpoint(&sim, true), 2, bounds(4)).await;
         assert_eq!((out.ok, out.errors), (4, 0), "{:?}", out.first_errors);
         assert_eq!(out.ttft.len(), 4);
+        // The simulator's 10 ms wait is taken out of the net figure.
+        assert_eq!(out.net_ttft.len(), 4);
+        let (ttft, net) = (out.ttft.summary().unwrap(), out.net_ttft.summary().unwrap());
+        assert!(ttft.p50_us >= 10_000.0, "{ttft:?}");
+        assert!(net.max_us < ttft.p50_us - 9_000.0, "{net:?} vs {ttft:?}");
         // 4 gaps per stream unless the network merged two writes.
         assert!((8..=16).contains(&out.gap.len()), "{}", out.gap.len());
         let gap = out.gap.summary().unwrap();

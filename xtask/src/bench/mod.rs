@@ -286,6 +286,8 @@ fn sim_command(sim: &Path, addr: SocketAddr, slow: bool) -> Command {
             "64",
             "--chunk-interval-ms",
             "20",
+            // The driver subtracts the simulator's own wait from each TTFT.
+            "--think-time-in-id",
         ]);
     } else {
         c.args([
@@ -883,6 +885,7 @@ async fn phase(
     r.req_per_s = stats::rate(out.ok, out.elapsed);
     r.latency = out.latency.summary();
     r.ttft = out.ttft.summary();
+    r.net_ttft = out.net_ttft.summary();
     r.gap = out.gap.summary();
     r.cpu_s_per_1k =
         stats::cpu_seconds_per_1k(after.saturating_sub(before), ticks_per_second, out.ok);

@@ -80,6 +80,15 @@ pub struct RunResult {
     /// Streams: `ttft` minus the direct target's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub added_ttft: Option<Added>,
+    /// Streams: `ttft` minus the simulator's own wait before its first frames (reported
+    /// in the message id): the path between client and upstream, without the
+    /// simulator's timer jitter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_ttft: Option<Percentiles>,
+    /// Streams: `net_ttft` minus the direct target's: what the target adds to the first
+    /// byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub added_net_ttft: Option<Added>,
     /// Streams: gaps between body chunks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gap: Option<Percentiles>,
@@ -109,6 +118,8 @@ impl RunResult {
             added: None,
             ttft: None,
             added_ttft: None,
+            net_ttft: None,
+            added_net_ttft: None,
             gap: None,
             added_gap: None,
             cpu_s_per_1k: None,
@@ -204,6 +215,7 @@ impl Report {
             };
             r.added = diff(&r.latency, &d.latency);
             r.added_ttft = diff(&r.ttft, &d.ttft);
+            r.added_net_ttft = diff(&r.net_ttft, &d.net_ttft);
             r.added_gap = diff(&r.gap, &d.gap);
         }
     }
@@ -249,11 +261,21 @@ impl Report {
             });
         }
         let stream = self.find(KEYPOOL_RR, Scenario::Stream);
-        let ttft = stream.and_then(|r| r.added_ttft);
+        // Judged on the TTFT net of the simulator's own wait when it was reported: the
+        // raw difference of two p99s is dominated by the simulator's 1 ms timer.
+        let raw = stream.and_then(|r| r.added_ttft);
+        let net = stream.and_then(|r| r.added_net_ttft);
         v.push(Verdict {
             goal: "keypool added streaming TTFT p99 <= 150 us".into(),
-            measured: ttft.map_or_else(|| "n/a".into(), |a| format!("{:.1} us", a.p99_us)),
-            met: ttft.map(|a| a.p99_us <= 150.0),
+            measured: match (net, raw) {
+                (Some(n), Some(r)) => format!(
+                    "{:.1} us net of the upstream's wait (raw TTFT difference {:.1} us)",
+                    n.p99_us, r.p99_us
+                ),
+                (None, Some(r)) => format!("{:.1} us", r.p99_us),
+                _ => "n/a".into(),
+            },
+            met: net.or(raw).map(|a| a.p99_us <= 150.0),
         });
         let gap = stream.and_then(|r| r.added_gap);
         v.push(Verdict {
@@ -347,9 +369,12 @@ impl Report {
             let _ = writeln!(out);
             let _ = writeln!(
                 out,
-                "| target | streams ok | err | TTFT p50 µs | TTFT p99 µs | added TTFT p50 | added TTFT p99 | gap p50 µs | gap p99 µs | added gap p50 | added gap p99 | CPU s/1k streams |"
+                "| target | streams ok | err | TTFT p50 µs | TTFT p99 µs | added TTFT p50 | added TTFT p99 | net TTFT p50 µs | net TTFT p99 µs | added net p50 | added net p99 | gap p50 µs | gap p99 µs | added gap p50 | added gap p99 | CPU s/1k streams |"
             );
-            let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+            let _ = writeln!(
+                out,
+                "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+            );
             for r in streams {
                 let pair = |p: Option<Percentiles>| {
                     p.map_or_else(
@@ -365,11 +390,13 @@ impl Report {
                 };
                 let (t50, t99) = pair(r.ttft);
                 let (at50, at99) = added_pair(r.added_ttft);
+                let (n50, n99) = pair(r.net_ttft);
+                let (an50, an99) = added_pair(r.added_net_ttft);
                 let (g50, g99) = pair(r.gap);
                 let (ag50, ag99) = added_pair(r.added_gap);
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {t50} | {t99} | {at50} | {at99} | {g50} | {g99} | {ag50} | {ag99} | {} |",
+                    "| {} | {} | {} | {t50} | {t99} | {at50} | {at99} | {n50} | {n99} | {an50} | {an99} | {g50} | {g99} | {ag50} | {ag99} | {} |",
                     r.target,
                     r.requests,
                     r.errors,
@@ -617,6 +644,30 @@ mod tests {
         assert_eq!(r.verdicts[2].measured, "53 %");
         assert_eq!(r.verdicts[4].measured, "16.0x");
         assert_eq!(r.verdicts[7].measured, "p50 +7.7 %, req/s -5.0 %");
+    }
+
+    #[test]
+    fn ttft_is_judged_net_of_the_upstreams_wait_when_reported() {
+        let mut r = sample();
+        // Raw TTFT p99s 2 ms apart (simulator timer jitter), net ones 90 µs apart.
+        r.results[9].ttft = Some(pct(20_150.0, 20_260.0, 22_400.0));
+        r.results[8].net_ttft = Some(pct(60.0, 70.0, 110.0));
+        r.results[9].net_ttft = Some(pct(120.0, 140.0, 200.0));
+        r.compute_added();
+        r.compute_verdicts();
+        let s = r.find(KEYPOOL_RR, Scenario::Stream).unwrap();
+        assert_eq!(s.added_net_ttft.unwrap().p50_us, 60.0);
+        assert_eq!(s.added_net_ttft.unwrap().p99_us, 90.0);
+        assert_eq!(r.verdicts[5].met, Some(true));
+        assert_eq!(
+            r.verdicts[5].measured,
+            "90.0 us net of the upstream's wait (raw TTFT difference 2000.0 us)"
+        );
+        // Without net figures the raw difference decides.
+        r.results[9].net_ttft = None;
+        r.compute_added();
+        r.compute_verdicts();
+        assert_eq!(r.verdicts[5].met, Some(false));
     }
 
     #[test]

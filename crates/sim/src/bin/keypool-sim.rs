@@ -4,7 +4,7 @@
 //! ```text
 //! keypool-sim [--listen ADDR] [--delay-ms N] [--chunks N] [--chunk-interval-ms N]
 //!             [--input-tokens N] [--threads N]
-//!             [--rate-limited CREDENTIAL]... [--retry-after-ms N]
+//!             [--rate-limited CREDENTIAL]... [--retry-after-ms N] [--think-time-in-id]
 //! ```
 //!
 //! `--rate-limited` gives one credential its own account that answers every request
@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use keypool_sim::{Delay, ErrorReply, OkSpec, Script, Sim, SimConfig, Usage};
 
-const USAGE: &str = "usage: keypool-sim [--listen ADDR] [--delay-ms N] [--chunks N] [--chunk-interval-ms N] [--input-tokens N] [--threads N] [--rate-limited CREDENTIAL]... [--retry-after-ms N]
+const USAGE: &str = "usage: keypool-sim [--listen ADDR] [--delay-ms N] [--chunks N] [--chunk-interval-ms N] [--input-tokens N] [--threads N] [--rate-limited CREDENTIAL]... [--retry-after-ms N] [--think-time-in-id]
 
   --listen ADDR            address to listen on (default 127.0.0.1:8090)
   --delay-ms N             latency of JSON answers and time to first frame of streams (default 0)
@@ -28,6 +28,8 @@ const USAGE: &str = "usage: keypool-sim [--listen ADDR] [--delay-ms N] [--chunks
   --threads N              tokio worker threads (default: one per core)
   --rate-limited CRED      this credential answers every request with 429 (repeatable)
   --retry-after-ms N       retry-after-ms of those 429 answers (default 1000)
+  --think-time-in-id       streams: end the message id with _think<ns>, the time this
+                           simulator held the request before its first frames
 
 Every credential is accepted; streams when the body has \"stream\": true.";
 
@@ -41,6 +43,7 @@ struct Args {
     threads: Option<usize>,
     rate_limited: Vec<String>,
     retry_after_ms: u64,
+    think_time_in_id: bool,
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> anyhow::Result<Option<Args>> {
@@ -53,10 +56,15 @@ fn parse(mut args: impl Iterator<Item = String>) -> anyhow::Result<Option<Args>>
         threads: None,
         rate_limited: Vec::new(),
         retry_after_ms: 1000,
+        think_time_in_id: false,
     };
     while let Some(flag) = args.next() {
         if flag == "-h" || flag == "--help" {
             return Ok(None);
+        }
+        if flag == "--think-time-in-id" {
+            out.think_time_in_id = true;
+            continue;
         }
         let value = args
             .next()
@@ -101,6 +109,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .ttft(delay)
         .chunks(args.chunks)
         .chunk_interval(Delay::ms(args.chunk_interval_ms))
+        .think_time_in_id(args.think_time_in_id)
         .usage(Usage {
             input_tokens: args.input_tokens,
             output_tokens: u64::from(args.chunks),
@@ -151,6 +160,7 @@ mod tests {
             "sk-a",
             "--rate-limited",
             "sk-b",
+            "--think-time-in-id",
             "--retry-after-ms",
             "3",
         ])
@@ -169,6 +179,8 @@ mod tests {
         );
         assert_eq!(a.rate_limited, ["sk-a", "sk-b"]);
         assert_eq!(a.retry_after_ms, 3);
+        assert!(a.think_time_in_id);
+        assert!(!args(&[]).unwrap().unwrap().think_time_in_id);
     }
 
     #[test]
