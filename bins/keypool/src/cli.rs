@@ -118,22 +118,31 @@ impl Command {
 }
 
 /// Installs the `tracing` subscriber on stderr; `default_level` applies when `RUST_LOG`
-/// is not set.
-pub fn init_logging(format: LogFormat, default_level: &str) {
+/// is not set. Request lines are written in batches ([`crate::logbuf`]): keep the
+/// returned guard until the end of `main`, it writes out what is pending.
+pub fn init_logging(format: LogFormat, default_level: &str) -> crate::logbuf::FlushGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let (writer, guard) = crate::logbuf::BatchedStderr::start();
+    let on_panic = writer.clone();
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        on_panic.flush();
+        previous(info);
+    }));
     // Colours only on a terminal: a journal or a log file gets plain text, written by
     // the lean formatter (the same line, at a fraction of the cost per request).
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(terminal)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Human if terminal => builder.init(),
         LogFormat::Human => builder.event_format(crate::logfmt::PlainFormat).init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
+    guard
 }
 
 /// Runs a command; `Err` is a runtime failure (exit 3).

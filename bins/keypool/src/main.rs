@@ -4,6 +4,7 @@
 
 mod cli;
 mod demo;
+mod logbuf;
 mod logfmt;
 
 use std::process::ExitCode;
@@ -12,12 +13,15 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    cli::init_logging(cli.log_format, cli.command.default_log_level());
-    match cli::execute(cli.command) {
+    let logs = cli::init_logging(cli.log_format, cli.command.default_log_level());
+    let code = match cli::execute(cli.command) {
         Ok(code) => code,
         Err(e) => {
+            drop(logs);
             eprintln!("keypool: {e:#}");
-            ExitCode::from(cli::EXIT_RUNTIME)
+            return ExitCode::from(cli::EXIT_RUNTIME);
         }
-    }
+    };
+    drop(logs);
+    code
 }
