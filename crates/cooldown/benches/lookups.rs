@@ -74,6 +74,30 @@ fn bench(c: &mut Criterion) {
                 .count()
         })
     });
+    // What the request path does instead: the signals resolved once (as a snapshot
+    // does), then two atomic loads per account.
+    let signals: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            (
+                health.cooldowns.signal(id),
+                health.windows.signal_with_threshold(id, None),
+            )
+        })
+        .collect();
+    c.bench_function("filter_signals_400_accounts", |b| {
+        b.iter(|| {
+            black_box(&signals)
+                .iter()
+                .filter(|(cooling, window)| {
+                    !cooling.may_block(NOW + 1) && !window.may_block(NOW + 1)
+                })
+                .count()
+        })
+    });
+    c.bench_function("observe_anthropic_headers", |b| {
+        b.iter(|| health.windows.observe(black_box(&ids[2]), &info, NOW))
+    });
     c.bench_function("record_failure_429", |b| {
         let mut now = NOW;
         b.iter(|| {
