@@ -424,6 +424,15 @@ impl Harness {
         &self.client
     }
 
+    /// The text of `GET /metrics`.
+    pub async fn metrics(&self) -> String {
+        self.client
+            .request(http::Method::GET, self.url("/metrics"))
+            .send()
+            .await
+            .text()
+    }
+
     /// `POST /acme/team/v1/messages` with key `alice` and `body`, not yet sent.
     pub fn messages(&self, body: &Value) -> RequestBuilder {
         self.client

@@ -238,12 +238,7 @@ async fn reload_rereads_the_config_file() {
 #[tokio::test]
 async fn metrics_show_per_account_gauges() {
     let h = pool(true).await;
-    let text = h
-        .client()
-        .request(http::Method::GET, h.url("/metrics"))
-        .send()
-        .await
-        .text();
+    let text = h.metrics().await;
     for line in [
         "keypool_account_disabled{account=\"revoked\"} 1",
         "keypool_account_disabled{account=\"healthy\"} 0",
@@ -425,12 +420,7 @@ async fn in_flight_counts_a_stream_until_it_ends() {
     assert!(stream.next_frame().await.is_some());
     let during = admin_get(&h, "/admin/accounts", Some(TOKEN)).await.json();
     assert_eq!(in_flight(during), 1);
-    let metrics = h
-        .client()
-        .request(http::Method::GET, h.url("/metrics"))
-        .send()
-        .await
-        .text();
+    let metrics = h.metrics().await;
     assert!(metrics.contains("keypool_account_in_flight{account=\"streamer\"} 1"));
     let reply = stream.read_to_end().await;
     assert!(reply.events().contains(&"message_stop".to_owned()));

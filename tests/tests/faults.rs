@@ -553,12 +553,7 @@ async fn redis_killed_and_restarted_during_load_fails_no_request_and_reconciles(
         .entry(&AccountId::from("c"))
         .expect("the replica sees c's cooldown from Redis");
     assert_eq!(entry.until, until, "absolute expiry kept through Redis");
-    let metrics = h
-        .client()
-        .request(http::Method::GET, h.url("/metrics"))
-        .send()
-        .await
-        .text();
+    let metrics = h.metrics().await;
     assert!(metrics.contains("keypool_redis_ready 1"), "{metrics}");
     eprintln!("redis fault: {sent} requests, none failed");
     h.finish().await;

@@ -67,12 +67,7 @@ async fn worker_threads_share_the_pool_state_and_drain_together() {
         assert_eq!(r.status, 200, "{}", r.text());
     }
     assert_eq!(h.requests_per_account(&["a", "b"]), [20, 20]);
-    let metrics = h
-        .client()
-        .request(http::Method::GET, h.url("/metrics"))
-        .send()
-        .await
-        .text();
+    let metrics = h.metrics().await;
     assert!(
         metrics.contains(r#"keypool_requests_total{org="acme",url="team",status="200"} 40"#),
         "{metrics}"

@@ -387,12 +387,7 @@ async fn client_disconnect_before_a_non_streaming_answer_cancels_the_upstream_re
     )
     .await;
     // the abandoned request is still counted, as "client closed request"
-    let metrics = h
-        .client()
-        .request(http::Method::GET, h.url("/metrics"))
-        .send()
-        .await
-        .text();
+    let metrics = h.metrics().await;
     assert!(
         metrics.contains(r#"keypool_requests_total{org="acme",url="team",status="499"} 1"#),
         "{metrics}"
