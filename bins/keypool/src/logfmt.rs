@@ -78,15 +78,14 @@ fn level_label(level: Level) -> &'static str {
 
 /// Writes `2026-11-30T00:18:12.970542Z` for `secs` since the epoch (UTC) and `micros`.
 fn write_rfc3339_micros(out: &mut impl fmt::Write, secs: u64, micros: u32) -> fmt::Result {
-    let (y, m, d) = civil_from_days(secs / 86_400);
-    let rem = secs % 86_400;
+    let t = keypool_core::UtcDateTime::from_unix_secs(secs);
     let mut buf = *b"0000-00-00T00:00:00.000000Z";
-    put_digits(&mut buf[0..4], y);
-    put_digits(&mut buf[5..7], m);
-    put_digits(&mut buf[8..10], d);
-    put_digits(&mut buf[11..13], rem / 3600);
-    put_digits(&mut buf[14..16], rem % 3600 / 60);
-    put_digits(&mut buf[17..19], rem % 60);
+    put_digits(&mut buf[0..4], t.year);
+    put_digits(&mut buf[5..7], t.month);
+    put_digits(&mut buf[8..10], t.day);
+    put_digits(&mut buf[11..13], t.hour);
+    put_digits(&mut buf[14..16], t.minute);
+    put_digits(&mut buf[17..19], t.second);
     put_digits(&mut buf[20..26], u64::from(micros));
     // Only ASCII digits and the template's punctuation were written.
     out.write_str(std::str::from_utf8(&buf).map_err(|_| fmt::Error)?)
@@ -114,21 +113,6 @@ fn write_u64(out: &mut impl fmt::Write, n: u64) -> fmt::Result {
         }
     }
     out.write_str(std::str::from_utf8(&buf[start..]).map_err(|_| fmt::Error)?)
-}
-
-/// Days since 1970-01-01 to a (year, month, day) of the proleptic Gregorian calendar
-/// (H. Hinnant's `civil_from_days`, for non-negative day counts).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 /// Writes `message` first, then ` name=value` per field: strings quoted (escaped only

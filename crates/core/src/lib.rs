@@ -10,7 +10,8 @@
 //! - [`Strategy`]: the name of a group's selection strategy.
 //! - [`StreamCommit`]: where a stream's point of no return is (`stream_commit`).
 //! - [`UnixMs`]: absolute time in unix milliseconds. Policy code never reads the clock:
-//!   `now: UnixMs` is always an argument.
+//!   `now: UnixMs` is always an argument. [`UtcDateTime`] turns unix seconds into a
+//!   calendar date (log timestamps, dates in error messages).
 //!
 //! This crate has no I/O and no runtime; it depends only on `serde` and `thiserror`.
 //!
@@ -34,6 +35,47 @@ use serde::{Deserialize, Serialize};
 
 /// Absolute time in milliseconds since the unix epoch.
 pub type UnixMs = u64;
+
+/// A UTC calendar date and time of day (proleptic Gregorian calendar).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UtcDateTime {
+    /// The year (`1970` and later).
+    pub year: u64,
+    /// `1..=12`.
+    pub month: u64,
+    /// `1..=31`.
+    pub day: u64,
+    /// `0..=23`.
+    pub hour: u64,
+    /// `0..=59`.
+    pub minute: u64,
+    /// `0..=59`.
+    pub second: u64,
+}
+
+impl UtcDateTime {
+    /// The UTC date and time `secs` seconds after the unix epoch (H. Hinnant's
+    /// `civil_from_days`): the one calendar conversion of the workspace, for log
+    /// timestamps and the dates in error messages.
+    pub fn from_unix_secs(secs: u64) -> Self {
+        let z = secs / 86_400 + 719_468;
+        let era = z / 146_097;
+        let doe = z % 146_097;
+        let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let rem = secs % 86_400;
+        Self {
+            year: yoe + era * 400 + u64::from(month <= 2),
+            month,
+            day: doy - (153 * mp + 2) / 5 + 1,
+            hour: rem / 3600,
+            minute: rem % 3600 / 60,
+            second: rem % 60,
+        }
+    }
+}
 
 /// The id of one upstream account, as written in the configuration.
 ///
@@ -213,6 +255,18 @@ named_enum! {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn utc_dates_from_unix_seconds() {
+        let at = |secs| {
+            let t = UtcDateTime::from_unix_secs(secs);
+            (t.year, t.month, t.day, t.hour, t.minute, t.second)
+        };
+        assert_eq!(at(0), (1970, 1, 1, 0, 0, 0));
+        assert_eq!(at(951_782_400), (2000, 2, 29, 0, 0, 0));
+        assert_eq!(at(1_709_251_199), (2024, 2, 29, 23, 59, 59));
+        assert_eq!(at(1_798_761_599), (2026, 12, 31, 23, 59, 59));
+    }
+
     use super::*;
 
     #[test]
