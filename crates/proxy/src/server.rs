@@ -72,36 +72,46 @@ pub async fn run_workers(
     // Dropping the sender (this function returning, on any path) also stops them.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut threads = Vec::with_capacity(workers - 1);
-    for index in 1..workers {
-        let socket = shared.try_clone().map_err(ProxyError::Listener)?;
-        let app = app.with_own_client();
-        let mut stopped = stopped.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("keypool-worker-{index}"))
-            .spawn(move || -> Result<(), ProxyError> {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(ProxyError::Worker)?;
-                runtime.block_on(async move {
-                    let listener = TcpListener::from_std(socket).map_err(ProxyError::Listener)?;
-                    let stop = async move {
-                        let _ = stopped.wait_for(|&stop| stop).await;
-                    };
-                    serve(listener, &app, stop).await;
-                    Ok(())
+    let mut start = || -> Result<TcpListener, ProxyError> {
+        for index in 1..workers {
+            let socket = shared.try_clone().map_err(ProxyError::Listener)?;
+            let app = app.with_own_client();
+            let mut stopped = stopped.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("keypool-worker-{index}"))
+                .spawn(move || -> Result<(), ProxyError> {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(ProxyError::Worker)?;
+                    runtime.block_on(async move {
+                        let listener =
+                            TcpListener::from_std(socket).map_err(ProxyError::Listener)?;
+                        let stop = async move {
+                            let _ = stopped.wait_for(|&stop| stop).await;
+                        };
+                        serve(listener, &app, stop).await;
+                        Ok(())
+                    })
                 })
-            });
-        match thread {
-            Ok(thread) => threads.push(thread),
-            Err(e) => {
-                drop(stop);
-                join(threads).await;
-                return Err(ProxyError::Worker(e));
-            }
+                .map_err(ProxyError::Worker)?;
+            threads.push(thread);
         }
-    }
-    let listener = TcpListener::from_std(shared).map_err(ProxyError::Listener)?;
+        TcpListener::from_std(shared.try_clone().map_err(ProxyError::Listener)?)
+            .map_err(ProxyError::Listener)
+    };
+    let listener = match start() {
+        Ok(listener) => listener,
+        Err(e) => {
+            // The threads already started see the sender go and drain.
+            drop(stop);
+            join(threads).await;
+            return Err(e);
+        }
+    };
+    // Only the serving loops keep the socket open: once they stop accepting, new
+    // connections are refused rather than left in the backlog during the drain.
+    drop(shared);
     tracing::info!(%addr, workers, "keypool listening");
     let shutdown = async move {
         shutdown.await;
