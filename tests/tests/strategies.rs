@@ -117,3 +117,45 @@ async fn round_robin_rotates_even_when_the_snapshot_is_rebuilt_per_request() {
     }
     h.finish().await;
 }
+
+/// With a cached snapshot the planner reuses the filters' survivors between requests
+/// (`KeptSurvivors`): a new cooldown must drop them at once, and so must its clearing.
+#[tokio::test]
+async fn kept_survivors_follow_a_new_cooldown_and_its_clearing() {
+    let h = Harness::builder()
+        .strategy("round_robin")
+        .server("snapshot_ttl_secs", "15")
+        .account(AccountSpec::new("a", Script::ok()))
+        .account(AccountSpec::new(
+            "b",
+            Script::ok().then(keypool_sim::ErrorReply::rate_limited().retry_after_secs(600)),
+        ))
+        .account(AccountSpec::new("c", Script::ok()))
+        .start()
+        .await;
+    // Three requests: one of them reaches b, which answers 429 (10-minute cooldown);
+    // that request fails over. Survivors were kept before it.
+    let first = serve(&h, 3).await;
+    assert_eq!(count(&first, "b"), 1, "{first:?}");
+    // From now on b is cooling: the kept survivors that included b must be gone.
+    let cooling = serve(&h, 12).await;
+    assert_eq!(
+        count(&cooling, "b"),
+        1,
+        "b was tried while cooling: {cooling:?}"
+    );
+    assert_eq!(
+        count(&cooling, "a") + count(&cooling, "c"),
+        16 - 1,
+        "{cooling:?}"
+    );
+    // Clearing the cooldown brings b back without waiting for the snapshot to expire.
+    h.store()
+        .clear_cooldown(&keypool_core::AccountId::from("b"));
+    let back = serve(&h, 6).await;
+    assert!(
+        count(&back, "b") > 1,
+        "b not back after its cooldown was cleared: {back:?}"
+    );
+    h.finish().await;
+}

@@ -128,7 +128,7 @@ impl CooldownBook {
         let until = match self.entries.entry(account.clone()) {
             Entry::Vacant(v) => {
                 let entry = v.insert(fresh(u32::from(raises)));
-                signal.set(entry.until);
+                self.signals.changed(signal.set(entry.until));
                 entry.until
             }
             Entry::Occupied(mut o) => {
@@ -154,7 +154,7 @@ impl CooldownBook {
                 if !herd {
                     e.set_at = now;
                 }
-                signal.set(e.until);
+                self.signals.changed(signal.set(e.until));
                 e.until
             }
         };
@@ -188,7 +188,7 @@ impl CooldownBook {
     pub fn clear(&self, account: &AccountId) {
         if let Entry::Occupied(o) = self.entries.entry(account.clone()) {
             if let Some(signal) = self.signals.existing(account) {
-                signal.set(0);
+                self.signals.changed(signal.set(0));
             }
             o.remove();
         }
@@ -199,6 +199,13 @@ impl CooldownBook {
     /// many times (see the `signal` module).
     pub fn signal(&self, account: &AccountId) -> Arc<CooldownSignal> {
         self.signals.get(account)
+    }
+
+    /// How many times any account's [`CooldownSignal`] changed value: a result computed
+    /// from the signals stays right while this stays the same (and no block it saw has
+    /// expired).
+    pub fn signal_epoch(&self) -> u64 {
+        self.signals.epoch()
     }
 
     /// Every entry, with absolute times, for the state file and Redis.
@@ -222,7 +229,10 @@ impl CooldownBook {
             &self.entries,
             live,
             |current, incoming| current.until < incoming.until,
-            |account, entry| self.signals.get(account).set(entry.until),
+            |account, entry| {
+                let changed = self.signals.get(account).set(entry.until);
+                self.signals.changed(changed);
+            },
         )
     }
 

@@ -67,8 +67,9 @@ impl CooldownSignal {
         self.until() > now
     }
 
-    pub(crate) fn set(&self, until: UnixMs) {
-        self.until.store(until, Ordering::Release);
+    /// Stores `until`; `true` when the value changed.
+    pub(crate) fn set(&self, until: UnixMs) -> bool {
+        self.until.swap(until, Ordering::AcqRel) != until
     }
 }
 
@@ -123,28 +124,48 @@ impl WindowSignal {
         self.threshold.swap(bits, Ordering::AcqRel) != bits
     }
 
-    /// Stores the book's answer for `state` at `now` with `threshold`.
-    pub(crate) fn set_from(&self, state: &WindowState, threshold: f64, now: UnixMs) {
+    /// Stores the book's answer for `state` at `now` with `threshold`; `true` when the
+    /// value changed.
+    pub(crate) fn set_from(&self, state: &WindowState, threshold: f64, now: UnixMs) -> bool {
         let until = state.out_of_window(threshold, now).map_or(0, |o| o.until);
-        self.until.store(until, Ordering::Release);
+        self.until.swap(until, Ordering::AcqRel) != until
     }
 
-    pub(crate) fn clear(&self) {
-        self.until.store(0, Ordering::Release);
+    /// Clears the block; `true` when there was one recorded.
+    pub(crate) fn clear(&self) -> bool {
+        self.until.swap(0, Ordering::AcqRel) != 0
     }
 }
 
-/// The signals of one book: created on first use, never removed.
+/// The signals of one book: created on first use, never removed. `epoch` counts the
+/// changes of any signal's value, so that a reader can keep a result computed from the
+/// signals until it moves (or until a block it saw expires).
 #[derive(Debug)]
 pub(crate) struct Signals<S> {
     map: DashMap<AccountId, Arc<S>>,
+    epoch: AtomicU64,
 }
 
 impl<S> Default for Signals<S> {
     fn default() -> Self {
         Self {
             map: DashMap::new(),
+            epoch: AtomicU64::new(0),
         }
+    }
+}
+
+impl<S> Signals<S> {
+    /// Records that a signal's value changed (`changed`), after it was stored.
+    pub(crate) fn changed(&self, changed: bool) {
+        if changed {
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// How many times a signal's value changed.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
     }
 }
 
@@ -301,7 +322,8 @@ mod tests {
     proptest! {
         /// Whatever the books go through (failures, successes, clears, imports, header
         /// observations, threshold changes of one account or of the default), a signal
-        /// resolved at any time answers exactly as its book does at every later moment.
+        /// resolved at any time answers exactly as its book does at every later moment,
+        /// and no signal changes value without the books' epoch moving.
         #[test]
         fn signals_answer_as_their_books_do(
             ops in proptest::collection::vec(op(), 1..40),
@@ -319,7 +341,18 @@ mod tests {
                 .map(|(id, &e)| e.then(|| (cooldowns.signal(id), windows.signal_with_threshold(id, None))))
                 .collect();
             let mut now = NOW;
+            // Every change of a signal's value moves the books' epoch.
+            let values = |own: &[Option<f64>]| -> Vec<(UnixMs, UnixMs)> {
+                ids.iter()
+                    .zip(own)
+                    .map(|(id, t)| {
+                        (cooldowns.signal(id).until(), windows.signal_with_threshold(id, *t).until())
+                    })
+                    .collect()
+            };
+            let epoch = || cooldowns.signal_epoch() + windows.signal_epoch();
             for op in ops {
+                let before = (values(&own), epoch());
                 match op {
                     Op::Fail { account, status, retry_after_ms } => {
                         let rl = RateLimitInfo { retry_after_ms, ..RateLimitInfo::default() };
@@ -357,6 +390,9 @@ mod tests {
                         windows.set_config(&CooldownConfig::try_new(settings).unwrap());
                     }
                     Op::Advance { ms } => now += ms,
+                }
+                if values(&own) != before.0 {
+                    prop_assert_ne!(epoch(), before.1, "a signal changed without the epoch");
                 }
             }
             for ((slot, id), threshold) in signals.iter_mut().zip(&ids).zip(&own) {

@@ -107,6 +107,14 @@ impl PoolHealth {
         }
     }
 
+    /// Changes so far of any cooldown or window signal (the sum of both books'
+    /// `signal_epoch`): what a cache of results computed from the signals is keyed on.
+    pub fn signal_epoch(&self) -> u64 {
+        self.cooldowns
+            .signal_epoch()
+            .wrapping_add(self.windows.signal_epoch())
+    }
+
     /// Hands a reloaded config to every book. State is kept.
     pub fn set_config(&self, config: CooldownConfig) {
         self.disabled.set_config(&config);

@@ -210,7 +210,8 @@ impl WindowBook {
             if let Some(signal) = self.signals.existing(state.key())
                 && signal.threshold().is_none()
             {
-                signal.set_from(&state, threshold, state.updated_at);
+                self.signals
+                    .changed(signal.set_from(&state, threshold, state.updated_at));
             }
         }
     }
@@ -270,11 +271,17 @@ impl WindowBook {
         i.requests_remaining = info.requests_remaining.or(i.requests_remaining);
         i.requests_reset = info.requests_reset.or(i.requests_reset);
         state.updated_at = state.updated_at.max(now);
-        signal.set_from(&state, own, now);
+        self.signals.changed(signal.set_from(&state, own, now));
         WindowChange {
             before,
             after: state.out_of_window(threshold, now),
         }
+    }
+
+    /// How many times any account's [`WindowSignal`] changed value (see
+    /// [`CooldownBook::signal_epoch`](crate::CooldownBook::signal_epoch)).
+    pub fn signal_epoch(&self) -> u64 {
+        self.signals.epoch()
     }
 
     /// The account's [`WindowSignal`]: a lock-free "out of a window until" kept in step
@@ -293,7 +300,8 @@ impl WindowBook {
             && let Some(state) = self.entries.get(account)
         {
             let threshold = threshold.unwrap_or_else(|| self.default_threshold());
-            signal.set_from(&state, threshold, state.updated_at);
+            self.signals
+                .changed(signal.set_from(&state, threshold, state.updated_at));
         }
         signal
     }
@@ -321,7 +329,7 @@ impl WindowBook {
     pub fn clear(&self, account: &AccountId) {
         if let Entry::Occupied(o) = self.entries.entry(account.clone()) {
             if let Some(signal) = self.signals.existing(account) {
-                signal.clear();
+                self.signals.changed(signal.clear());
             }
             o.remove();
         }
@@ -352,7 +360,7 @@ impl WindowBook {
                 let threshold = signal
                     .threshold()
                     .unwrap_or_else(|| self.default_threshold());
-                signal.set_from(state, threshold, now);
+                self.signals.changed(signal.set_from(state, threshold, now));
             },
         )
     }

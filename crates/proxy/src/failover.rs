@@ -17,13 +17,16 @@ use std::time::Duration;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};
 use keypool_cooldown::{Attempt, AttemptFailure, Classification, TransportFailure, classify};
+use keypool_core::Strategy;
 use keypool_core::{AccountId, UnixMs};
 use keypool_providers::{Endpoint, Usage, passthrough_body};
-use keypool_selector::{Candidate, FanOut, PlanInput, Sample, needs_counter, plan};
+use keypool_selector::{
+    Candidate, FanOut, PlanInput, Sample, filter_snapshot, needs_counter, plan,
+};
 use keypool_store::config::Account;
 use keypool_store::resolve::Route;
 use keypool_store::slots::SlotGuard;
-use keypool_store::{Store, StoreError, now_ms};
+use keypool_store::{KeptSurvivors, Snapshot, Store, StoreError, now_ms};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
@@ -101,10 +104,14 @@ pub(crate) async fn serve<'c>(
     let budget = app.hedge_budget(&pool, settings.hedge_budget);
     let availability =
         HealthAvailability::new(store.health(), call.config).with_signals(snapshot.signals());
+    let kept = kept_survivors(&snapshot, &availability, store, strategy, now);
     let mut input = PlanInput::new(&snapshot, &availability, strategy, store.rating(), now)
         .with_counter(counter)
         .with_count_tokens(call.endpoint == Endpoint::CountTokens)
         .with_hedge_min_delay_ms(settings.hedge_min_delay_ms);
+    if let Some(kept) = &kept {
+        input = input.with_survivors(&kept.survivors);
+    }
     if let Some(budget) = &budget {
         input = input.with_hedge_budget(budget);
     }
@@ -489,6 +496,50 @@ fn credit_success(app: &App, attempt: &Attempt<'_>, ttft_ms: u64, total_ms: u64,
 }
 
 /// Seconds until the earliest cooldown of the pool ends, at least 1.
+/// The filters' survivors for this request: those kept on the snapshot while no signal
+/// has changed and no block they saw has ended, else freshly filtered and kept for the
+/// next requests. Planning a pool of 1,000 accounts then does not walk the pool per
+/// request. `None` (plan with the filters) when the filters end in the last resort or
+/// an error, which are never kept.
+fn kept_survivors(
+    snapshot: &Snapshot,
+    availability: &HealthAvailability<'_>,
+    store: &Store,
+    strategy: Strategy,
+    now: UnixMs,
+) -> Option<Arc<KeptSurvivors>> {
+    // Read before filtering: a change while the filters run makes what they find stale
+    // at once.
+    let epoch = store.health().signal_epoch();
+    if let Some(kept) = snapshot.kept_survivors(epoch, now) {
+        return Some(kept);
+    }
+    // No last resort is kept, so the random tie-break is never used for a kept result.
+    let found = filter_snapshot(snapshot, availability, now, &mut SmallRng::seed_from_u64(0))
+        .ok()
+        .filter(|found| !found.last_resort)?;
+    let valid_until = snapshot
+        .iter()
+        .zip(snapshot.signals())
+        .filter(|(candidate, _)| candidate.active)
+        .map(|(_, s)| (s.cooldown.until(), s.window.until()))
+        .filter(|&(cooling, window)| cooling > now || window > now)
+        .map(|(cooling, window)| cooling.max(window))
+        .min()
+        .unwrap_or(UnixMs::MAX);
+    let mut survivors = found.indices;
+    if strategy == Strategy::RoundRobin {
+        survivors.sort_unstable_by_key(|&i| snapshot[i].rotation_rank);
+    }
+    let kept = Arc::new(KeptSurvivors {
+        epoch,
+        valid_until,
+        survivors,
+    });
+    snapshot.keep_survivors(Arc::clone(&kept));
+    Some(kept)
+}
+
 fn earliest_cooldown_secs(app: &App, snapshot: &[Candidate]) -> u64 {
     let now = now_ms();
     snapshot

@@ -39,6 +39,12 @@ pub struct PlanInput<'a, A: ?Sized> {
     /// account survives the filters. `None`, an index out of range or a filtered-out
     /// account leaves the strategy's order unchanged.
     pub prefer: Option<usize>,
+    /// The filters' survivors for this snapshot at `now`, computed earlier
+    /// ([`filter_snapshot`](crate::filter_snapshot), not a last-resort pick): planning
+    /// then skips the filters. In snapshot order, or in rotation order for
+    /// `round_robin`. A caller that keeps them must drop them when any fact they came
+    /// from changes (an account's window or cooldown, or a block's expiry passing).
+    pub survivors: Option<&'a [usize]>,
 }
 
 impl<'a, A: Availability + ?Sized> PlanInput<'a, A> {
@@ -62,7 +68,15 @@ impl<'a, A: Availability + ?Sized> PlanInput<'a, A> {
             hedge_budget: None,
             hedge_min_delay_ms: DEFAULT_HEDGE_MIN_DELAY_MS,
             prefer: None,
+            survivors: None,
         }
+    }
+
+    /// Plans from `survivors` instead of running the filters (see
+    /// [`PlanInput::survivors`]).
+    pub fn with_survivors(mut self, survivors: &'a [usize]) -> Self {
+        self.survivors = Some(survivors);
+        self
     }
 
     /// Tries snapshot index `index` first if it survives the filters (see
@@ -215,12 +229,29 @@ where
 {
     let snapshot = input.snapshot;
     let mut attempts = Vec::with_capacity(snapshot.len());
-    let last_resort = filter_into(snapshot, input.availability, input.now, rng, &mut attempts)?;
+    // Kept survivors of a round robin are already in rotation order: rotating them is
+    // two copies.
+    let mut rotated = false;
+    let last_resort = match input.survivors {
+        Some(survivors) if !survivors.is_empty() => {
+            if input.strategy == Strategy::RoundRobin {
+                let start = (input.counter % survivors.len() as u64) as usize;
+                attempts.extend_from_slice(&survivors[start..]);
+                attempts.extend_from_slice(&survivors[..start]);
+                rotated = true;
+            } else {
+                attempts.extend_from_slice(survivors);
+            }
+            false
+        }
+        _ => filter_into(snapshot, input.availability, input.now, rng, &mut attempts)?,
+    };
     if let Some(budget) = input.hedge_budget {
         budget.record_request(input.now);
     }
     let mut summary = None;
     match input.strategy {
+        Strategy::RoundRobin if rotated => {}
         Strategy::RoundRobin => {
             in_rotation_order(snapshot, &mut attempts);
             let start = (input.counter % attempts.len() as u64) as usize;
@@ -356,6 +387,44 @@ mod tests {
 
     fn run(input: &PlanInput<'_, impl Availability + ?Sized>) -> Plan {
         plan(input, &mut StdRng::seed_from_u64(9)).unwrap()
+    }
+
+    #[test]
+    fn kept_survivors_plan_like_the_filters() {
+        // Snapshot order differs from rotation order (last_used), one account cooling.
+        let mut snapshot: Vec<Candidate> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .enumerate()
+            .map(|(i, id)| Candidate {
+                last_used: 10 - i as u64,
+                ..cand(id, None)
+            })
+            .collect();
+        crate::sort_snapshot(&mut snapshot);
+        let mut facts = crate::StaticAvailability::new();
+        facts.cool_until(keypool_core::AccountId::from("c"), NOW + 1_000);
+        let rating = RatingEngine::new();
+        let fresh =
+            crate::filter_snapshot(&snapshot, &facts, NOW, &mut StdRng::seed_from_u64(1)).unwrap();
+        let mut rotation = fresh.indices.clone();
+        rotation.sort_by_key(|&i| snapshot[i].rotation_rank);
+        for (strategy, kept) in [
+            (Strategy::RoundRobin, &rotation),
+            (Strategy::Priority, &fresh.indices),
+            (Strategy::Weighted, &fresh.indices),
+        ] {
+            for counter in 0..6 {
+                let input =
+                    PlanInput::new(&snapshot, &facts, strategy, &rating, NOW).with_counter(counter);
+                let expected = ids(&run(&input), &snapshot);
+                let input = input.with_survivors(kept);
+                assert_eq!(
+                    ids(&run(&input), &snapshot),
+                    expected,
+                    "{strategy:?} {counter}"
+                );
+            }
+        }
     }
 
     fn ok(ttft_ms: u64) -> Sample {

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use keypool_core::{AccountId, AuthType, Provider, Strategy, UnixMs, Window};
 use keypool_selector::{
     Candidate, FanOut, GateReason, HedgeBudget, PlanInput, RatingEngine, Sample, SelectError,
-    StaticAvailability, pick_earliest_cooldown_expiry, plan, sort_snapshot,
+    StaticAvailability, filter_snapshot, pick_earliest_cooldown_expiry, plan, sort_snapshot,
 };
 use proptest::prelude::*;
 use proptest::strategy::Strategy as Gen;
@@ -167,6 +167,35 @@ fn rng(seed: u64) -> StdRng {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Survivors kept from an earlier filtering (in rotation order for `round_robin`,
+    /// as the proxy keeps them) give exactly the plan a fresh filtering gives.
+    #[test]
+    fn plans_from_kept_survivors_equal_fresh_plans(
+        pool in pool(40),
+        strategy in any_strategy(),
+        counter in any::<u64>(),
+        samples in samples(),
+        seed in any::<u64>(),
+    ) {
+        let av = pool.availability();
+        let rating = RatingEngine::new();
+        feed(&rating, &pool.snapshot, &samples);
+        let fresh = || PlanInput::new(&pool.snapshot, &av, strategy, &rating, NOW).with_counter(counter);
+        let Ok(found) = filter_snapshot(&pool.snapshot, &av, NOW, &mut rng(seed)) else {
+            return Ok(());
+        };
+        prop_assume!(!found.last_resort);
+        let mut kept = found.indices.clone();
+        if strategy == Strategy::RoundRobin {
+            kept.sort_by_key(|&i| pool.snapshot[i].rotation_rank);
+        }
+        let expected = plan(&fresh(), &mut rng(seed)).unwrap();
+        let from_kept = plan(&fresh().with_survivors(&kept), &mut rng(seed)).unwrap();
+        prop_assert_eq!(&from_kept.attempts, &expected.attempts);
+        prop_assert_eq!(from_kept.fan_out, expected.fan_out);
+        prop_assert!(!from_kept.last_resort);
+    }
 
     /// A plan never names an account twice, never exceeds the snapshot and never
     /// contains an inactive, out-of-window or cooling account except the single

@@ -77,5 +77,5 @@ pub mod store;
 pub mod testing;
 
 pub use error::StoreError;
-pub use snapshot::{CandidateSignals, Snapshot};
+pub use snapshot::{CandidateSignals, KeptSurvivors, Snapshot};
 pub use store::{BackendKind, BackendStatus, BootState, Store, now_ms};

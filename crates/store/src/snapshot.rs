@@ -5,7 +5,9 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
+use arc_swap::ArcSwapOption;
 use keypool_cooldown::{CooldownSignal, PoolHealth, WindowSignal};
+use keypool_core::UnixMs;
 use keypool_selector::Candidate;
 
 use crate::config::Config;
@@ -36,6 +38,20 @@ impl CandidateSignals {
 pub struct Snapshot {
     candidates: Arc<[Candidate]>,
     signals: Arc<[CandidateSignals]>,
+    kept: Arc<ArcSwapOption<KeptSurvivors>>,
+}
+
+/// The filters' survivors of a snapshot, kept for the requests that follow (see
+/// [`Snapshot::kept_survivors`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptSurvivors {
+    /// `PoolHealth::signal_epoch` read before the filters ran.
+    pub epoch: u64,
+    /// The earliest moment a block seen by the filters ends (unix ms; `u64::MAX` when
+    /// none was blocked): from then on the survivors may grow.
+    pub valid_until: UnixMs,
+    /// The survivors, in the order the pool's strategy plans from.
+    pub survivors: Vec<usize>,
 }
 
 impl Snapshot {
@@ -58,7 +74,24 @@ impl Snapshot {
         Self {
             candidates: candidates.into(),
             signals,
+            kept: Arc::new(ArcSwapOption::empty()),
         }
+    }
+
+    /// The survivors kept by [`Snapshot::keep_survivors`], while they still hold: no
+    /// signal has changed since (`epoch` is still `PoolHealth::signal_epoch`) and no
+    /// block they saw has ended (`now < valid_until`). A block only starts with a signal
+    /// change and only ends at its expiry, so the filters would find the same
+    /// survivors.
+    pub fn kept_survivors(&self, epoch: u64, now: UnixMs) -> Option<Arc<KeptSurvivors>> {
+        self.kept
+            .load_full()
+            .filter(|k| k.epoch == epoch && now < k.valid_until)
+    }
+
+    /// Keeps `kept` for the next requests on this snapshot (replacing what was kept).
+    pub fn keep_survivors(&self, kept: Arc<KeptSurvivors>) {
+        self.kept.store(Some(kept));
     }
 
     /// The candidates.

@@ -345,3 +345,33 @@ async fn snapshot_signals_follow_the_candidates_they_sit_beside() {
     store.clear_cooldown(&a2);
     assert!(!snapshot.signals()[2].cooldown.may_block(t));
 }
+
+#[tokio::test]
+async fn kept_survivors_hold_only_for_their_epoch_and_until_a_block_ends() {
+    let store = Store::open(config(&config_text(
+        3,
+        "state_file = \"\"\nsnapshot_ttl_secs = 15",
+    )))
+    .await
+    .unwrap();
+    let c = store.config();
+    let route = c.resolve("acme", "team").unwrap();
+    let t = 1_000_000;
+    let snapshot = store.snapshot(&route, t);
+    assert_eq!(snapshot.kept_survivors(0, t), None);
+    let kept = std::sync::Arc::new(keypool_store::KeptSurvivors {
+        epoch: 7,
+        valid_until: t + 500,
+        survivors: vec![0, 2],
+    });
+    snapshot.keep_survivors(kept.clone());
+    // Shared by the clones the cache hands out.
+    let again = store.snapshot(&route, t + 1);
+    assert_eq!(again.kept_survivors(7, t + 499), Some(kept));
+    assert_eq!(again.kept_survivors(8, t + 1), None, "a signal changed");
+    assert_eq!(
+        again.kept_survivors(7, t + 500),
+        None,
+        "a block they saw has ended"
+    );
+}
