@@ -104,7 +104,10 @@ pub(crate) async fn serve<'c>(
     let budget = app.hedge_budget(&pool, settings.hedge_budget);
     let availability =
         HealthAvailability::new(store.health(), call.config).with_signals(snapshot.signals());
-    let kept = kept_survivors(&snapshot, &availability, store, strategy, now);
+    // A snapshot rebuilt for every request (snapshot_ttl 0) would never be asked again.
+    let kept = (settings.snapshot_ttl_ms > 0)
+        .then(|| kept_survivors(&snapshot, &availability, store, strategy, now))
+        .flatten();
     let mut input = PlanInput::new(&snapshot, &availability, strategy, store.rating(), now)
         .with_counter(counter)
         .with_count_tokens(call.endpoint == Endpoint::CountTokens)
