@@ -15,12 +15,7 @@ fn ids(c: &[keypool_selector::Candidate]) -> Vec<&str> {
 
 #[tokio::test]
 async fn snapshot_is_in_spec_order_and_follows_last_used() {
-    let store = Store::open(config(&config_text(
-        4,
-        "state_file = \"\"\nsnapshot_ttl_secs = 0",
-    )))
-    .await
-    .unwrap();
+    let store = memory_store(4, 0).await;
     let c = store.config();
     let route = c.resolve("acme", "team").unwrap();
     let t = 1_000_000;
@@ -44,12 +39,7 @@ async fn snapshot_is_in_spec_order_and_follows_last_used() {
 
 #[tokio::test]
 async fn snapshot_is_cached_for_snapshot_ttl() {
-    let store = Store::open(config(&config_text(
-        2,
-        "state_file = \"\"\nsnapshot_ttl_secs = 15",
-    )))
-    .await
-    .unwrap();
+    let store = memory_store(2, 15).await;
     let c = store.config();
     let route = c.resolve("acme", "grp").unwrap();
     let t = 5_000_000;
@@ -310,12 +300,7 @@ mod properties {
 
 #[tokio::test]
 async fn snapshot_signals_follow_the_candidates_they_sit_beside() {
-    let store = Store::open(config(&config_text(
-        4,
-        "state_file = \"\"\nsnapshot_ttl_secs = 15",
-    )))
-    .await
-    .unwrap();
+    let store = memory_store(4, 15).await;
     let c = store.config();
     let route = c.resolve("acme", "team").unwrap();
     let t = 1_000_000;
@@ -348,12 +333,7 @@ async fn snapshot_signals_follow_the_candidates_they_sit_beside() {
 
 #[tokio::test]
 async fn kept_survivors_hold_only_for_their_epoch_and_until_a_block_ends() {
-    let store = Store::open(config(&config_text(
-        3,
-        "state_file = \"\"\nsnapshot_ttl_secs = 15",
-    )))
-    .await
-    .unwrap();
+    let store = memory_store(3, 15).await;
     let c = store.config();
     let route = c.resolve("acme", "team").unwrap();
     let t = 1_000_000;

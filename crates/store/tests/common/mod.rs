@@ -26,6 +26,15 @@ pub fn config_text(n: usize, server: &str) -> String {
     s
 }
 
+/// A memory-only store (no state file) over [`config_text`]`(n, …)` with
+/// `snapshot_ttl_secs`.
+pub async fn memory_store(n: usize, snapshot_ttl_secs: u64) -> keypool_store::Store {
+    let server = format!("state_file = \"\"\nsnapshot_ttl_secs = {snapshot_ttl_secs}");
+    keypool_store::Store::open(config(&config_text(n, &server)))
+        .await
+        .unwrap()
+}
+
 pub fn config(text: &str) -> Config {
     Config::from_toml_str(text, None, &|_| None).unwrap_or_else(|e| panic!("{e}"))
 }
