@@ -32,7 +32,7 @@ pub async fn memory_store(n: usize, snapshot_ttl_secs: u64) -> keypool_store::St
     let server = format!("state_file = \"\"\nsnapshot_ttl_secs = {snapshot_ttl_secs}");
     keypool_store::Store::open(config(&config_text(n, &server)))
         .await
-        .unwrap()
+        .unwrap_or_else(|e| panic!("the store does not open: {e}"))
 }
 
 pub fn config(text: &str) -> Config {
