@@ -228,7 +228,9 @@ impl WindowBook {
     /// the account. Headers present overwrite what was known; absent ones keep the old
     /// value. A response with none of them changes nothing.
     pub fn observe(&self, account: &AccountId, info: &RateLimitInfo, now: UnixMs) {
-        self.observe_change(account, info, None, now);
+        if !info.has_no_window_state() {
+            self.observe_change(account, info, None, now);
+        }
     }
 
     /// [`WindowBook::observe`], also answering [`WindowBook::out_of_window`] just before
