@@ -409,3 +409,17 @@ pub fn message_body(model: &str, stream: bool) -> Value {
         "messages": [{"role": "user", "content": "Hello"}],
     })
 }
+
+/// Account `id` in a `GET /admin/accounts` overview (every org, every group).
+///
+/// # Panics
+/// If the overview has no such account.
+pub fn admin_account<'a>(overview: &'a Value, id: &str) -> &'a Value {
+    let list = |v: &'a Value| v.as_array().map_or(&[][..], Vec::as_slice);
+    list(&overview["orgs"])
+        .iter()
+        .flat_map(|o| list(&o["groups"]))
+        .flat_map(|g| list(&g["accounts"]))
+        .find(|a| a["id"] == id)
+        .unwrap_or_else(|| panic!("no account {id} in {overview}"))
+}

@@ -29,7 +29,7 @@ pub mod venv;
 
 use std::path::{Path, PathBuf};
 
-pub use client::{Client, Reply, SseFrame, StreamingReply, message_body};
+pub use client::{Client, Reply, SseFrame, StreamingReply, admin_account, message_body};
 pub use harness::{AccountSpec, Harness, HarnessBuilder, KEY, MODEL, ORG, URL, secret_of};
 
 /// The workspace root.

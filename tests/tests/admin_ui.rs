@@ -13,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use keypool_core::Window;
 use keypool_sim::{Behaviour, Delay, ErrorReply, OkSpec, Script, UnifiedHeaders};
-use keypool_tests::{AccountSpec, Harness, Reply};
+use keypool_tests::{AccountSpec, Harness, Reply, admin_account};
 use serde_json::Value;
 
 const TOKEN: &str = "admin-test-token-0123456789";
@@ -76,17 +76,6 @@ async fn admin_post(h: &Harness, path: &str) -> Reply {
     h.client().post(h.url(path)).bearer(TOKEN).send().await
 }
 
-fn account<'a>(overview: &'a Value, id: &str) -> &'a Value {
-    overview["orgs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|o| o["groups"].as_array().unwrap())
-        .flat_map(|g| g["accounts"].as_array().unwrap())
-        .find(|a| a["id"] == id)
-        .unwrap_or_else(|| panic!("no account {id} in {overview}"))
-}
-
 #[tokio::test]
 async fn admin_is_off_without_a_token() {
     let h = pool(false).await;
@@ -132,14 +121,14 @@ async fn accounts_show_live_state_and_operator_actions_change_it() {
     assert_eq!(org["groups"][0]["strategy"], "priority");
     let now = overview["now"].as_u64().unwrap();
 
-    let revoked = account(&overview, "revoked");
+    let revoked = admin_account(&overview, "revoked");
     assert_eq!(revoked["state"], "disabled");
     assert_eq!(
         revoked["disabled"]["reason"],
         "key_error: upstream answered 401 (auth_rejected)"
     );
 
-    let limited = account(&overview, "limited");
+    let limited = admin_account(&overview, "limited");
     assert_eq!(limited["state"], "cooling");
     assert_eq!(limited["cooldown"]["trigger"], "retry_after");
     let remaining = limited["cooldown"]["remaining_ms"].as_u64().unwrap();
@@ -149,13 +138,13 @@ async fn accounts_show_live_state_and_operator_actions_change_it() {
         now + remaining
     );
 
-    let exhausted = account(&overview, "exhausted");
+    let exhausted = admin_account(&overview, "exhausted");
     assert_eq!(exhausted["state"], "out_of_window");
     assert_eq!(exhausted["windows"]["out_of_window"]["limit"], "5h");
     assert_eq!(exhausted["windows"]["five_hour"]["utilization"], 1.0);
     assert_eq!(exhausted["windows"]["unified_status"], "rejected");
 
-    let healthy = account(&overview, "healthy");
+    let healthy = admin_account(&overview, "healthy");
     assert_eq!(healthy["state"], "active");
     assert_eq!(healthy["windows"]["five_hour"]["utilization"], 0.42);
     assert_eq!(healthy["windows"]["weekly"]["utilization"], 0.87);
@@ -187,9 +176,9 @@ async fn accounts_show_live_state_and_operator_actions_change_it() {
     let cleared = admin_post(&h, "/admin/accounts/limited/clear-cooldown").await;
     assert_eq!(cleared.json()["cleared"]["trigger"], "retry_after");
     let overview = admin_get(&h, "/admin/accounts", Some(TOKEN)).await.json();
-    assert_eq!(account(&overview, "revoked")["state"], "active");
-    assert!(account(&overview, "revoked")["disabled"].is_null());
-    assert_eq!(account(&overview, "limited")["state"], "active");
+    assert_eq!(admin_account(&overview, "revoked")["state"], "active");
+    assert!(admin_account(&overview, "revoked")["disabled"].is_null());
+    assert_eq!(admin_account(&overview, "limited")["state"], "active");
     // Doing it again reports that there was nothing to do.
     assert!(
         admin_post(&h, "/admin/accounts/revoked/enable")
@@ -410,7 +399,7 @@ async fn in_flight_counts_a_stream_until_it_ends() {
         .extra_toml(&format!("[admin]\ntoken = \"{TOKEN}\""))
         .start()
         .await;
-    let in_flight = |overview: Value| account(&overview, "streamer")["in_flight"].clone();
+    let in_flight = |overview: Value| admin_account(&overview, "streamer")["in_flight"].clone();
     let mut stream = h
         .messages(&keypool_tests::message_body(keypool_tests::MODEL, true))
         .send_streaming()

@@ -23,7 +23,8 @@ use keypool_store::keys::LB_KEY_PREFIX;
 use keypool_store::testing::RedisServer;
 use keypool_store::{Store, now_ms};
 use keypool_tests::{
-    AccountSpec, Client, Harness, HarnessBuilder, KEY, MODEL, message_body, secret_of,
+    AccountSpec, Client, Harness, HarnessBuilder, KEY, MODEL, admin_account, message_body,
+    secret_of,
 };
 use serde_json::Value;
 
@@ -56,6 +57,15 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// A fresh temporary folder (see [`temp_dir`]) holding `keypool.toml` = `text`: the
+/// folder and the file.
+fn config_file(name: &str, text: &str) -> (PathBuf, PathBuf) {
+    let dir = temp_dir(name);
+    let file = dir.join("keypool.toml");
+    std::fs::write(&file, text).unwrap();
+    (dir, file)
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -206,6 +216,20 @@ fn builder_with(accounts: Vec<AccountSpec>) -> HarnessBuilder {
 /// Sends `requests` messages (alternately streaming) through `url` with `concurrency`
 /// clients, until `stop` is set when `requests` is 0; returns the statuses that were not
 /// 200 (with their bodies) and how many were sent.
+/// Stops a [`load`], asserts that none of its requests failed and returns how many it
+/// sent.
+async fn finish_load(stop: &AtomicBool, load: tokio::task::JoinHandle<(Vec<String>, u64)>) -> u64 {
+    stop.store(true, Ordering::SeqCst);
+    let (failures, sent) = load.await.unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {sent} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    sent
+}
+
 async fn load(
     client: Client,
     url: String,
@@ -269,13 +293,10 @@ async fn sigterm_under_load_finishes_streams_refuses_new_connections_and_exits_0
     .strategy("round_robin")
     .start()
     .await;
-    let dir = temp_dir("sigterm");
-    let file = dir.join("keypool.toml");
-    std::fs::write(
-        &file,
-        binary_config(&h, port, &[("shutdown_grace_secs", "10")]),
-    )
-    .unwrap();
+    let (dir, file) = config_file(
+        "sigterm",
+        &binary_config(&h, port, &[("shutdown_grace_secs", "10")]),
+    );
     let mut k = Keypool::start(&file, port).await;
     let url = k.url("/acme/team/v1/messages");
     let key = h.key(KEY);
@@ -354,10 +375,8 @@ async fn sighup_reload_under_load_swaps_valid_files_and_keeps_serving_on_invalid
     .strategy("round_robin")
     .start()
     .await;
-    let dir = temp_dir("sighup");
-    let file = dir.join("keypool.toml");
     let valid = binary_config(&h, port, &[]);
-    std::fs::write(&file, &valid).unwrap();
+    let (dir, file) = config_file("sighup", &valid);
     let k = Keypool::start(&file, port).await;
     let stop = Arc::new(AtomicBool::new(false));
     let load = tokio::spawn(load(
@@ -392,14 +411,7 @@ async fn sighup_reload_under_load_swaps_valid_files_and_keeps_serving_on_invalid
             "round {round}: the valid file applied"
         );
     }
-    stop.store(true, Ordering::SeqCst);
-    let (failures, sent) = load.await.unwrap();
-    assert!(
-        failures.is_empty(),
-        "{} of {sent} failed: {:?}",
-        failures.len(),
-        &failures[..failures.len().min(3)]
-    );
+    let sent = finish_load(&stop, load).await;
     assert!(sent > 20, "only {sent} requests during the reloads");
     let logs = k.logs();
     assert!(logs.contains("configuration reloaded"), "{logs}");
@@ -457,14 +469,7 @@ async fn reload_under_load_fails_no_request_and_an_invalid_file_changes_nothing(
         swaps += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    stop.store(true, Ordering::SeqCst);
-    let (failures, sent) = load.await.unwrap();
-    assert!(
-        failures.is_empty(),
-        "{} of {sent} failed: {:?}",
-        failures.len(),
-        &failures[..failures.len().min(3)]
-    );
+    let sent = finish_load(&stop, load).await;
     assert!(swaps > 20 && sent > 100, "{swaps} swaps, {sent} requests");
     std::fs::remove_dir_all(&dir).unwrap();
     h.finish().await;
@@ -534,15 +539,8 @@ async fn redis_killed_and_restarted_during_load_fails_no_request_and_reconciles(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::SeqCst);
-    let (failures, sent) = load.await.unwrap();
     // c's 429s failed over to a and b: no request failed
-    assert!(
-        failures.is_empty(),
-        "{} of {sent} failed: {:?}",
-        failures.len(),
-        &failures[..failures.len().min(3)]
-    );
+    let sent = finish_load(&stop, load).await;
     // reconciled: a replica opening now sees the cooldown set while Redis was dead,
     // with the same absolute expiry
     let config = Config::from_toml_str(h.toml(), None, &|_| None).unwrap();
@@ -561,14 +559,7 @@ async fn redis_killed_and_restarted_during_load_fails_no_request_and_reconciles(
 
 /// One account's restart-relevant state from `GET /admin/accounts`.
 fn admin_state(overview: &Value, id: &str) -> (Option<u64>, bool, Option<u64>) {
-    let account = overview["orgs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|o| o["groups"].as_array().unwrap())
-        .flat_map(|g| g["accounts"].as_array().unwrap())
-        .find(|a| a["id"] == id)
-        .unwrap_or_else(|| panic!("no account {id} in {overview}"));
+    let account = admin_account(overview, id);
     (
         account["cooldown"]["until"].as_u64(),
         !account["disabled"].is_null(),
@@ -600,13 +591,10 @@ fn restart_accounts() -> Vec<AccountSpec> {
 async fn binary_restart_keeps_cooldowns_windows_and_disabled_flags_from_the_state_file() {
     let port = free_port();
     let h = builder_with(restart_accounts()).start().await;
-    let dir = temp_dir("restart");
-    let file = dir.join("keypool.toml");
-    std::fs::write(
-        &file,
-        binary_config(&h, port, &[("state_file", "\"state.json\"")]),
-    )
-    .unwrap();
+    let (dir, file) = config_file(
+        "restart",
+        &binary_config(&h, port, &[("state_file", "\"state.json\"")]),
+    );
     let admin = |k: &Keypool| {
         let (client, url) = (h.client().clone(), k.url("/admin/accounts"));
         async move {
@@ -732,13 +720,10 @@ async fn a_corrupt_state_file_is_moved_aside_and_keypool_serves() {
     let h = builder_with(vec![AccountSpec::new("a", Script::ok())])
         .start()
         .await;
-    let dir = temp_dir("corrupt");
-    let file = dir.join("keypool.toml");
-    std::fs::write(
-        &file,
-        binary_config(&h, port, &[("state_file", "\"state.json\"")]),
-    )
-    .unwrap();
+    let (dir, file) = config_file(
+        "corrupt",
+        &binary_config(&h, port, &[("state_file", "\"state.json\"")]),
+    );
     // a half-written file from some other tool, and a crash
     std::fs::write(dir.join("state.json"), b"{\"version\": 1, \"cooldowns\": [").unwrap();
     let mut k = Keypool::start(&file, port).await;
