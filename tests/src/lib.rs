@@ -20,11 +20,13 @@
 //! - [`harness`]: [`Harness`] (simulator + configuration + proxy), [`AccountSpec`],
 //!   [`HarnessBuilder`].
 //! - [`client`]: the HTTP client of the suites, [`Reply`] and SSE frames.
+//! - [`raw`]: raw HTTP/1.1 over TCP for hostile-input tests.
 //! - [`venv`]: the Python venv with the Anthropic SDK (shared with `xtask`), and
 //!   [`sdk_python`], the policy when it cannot be created.
 
 pub mod client;
 pub mod harness;
+pub mod raw;
 pub mod venv;
 
 use std::path::{Path, PathBuf};

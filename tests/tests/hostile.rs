@@ -16,6 +16,7 @@
 use std::time::{Duration, Instant};
 
 use keypool_sim::Script;
+use keypool_tests::raw::{exchange, header_of, post, read_head, status_of};
 use keypool_tests::{AccountSpec, Harness, KEY, MODEL, message_body};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -32,46 +33,8 @@ fn host(h: &Harness) -> String {
     h.base_url().trim_start_matches("http://").to_owned()
 }
 
-/// Sends `request` (raw bytes, which should say `connection: close`) and reads the answer
-/// to its end (at most 10 s). Returns the status and the whole answer text.
 async fn raw(h: &Harness, request: &[u8]) -> (u16, String) {
-    let mut socket = TcpStream::connect(host(h)).await.unwrap();
-    // the server may answer and close before it read everything: a failed write is fine
-    let _ = socket.write_all(request).await;
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        let mut buf = [0u8; 16 * 1024];
-        loop {
-            match socket.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => answer.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await
-    .expect("an answer within 10 s");
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    (status_of(&text), text)
-}
-
-/// The status of a raw HTTP/1.1 answer (0 when there is none).
-fn status_of(answer: &str) -> u16 {
-    answer
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|rest| rest.get(..3))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
-
-fn post(path: &str, key: &str, extra_headers: &str, body: &[u8]) -> Vec<u8> {
-    let mut request = format!(
-        "POST {path} HTTP/1.1\r\nhost: keypool\r\nconnection: close\r\nx-api-key: {key}\r\n\
-         content-type: application/json\r\ncontent-length: {}\r\n{extra_headers}\r\n",
-        body.len()
-    )
-    .into_bytes();
-    request.extend_from_slice(body);
-    request
+    exchange(&host(h), request).await
 }
 
 /// The resident set size of this process, in KiB.
@@ -111,20 +74,8 @@ async fn a_huge_chunked_body_gets_413_before_it_is_all_sent() {
         }
         sent
     });
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
-            match read.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => answer.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await
-    .expect("a 413 head within 20 s");
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    assert_eq!(status_of(&text), 413, "{text}");
+    let text = read_head(&mut read, Duration::from_secs(20)).await;
+    assert_eq!(status_of(&text), 413, "a 413 head within 20 s: {text}");
     drop(read);
     let sent = writer.await.unwrap();
     eprintln!("413 after {sent} bytes of a {WOULD_SEND}-byte body (limit {LIMIT})");
@@ -208,6 +159,186 @@ async fn a_body_that_stalls_gets_408() {
     assert_eq!(status_of(&text), 408, "{text}");
     assert!(started.elapsed() >= Duration::from_millis(900));
     assert_eq!(h.sim().total_stats().requests, 0);
+    h.finish().await;
+}
+
+/// Sends a head announcing `announced` body bytes and then `sent` of them, and keeps
+/// the connection open without sending more; returns the answer's head (what arrived
+/// within `within`) and the connection (dropped by the caller).
+async fn partial_body(
+    h: &Harness,
+    head: &str,
+    announced: usize,
+    sent: usize,
+    within: Duration,
+) -> (String, TcpStream) {
+    let mut socket = TcpStream::connect(host(h)).await.unwrap();
+    let request =
+        format!("{head}content-type: application/json\r\ncontent-length: {announced}\r\n\r\n");
+    socket.write_all(request.as_bytes()).await.unwrap();
+    // the server may answer and stop reading before all of it is in: that is the point
+    let _ = tokio::time::timeout(
+        Duration::from_millis(500),
+        socket.write_all(&vec![b' '; sent]),
+    )
+    .await;
+    let answer = read_head(&mut socket, within).await;
+    (answer, socket)
+}
+
+/// SPEC 3.1: route and key are answered from the head alone. A client without a valid
+/// key (or for an unknown org) that declares a 30 MiB body, sends part of it and stalls
+/// gets its 401/404 at once, with `connection: close`, and keypool never holds its body
+/// (before the fix the body was read first: the answer was a 408 after the body stalled
+/// for the idle timeout, here 20 s).
+#[tokio::test]
+async fn an_unauthenticated_body_is_never_read() {
+    let h = Harness::builder()
+        .account(AccountSpec::new("a", Script::ok()))
+        .server("header_read_timeout_secs", "20")
+        .extra_toml("[admin]\ntoken = \"admin-secret-token\"")
+        .start()
+        .await;
+    let key = h.key(KEY);
+    let wrong = format!("sk-lb-{}", "x".repeat(40));
+    let cases = [
+        (
+            "no key",
+            "/acme/team/v1/messages".to_owned(),
+            String::new(),
+            401,
+        ),
+        (
+            "wrong key",
+            "/acme/team/v1/messages".to_owned(),
+            format!("x-api-key: {wrong}\r\n"),
+            401,
+        ),
+        (
+            "unknown org",
+            "/nobody/team/v1/messages".to_owned(),
+            format!("x-api-key: {key}\r\n"),
+            404,
+        ),
+        (
+            "unknown URL",
+            "/acme/nothing/v1/messages".to_owned(),
+            format!("x-api-key: {key}\r\n"),
+            404,
+        ),
+        (
+            "wrong admin token",
+            "/admin/reload".to_owned(),
+            "authorization: Bearer not-the-token\r\n".to_owned(),
+            401,
+        ),
+    ];
+    for (case, path, auth, status) in cases {
+        let head = format!("POST {path} HTTP/1.1\r\nhost: keypool\r\n{auth}");
+        let (answer, _socket) =
+            partial_body(&h, &head, 30 << 20, 256 << 10, Duration::from_secs(5)).await;
+        assert_eq!(status_of(&answer), status, "{case}: {answer}");
+        assert_eq!(
+            header_of(&answer, "connection"),
+            Some("close"),
+            "{case}: {answer}"
+        );
+    }
+    assert_eq!(h.sim().total_stats().requests, 0);
+    h.finish().await;
+}
+
+/// SPEC 3.1: the body has an overall deadline as well as the idle one. A client that
+/// sends a byte every 200 ms (never idle for the 5 s idle timeout) gets `408` once
+/// `body_read_timeout_secs` (1 s) has passed since its body started (before the fix it
+/// was read to its end, 3 s later, and served).
+#[tokio::test]
+async fn a_body_trickled_past_the_body_deadline_gets_408() {
+    let h = harness(&[
+        ("header_read_timeout_secs", "5"),
+        ("body_read_timeout_secs", "1"),
+    ])
+    .await;
+    let body = serde_json::to_vec(&message_body(MODEL, false)).unwrap();
+    let mut request = post("/acme/team/v1/messages", &h.key(KEY), "", &body);
+    let cut = request.len() - body.len();
+    let rest = request.split_off(cut);
+    let socket = TcpStream::connect(host(&h)).await.unwrap();
+    let (mut read, mut write) = socket.into_split();
+    write.write_all(&request).await.unwrap();
+    let trickle = tokio::spawn(async move {
+        // 15 bytes over 3 s, then the rest: the whole body takes 3 s
+        for byte in rest.iter().take(15) {
+            if write.write_all(&[*byte]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let _ = write.write_all(&rest[15..]).await;
+    });
+    let answer = read_head(&mut read, Duration::from_secs(10)).await;
+    assert_eq!(status_of(&answer), 408, "{answer}");
+    assert!(
+        answer.contains("took longer than 1 s to arrive"),
+        "{answer}"
+    );
+    trickle.abort();
+    assert_eq!(h.sim().total_stats().requests, 0);
+    h.finish().await;
+}
+
+/// SPEC 3.1: the memory held by bodies in flight is bounded for the whole process. With
+/// `max_body_bytes_in_flight` = 2 × `max_body_bytes`, two clients each holding a 1 MiB
+/// body leave no room for a third: it gets `503 overloaded_error` with `Retry-After: 1`
+/// at once (before the fix it was read like the others); once one of them is done, the
+/// next fits again; the gauge shows what is held and returns to 0.
+#[tokio::test]
+async fn bodies_in_flight_are_bounded_for_the_whole_process() {
+    const LIMIT: usize = 1 << 20;
+    let h = harness(&[
+        ("max_body_bytes", &LIMIT.to_string()),
+        ("max_body_bytes_in_flight", &(2 * LIMIT).to_string()),
+        ("header_read_timeout_secs", "20"),
+    ])
+    .await;
+    let key = h.key(KEY);
+    let head =
+        format!("POST /acme/team/v1/messages HTTP/1.1\r\nhost: keypool\r\nx-api-key: {key}\r\n");
+    let (first, mut first_socket) =
+        partial_body(&h, &head, LIMIT, LIMIT / 2, Duration::from_millis(300)).await;
+    assert_eq!(first, "", "the first body is being read");
+    let (second, _second_socket) =
+        partial_body(&h, &head, LIMIT, LIMIT / 2, Duration::from_millis(300)).await;
+    assert_eq!(second, "", "the second body is being read");
+    let metrics = h.metrics().await;
+    assert!(
+        metrics.contains(&format!("keypool_body_bytes_in_flight {}", 2 * LIMIT)),
+        "{metrics}"
+    );
+    let (third, _third_socket) = partial_body(&h, &head, LIMIT, 1024, Duration::from_secs(5)).await;
+    assert_eq!(status_of(&third), 503, "{third}");
+    assert_eq!(header_of(&third, "retry-after"), Some("1"), "{third}");
+    assert!(third.contains("overloaded_error"), "{third}");
+    assert!(
+        h.metrics()
+            .await
+            .contains("keypool_body_budget_rejections_total 1")
+    );
+
+    // The first client completes its body (a valid request padded with spaces): served.
+    let json = serde_json::to_vec(&message_body(MODEL, false)).unwrap();
+    // the spaces first: JSON allows leading whitespace
+    let mut body = vec![b' '; LIMIT - LIMIT / 2 - json.len()];
+    body.extend_from_slice(&json);
+    first_socket.write_all(&body).await.unwrap();
+    let answer = read_head(&mut first_socket, Duration::from_secs(5)).await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    drop(first_socket);
+    // Now one more fits.
+    let mut whole = vec![b' '; LIMIT - 200];
+    whole.extend_from_slice(&serde_json::to_vec(&message_body(MODEL, false)).unwrap());
+    let (status, text) = raw(&h, &post("/acme/team/v1/messages", &key, "", &whole)).await;
+    assert_eq!(status, 200, "{text}");
     h.finish().await;
 }
 

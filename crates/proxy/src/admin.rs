@@ -37,6 +37,7 @@ use keypool_store::{Store, StoreError, now_ms};
 use serde_json::{Value, json};
 
 use crate::App;
+use crate::app::early_reject;
 use crate::body::ProxyBody;
 use crate::rescue::{Reject, rescue};
 
@@ -44,13 +45,20 @@ use crate::rescue::{Reject, rescue};
 const UI_HTML: &str = include_str!("admin/ui.html");
 
 /// Answers an `/admin…` request; `rest` is the path after `/admin`.
-pub(crate) async fn handle(
+///
+/// The token is checked from the head alone: the body of an unauthenticated request is
+/// never read (SPEC 3.1).
+pub(crate) async fn handle<B>(
     app: &App,
     parts: &Parts,
-    _body: Bytes,
+    body: B,
     rest: &str,
     request_id: &str,
-) -> Response<ProxyBody> {
+) -> Response<ProxyBody>
+where
+    B: http_body::Body<Data = Bytes> + Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let config = app.store().config();
     let Some(token) = config.admin().token.as_ref() else {
         return rescue(&Reject::unknown_path(), request_id);
@@ -66,7 +74,8 @@ pub(crate) async fn handle(
         };
     }
     if !authorized(parts, token.expose()) {
-        return rescue(
+        return early_reject(
+            parts,
             &Reject::new(
                 StatusCode::UNAUTHORIZED,
                 ErrorType::Authentication,
@@ -74,6 +83,11 @@ pub(crate) async fn handle(
             ),
             request_id,
         );
+    }
+    // No route takes a body yet; it is read (within the limits) so that the connection
+    // stays usable.
+    if let Err(reject) = app.read_body(parts, body).await {
+        return rescue(&reject, request_id);
     }
     let store = app.store();
     let now = now_ms();

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dashmap::DashMap;
-use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use http::request::Parts;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
@@ -18,6 +18,7 @@ use keypool_store::{Store, now_ms};
 
 use crate::attempt::Call;
 use crate::body::{Collected, ProxyBody};
+use crate::body_budget::{BodyBudget, Reservation};
 use crate::headers::{X_REQUEST_ID, add_legacy_headers};
 use crate::log::RequestLog;
 use crate::metrics::{Metrics, UNRESOLVED};
@@ -45,6 +46,8 @@ struct Inner {
     budgets: DashMap<PoolKey, (u64, Option<Arc<HedgeBudget>>)>,
     ids: AtomicU64,
     seed: u64,
+    /// Body bytes held by the whole process (`max_body_bytes_in_flight`).
+    body_budget: Arc<BodyBudget>,
     unresolved: Arc<str>,
     /// The file `POST /admin/reload` re-reads (none for an embedded config).
     config_path: std::sync::OnceLock<std::path::PathBuf>,
@@ -80,6 +83,7 @@ impl App {
                 budgets: DashMap::new(),
                 ids: AtomicU64::new(0),
                 seed,
+                body_budget: Arc::new(BodyBudget::new()),
                 unresolved: Arc::from(UNRESOLVED),
                 config_path: std::sync::OnceLock::new(),
             }),
@@ -204,25 +208,17 @@ impl App {
             RouteMatch::Health if get => text(StatusCode::OK, "ok\n"),
             RouteMatch::Ready if get => self.readyz(),
             RouteMatch::Metrics if get => {
-                let mut response = text(
-                    StatusCode::OK,
-                    self.metrics().render(self.store(), now_ms()),
-                );
+                let mut exposition = self.metrics().render(self.store(), now_ms());
+                self.metrics()
+                    .render_body_budget(&mut exposition, self.body_budget().held());
+                let mut response = text(StatusCode::OK, exposition);
                 response.headers_mut().insert(
                     CONTENT_TYPE,
                     HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
                 );
                 response
             }
-            RouteMatch::Admin(rest) => {
-                let config = self.store().config();
-                let settings = config.server();
-                let idle = Duration::from_millis(settings.header_read_timeout_ms);
-                match read_limited(&parts, body, settings.max_body_bytes, idle).await {
-                    Ok(bytes) => admin::handle(self, &parts, bytes, rest, request_id).await,
-                    Err(reject) => rescue(&reject, request_id),
-                }
-            }
+            RouteMatch::Admin(rest) => admin::handle(self, &parts, body, rest, request_id).await,
             RouteMatch::Api { org, url, endpoint } => {
                 let legacy = route.is_legacy();
                 let mut response = if parts.method == Method::POST {
@@ -301,15 +297,11 @@ impl App {
     {
         let config = self.store().config();
         let settings = config.server();
-        // 1. Receive, within the limits.
-        let idle = Duration::from_millis(settings.header_read_timeout_ms);
-        let bytes = match read_limited(parts, body, settings.max_body_bytes, idle).await {
-            Ok(bytes) => bytes,
-            Err(reject) => return rescue(&reject, request_id),
-        };
+        // 1. Receive: only the head so far. Route and key are answered from it alone,
+        // so an unauthenticated client never makes keypool hold its body.
         // Legacy routes end at `legacy_routes_until` (answered without any lookup).
         if org.is_none() && now_ms() / 1000 > settings.legacy_routes_until_unix_secs {
-            return rescue(&Reject::legacy_gone(url), request_id);
+            return early_reject(parts, &Reject::legacy_gone(url), request_id);
         }
         // 2. Resolve org and URL config.
         let resolved = match org {
@@ -318,7 +310,7 @@ impl App {
         };
         let route = match resolved {
             Ok(route) => route,
-            Err(e) => return rescue(&Reject::from(e), request_id),
+            Err(e) => return early_reject(parts, &Reject::from(e), request_id),
         };
         *labels = (
             route.org().slug_shared().clone(),
@@ -343,13 +335,18 @@ impl App {
         );
         let caller = match config.authenticate(&route, presented) {
             Ok(caller) => caller,
-            Err(e) => return rescue(&Reject::from(e), request_id),
+            Err(e) => return early_reject(parts, &Reject::from(e), request_id),
         };
         if let Some(log) = log.as_mut() {
             log.caller = Some(caller);
         }
-        // 4. The key is stripped by the upstream head builder's allowlist; parse the body.
-        let info = match inspect_request(&bytes) {
+        // 4. The key is stripped by the upstream head builder's allowlist; read the body
+        // (step 1's limits) and parse it.
+        let body = match self.read_body(parts, body).await {
+            Ok(body) => body,
+            Err(reject) => return rescue(&reject, request_id),
+        };
+        let info = match inspect_request(&body.bytes) {
             Ok(info) => info,
             Err(e) => return rescue(&Reject::from(e), request_id),
         };
@@ -362,7 +359,8 @@ impl App {
             config: &config,
             uri: &parts.uri,
             headers: &parts.headers,
-            body: bytes,
+            body: body.bytes,
+            _body_held: body.reservation,
             endpoint,
             stream: info.stream,
             user_id: info.user_id.as_deref(),
@@ -371,47 +369,109 @@ impl App {
     }
 }
 
-/// Reads a request body of at most `limit` bytes: `413` from the `content-length` alone
-/// when it announces more, else while reading (never buffering past the limit). A
-/// client that sends nothing for `idle` in the middle of its body gets `408` (the header
-/// read timeout only covers the head).
-async fn read_limited<B>(
-    parts: &Parts,
-    body: B,
-    limit: u64,
-    idle: Duration,
-) -> Result<Bytes, Reject>
-where
-    B: Body<Data = Bytes> + Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let announced = parts
+/// A request body read whole, with its share of the process-wide [`BodyBudget`].
+pub(crate) struct RequestBody {
+    pub bytes: Bytes,
+    pub reservation: Reservation,
+}
+
+impl App {
+    /// Reads a request body within step 1's limits: at most `max_body_bytes` (`413` from
+    /// the `content-length` alone when it announces more, else while reading, never
+    /// buffering past the limit); nothing received for `header_read_timeout` in the
+    /// middle of the body, or the whole body not in within `body_read_timeout`, is `408`;
+    /// a body that does not fit in `max_body_bytes_in_flight` next to every other body
+    /// held now is `503` with `Retry-After: 1`.
+    pub(crate) async fn read_body<B>(&self, parts: &Parts, body: B) -> Result<RequestBody, Reject>
+    where
+        B: Body<Data = Bytes> + Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let config = self.store().config();
+        let settings = config.server();
+        let limit = settings.max_body_bytes;
+        let in_flight = settings.max_body_bytes_in_flight;
+        let announced = announced_length(parts);
+        if announced.is_some_and(|n| n > limit) {
+            return Err(Reject::too_large(limit));
+        }
+        let mut reservation = self
+            .body_budget()
+            .reserve(announced.unwrap_or(0), in_flight)
+            .ok_or_else(|| self.bodies_over_budget())?;
+        let idle = Duration::from_millis(settings.header_read_timeout_ms);
+        let total = Duration::from_millis(settings.body_read_timeout_ms);
+        let deadline = tokio::time::Instant::now() + total;
+        let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
+        let mut limited = std::pin::pin!(Limited::new(body, limit_usize));
+        let mut collected = Collected::default();
+        let mut len = 0u64;
+        loop {
+            let wait = (tokio::time::Instant::now() + idle).min(deadline);
+            let frame = match tokio::time::timeout_at(wait, limited.as_mut().frame()).await {
+                Err(_) if tokio::time::Instant::now() >= deadline => {
+                    return Err(Reject::body_too_slow(total));
+                }
+                Err(_) => return Err(Reject::body_timeout(idle)),
+                Ok(None) => break,
+                Ok(Some(Err(e))) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                    return Err(Reject::too_large(limit));
+                }
+                Ok(Some(Err(_))) => return Err(Reject::unreadable_body()),
+                Ok(Some(Ok(frame))) => frame,
+            };
+            if let Ok(data) = frame.into_data() {
+                len += data.len() as u64;
+                if !reservation.grow_to(len, in_flight) {
+                    return Err(self.bodies_over_budget());
+                }
+                collected.push(data);
+            }
+        }
+        Ok(RequestBody {
+            bytes: collected.into_bytes(),
+            reservation,
+        })
+    }
+
+    /// The process-wide count of body bytes held.
+    pub(crate) fn body_budget(&self) -> &Arc<BodyBudget> {
+        &self.inner.body_budget
+    }
+
+    fn bodies_over_budget(&self) -> Reject {
+        self.metrics().body_budget_rejection();
+        Reject::bodies_over_budget()
+    }
+}
+
+/// The request's `content-length`, when it sends a valid one.
+fn announced_length(parts: &Parts) -> Option<u64> {
+    parts
         .headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if announced.is_some_and(|n| n > limit) {
-        return Err(Reject::too_large(limit));
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
+/// A rejection answered from the request head alone, before the body was read: when a
+/// body is on its way, the answer says `connection: close` (the unread body makes the
+/// connection unusable for another request, and a client that is still sending learns
+/// at once that it should stop).
+pub(crate) fn early_reject(
+    parts: &Parts,
+    reject: &Reject,
+    request_id: &str,
+) -> Response<ProxyBody> {
+    let mut response = rescue(reject, request_id);
+    let body_coming = announced_length(parts).is_some_and(|n| n > 0)
+        || parts.headers.contains_key(TRANSFER_ENCODING);
+    if body_coming {
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
-    let limited = std::pin::pin!(Limited::new(body, limit_usize));
-    let mut limited = limited;
-    let mut collected = Collected::default();
-    loop {
-        let frame = match tokio::time::timeout(idle, limited.as_mut().frame()).await {
-            Err(_) => return Err(Reject::body_timeout(idle)),
-            Ok(None) => break,
-            Ok(Some(Err(e))) if e.downcast_ref::<LengthLimitError>().is_some() => {
-                return Err(Reject::too_large(limit));
-            }
-            Ok(Some(Err(_))) => return Err(Reject::unreadable_body()),
-            Ok(Some(Ok(frame))) => frame,
-        };
-        if let Ok(data) = frame.into_data() {
-            collected.push(data);
-        }
-    }
-    Ok(collected.into_bytes())
+    response
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {

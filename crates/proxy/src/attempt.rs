@@ -43,6 +43,8 @@ pub(crate) struct Call<'a> {
     pub uri: &'a Uri,
     pub headers: &'a HeaderMap,
     pub body: Bytes,
+    /// The body's share of the process-wide body budget, held for the whole request.
+    pub _body_held: crate::body_budget::Reservation,
     pub endpoint: Endpoint,
     pub stream: bool,
     /// The body's `metadata.user_id`, for session affinity.

@@ -41,6 +41,8 @@
 //!   session affinity; the bindings live in the store.
 //! - `ceiling`: the attempt ceiling and request-error rule of SPEC 3.7 (pure).
 //! - `attempt`: one upstream attempt up to its commit point (the streaming hold).
+//! - [`body_budget`]: [`body_budget::BodyBudget`], the body bytes the whole process
+//!   holds (`max_body_bytes_in_flight`).
 //! - [`body`]: [`body::ProxyBody`], including the committed stream that forwards frames
 //!   unchanged and ends with one generic error frame when the upstream fails.
 //! - [`availability`]: the selector's `Availability` over the store's books.
@@ -60,6 +62,7 @@ mod app;
 mod attempt;
 pub mod availability;
 pub mod body;
+pub mod body_budget;
 mod ceiling;
 pub mod error;
 mod failover;

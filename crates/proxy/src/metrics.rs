@@ -115,6 +115,7 @@ pub struct Metrics {
     in_flight: DashMap<AccountId, Arc<AtomicI64>>,
     affinity: [AtomicU64; 3],
     queue_rejections: [AtomicU64; 2],
+    body_budget_rejections: AtomicU64,
 }
 
 /// What session affinity did for one request that carried a session key.
@@ -211,6 +212,20 @@ impl Metrics {
     /// was full, else the wait timed out.
     pub fn queue_rejection(&self, full: bool) {
         self.queue_rejections[usize::from(!full)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request refused because its body did not fit in `max_body_bytes_in_flight`.
+    pub fn body_budget_rejection(&self) {
+        self.body_budget_rejections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The body budget's series: bytes held now (`held`) and the refusals so far.
+    pub fn render_body_budget(&self, out: &mut String, held: u64) {
+        let _ = writeln!(
+            out,
+            "# HELP keypool_body_bytes_in_flight Bytes of request bodies and buffered upstream answers held in memory now (bounded by max_body_bytes_in_flight).\n# TYPE keypool_body_bytes_in_flight gauge\nkeypool_body_bytes_in_flight {held}\n# HELP keypool_body_budget_rejections_total Requests answered 503 because their body did not fit in max_body_bytes_in_flight.\n# TYPE keypool_body_budget_rejections_total counter\nkeypool_body_budget_rejections_total {}",
+            self.body_budget_rejections.load(Ordering::Relaxed)
+        );
     }
 
     /// A committed stream failed after its head.

@@ -116,6 +116,29 @@ impl Reject {
         )
     }
 
+    /// `408` when the whole body did not arrive within `body_read_timeout`.
+    pub fn body_too_slow(total: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            ErrorType::InvalidRequest,
+            format!(
+                "The request body took longer than {} s to arrive (body_read_timeout_secs)",
+                total.as_secs()
+            ),
+        )
+    }
+
+    /// `503 overloaded_error` with `Retry-After: 1` when the bodies held by the whole
+    /// process would exceed `max_body_bytes_in_flight` with this one.
+    pub fn bodies_over_budget() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorType::Overloaded,
+            "keypool is holding as many request bodies in memory as it may; retry shortly",
+        )
+        .with_retry_after(1)
+    }
+
     /// `410` after `legacy_routes_until`, naming the new URL form.
     pub fn legacy_gone(url: &str) -> Self {
         Self::new(

@@ -32,6 +32,10 @@ use crate::resolve::PoolKey;
 /// The default `[server] max_body_bytes`: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
 
+/// The default `[server] max_body_bytes_in_flight`: 256 MiB (eight of the largest
+/// bodies at once).
+pub const DEFAULT_MAX_BODY_BYTES_IN_FLIGHT: u64 = 256 * 1024 * 1024;
+
 /// Every server setting, with SPEC defaults filled in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerSettings {
@@ -39,6 +43,16 @@ pub struct ServerSettings {
     pub listen: SocketAddr,
     /// Largest request body accepted; larger is `413` (`max_body_bytes`).
     pub max_body_bytes: u64,
+    /// Longest time a client may take to send its whole request body, however steadily
+    /// it sends (`body_read_timeout_secs`); past it → `408`.
+    pub body_read_timeout_ms: u64,
+    /// Most bytes of request bodies and buffered (non-streaming) upstream answers held
+    /// in memory at once by the whole process (`max_body_bytes_in_flight`); a body that
+    /// does not fit → `503 overloaded_error` with `Retry-After: 1`.
+    pub max_body_bytes_in_flight: u64,
+    /// Largest non-streaming upstream answer read (`max_response_body_bytes`); a larger
+    /// one fails the attempt.
+    pub max_response_body_bytes: u64,
     /// Time a client has to send its request headers (`header_read_timeout_secs`).
     pub header_read_timeout_ms: u64,
     /// Time each attempt has to produce response headers (`upstream_timeout_secs`,
@@ -147,6 +161,9 @@ impl Default for ServerSettings {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            body_read_timeout_ms: 60_000,
+            max_body_bytes_in_flight: DEFAULT_MAX_BODY_BYTES_IN_FLIGHT,
+            max_response_body_bytes: 16 * 1024 * 1024,
             header_read_timeout_ms: 30_000,
             upstream_timeout_ms: 180_000,
             first_frame_timeout_ms: 15_000,

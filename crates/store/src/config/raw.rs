@@ -39,6 +39,9 @@ pub(crate) struct RawConfig {
 pub(crate) struct RawServer {
     pub listen: Option<String>,
     pub max_body_bytes: Option<i64>,
+    pub body_read_timeout_secs: Option<i64>,
+    pub max_body_bytes_in_flight: Option<i64>,
+    pub max_response_body_bytes: Option<i64>,
     pub header_read_timeout_secs: Option<i64>,
     pub upstream_timeout_secs: Option<i64>,
     pub first_frame_timeout_ms: Option<i64>,

@@ -801,6 +801,28 @@ fn validate_server(
             issues,
         ),
     };
+    let max_body_bytes = pos(
+        s.max_body_bytes,
+        "max_body_bytes",
+        d.max_body_bytes,
+        1,
+        issues,
+    );
+    let max_body_bytes_in_flight = pos(
+        s.max_body_bytes_in_flight,
+        "max_body_bytes_in_flight",
+        d.max_body_bytes_in_flight.max(max_body_bytes),
+        1,
+        issues,
+    );
+    if max_body_bytes_in_flight < max_body_bytes {
+        issues.push(
+            "server.max_body_bytes_in_flight",
+            format!(
+                "max_body_bytes_in_flight ({max_body_bytes_in_flight}) is smaller than max_body_bytes ({max_body_bytes}): no body of the largest size could ever be accepted; raise it or lower max_body_bytes"
+            ),
+        );
+    }
     let commit_hold_max_frames = pos(
         s.commit_hold_max_frames,
         "commit_hold_max_frames",
@@ -810,10 +832,19 @@ fn validate_server(
     );
     let settings = ServerSettings {
         listen,
-        max_body_bytes: pos(
-            s.max_body_bytes,
-            "max_body_bytes",
-            d.max_body_bytes,
+        max_body_bytes,
+        body_read_timeout_ms: pos(
+            s.body_read_timeout_secs,
+            "body_read_timeout_secs",
+            d.body_read_timeout_ms,
+            1000,
+            issues,
+        ),
+        max_body_bytes_in_flight,
+        max_response_body_bytes: pos(
+            s.max_response_body_bytes,
+            "max_response_body_bytes",
+            d.max_response_body_bytes,
             1,
             issues,
         ),
