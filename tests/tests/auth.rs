@@ -382,6 +382,60 @@ async fn body_that_is_not_json_or_lacks_model_is_400_without_upstream_call() {
     h.finish().await;
 }
 
+/// SPEC 3.4 (issue 14.5): a `stream` that is present but not a boolean is `400
+/// invalid_request_error` from keypool itself (before the fix it was "not streaming",
+/// and an upstream that coerced it streamed past every streaming safeguard).
+#[tokio::test]
+async fn a_stream_that_is_not_a_boolean_is_400_without_upstream_call() {
+    let h = harness().await;
+    for stream in [json!("true"), json!(1), json!("yes"), json!([true])] {
+        let r = h
+            .messages(&json!({"model": MODEL, "max_tokens": 5, "stream": stream, "messages": []}))
+            .send()
+            .await;
+        let message = r.assert_keypool_error(400, "invalid_request_error");
+        assert!(
+            message.starts_with("stream: Input should be a valid boolean"),
+            "{message}"
+        );
+    }
+    assert_eq!(h.sim().total_stats().requests, 0);
+    h.finish().await;
+}
+
+/// SPEC 3.4 (issue 14.9): an LB key in the query string never reaches the upstream;
+/// the other parameters are forwarded unchanged (before the fix `?key=sk-lb-…` was
+/// forwarded, and the harness's global check failed).
+#[tokio::test]
+async fn an_lb_key_in_the_query_string_never_reaches_the_upstream() {
+    let h = harness().await;
+    let key = h.key("alice");
+    for query in [
+        format!("beta=true&key={key}"),
+        format!("key={}&beta=true", key.replace("sk-lb-", "sk%2Dlb%2D")),
+    ] {
+        let r = h
+            .client()
+            .post(format!("{}?{query}", h.messages_url()))
+            .api_key(&key)
+            .json(&body())
+            .send()
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let forwarded: Vec<String> = h
+        .sim()
+        .requests()
+        .iter()
+        .map(|r| r.path_and_query.clone())
+        .collect();
+    assert_eq!(
+        forwarded,
+        ["/v1/messages?beta=true", "/v1/messages?beta=true"]
+    );
+    h.finish().await;
+}
+
 #[tokio::test]
 async fn body_over_the_limit_is_413() {
     let h = Harness::builder()

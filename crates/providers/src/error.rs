@@ -6,7 +6,8 @@ use keypool_core::{AuthType, Provider};
 ///
 /// The request-body variants ([`InvalidJson`](Self::InvalidJson),
 /// [`BodyNotObject`](Self::BodyNotObject), [`MissingModel`](Self::MissingModel),
-/// [`ModelNotString`](Self::ModelNotString)) are the client's fault: the proxy answers
+/// [`ModelNotString`](Self::ModelNotString), [`StreamNotBoolean`](Self::StreamNotBoolean))
+/// are the client's fault: the proxy answers
 /// them with `400 invalid_request_error` and the error's text, without any upstream call
 /// ([`ProvidersError::is_client_error`]). The others are configuration problems of an
 /// account. No variant ever carries a secret.
@@ -27,6 +28,11 @@ pub enum ProvidersError {
     /// The top-level `model` is not a string.
     #[error("model: Input should be a valid string: set \"model\" to a model name")]
     ModelNotString,
+    /// The top-level `stream` is present but not a boolean (`"true"`, `1`, …): keypool
+    /// would not know whether the answer streams, and an upstream that coerces it would
+    /// stream past every streaming safeguard.
+    #[error("stream: Input should be a valid boolean: send \"stream\": true or false")]
+    StreamNotBoolean,
     /// The provider and auth type combination has no adapter.
     #[error(
         "provider `{provider}` does not support auth type `{auth}`: use api_key or oauth for \
@@ -70,6 +76,7 @@ impl ProvidersError {
                 | Self::BodyNotObject
                 | Self::MissingModel
                 | Self::ModelNotString
+                | Self::StreamNotBoolean
         )
     }
 }

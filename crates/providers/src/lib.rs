@@ -60,8 +60,9 @@ pub use keypool_cooldown::headers::RateLimitInfo;
 pub use keypool_core::StreamCommit;
 pub use request_body::{RequestInfo, inspect_request, override_model};
 pub use response::{
-    ResponseMeta, StreamUsage, UpstreamError, Usage, UsageUpdate, rate_limits, response_meta,
-    stream_error, upstream_error, usage_from_frame, usage_from_json_body,
+    AnswerProblem, ResponseMeta, StreamUsage, UpstreamError, Usage, UsageUpdate, check_answer_body,
+    check_answer_head, rate_limits, response_meta, stream_error, upstream_error, usage_from_frame,
+    usage_from_json_body,
 };
 pub use sanitise::{ErrorType, error_body, overloaded_body, passthrough_body};
 pub use stream_start::{CommitGate, StartFailure, Verdict, is_valid_first_frame};

@@ -13,8 +13,9 @@ use crate::ProvidersError;
 pub struct RequestInfo {
     /// The top-level `model`.
     pub model: String,
-    /// Whether the body says `"stream": true` (any other value, or none: not streaming).
-    /// This, not the `Accept` header, decides streaming (SPEC 3.4).
+    /// Whether the body says `"stream": true` (`false`, `null` or no `stream`: not
+    /// streaming; any other value is refused). This, not the `Accept` header, decides
+    /// streaming (SPEC 3.4).
     pub stream: bool,
     /// `metadata.user_id` when it is a string (any other shape, or none: `None`): read
     /// in the same pass for session affinity, so the body is parsed once.
@@ -47,7 +48,8 @@ struct Probe {
 ///
 /// # Errors
 /// [`ProvidersError::InvalidJson`], [`ProvidersError::BodyNotObject`],
-/// [`ProvidersError::MissingModel`] or [`ProvidersError::ModelNotString`]: all answered
+/// [`ProvidersError::MissingModel`], [`ProvidersError::ModelNotString`] or
+/// [`ProvidersError::StreamNotBoolean`]: all answered
 /// `400 invalid_request_error` by the proxy, with no upstream call.
 pub fn inspect_request(body: &[u8]) -> Result<RequestInfo, ProvidersError> {
     let invalid = |err: serde_json::Error| ProvidersError::InvalidJson {
@@ -71,9 +73,14 @@ pub fn inspect_request(body: &[u8]) -> Result<RequestInfo, ProvidersError> {
         },
         _ => None,
     };
+    let stream = match probe.stream.0 {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Bool(stream)) => stream,
+        Some(_) => return Err(ProvidersError::StreamNotBoolean),
+    };
     Ok(RequestInfo {
         model,
-        stream: matches!(probe.stream.0, Some(serde_json::Value::Bool(true))),
+        stream,
         user_id,
     })
 }
@@ -292,7 +299,7 @@ mod tests {
                 user_id: None,
             }
         );
-        let info = inspect_request(br#" {"stream":"true","model":"m\u00e9"}"#).unwrap();
+        let info = inspect_request(br#" {"stream":false,"model":"m\u00e9"}"#).unwrap();
         assert_eq!(
             info,
             RequestInfo {
@@ -302,6 +309,27 @@ mod tests {
             }
         );
         assert!(!inspect_request(br#"{"model":"m"}"#).unwrap().stream);
+        assert!(
+            !inspect_request(br#"{"model":"m","stream":null}"#)
+                .unwrap()
+                .stream
+        );
+        // SPEC 3.4 (issue 14.5): a `stream` that is present but not a boolean is a 400,
+        // never "not streaming" (an upstream that coerces it would stream anyway).
+        for body in [
+            &br#"{"model":"m","stream":"true"}"#[..],
+            br#"{"model":"m","stream":1}"#,
+            br#"{"model":"m","stream":"yes"}"#,
+            br#"{"model":"m","stream":[true]}"#,
+            br#"{"model":"m","stream":{}}"#,
+        ] {
+            assert_eq!(
+                inspect_request(body),
+                Err(ProvidersError::StreamNotBoolean),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]

@@ -93,6 +93,112 @@ pub fn usage_from_json_body(body: &[u8]) -> Option<Usage> {
     Some(usage)
 }
 
+/// Why a non-streaming 2xx answer is not one keypool passes on (SPEC 3.8: it is a failed
+/// attempt, and the request fails over).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerProblem {
+    /// A 2xx other than `200` (`204`, `299`, …): the Messages API answers `200`.
+    Status(u16),
+    /// A `content-encoding` other than `identity`, although keypool asked for identity.
+    Encoded,
+    /// An event stream for a request that did not ask to stream.
+    EventStream,
+    /// A body that is not a JSON object (empty, HTML, binary, truncated).
+    NotJson,
+    /// A JSON object that is not an answer of the endpoint (no `"type":"message"`, or,
+    /// for `count_tokens`, no numeric `input_tokens`).
+    NotAnAnswer,
+}
+
+impl AnswerProblem {
+    /// Low-cardinality name for logs.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Status(_) => "unexpected_2xx_status",
+            Self::Encoded => "content_encoding",
+            Self::EventStream => "event_stream",
+            Self::NotJson => "not_json",
+            Self::NotAnAnswer => "not_an_answer",
+        }
+    }
+}
+
+/// Checks the head of a non-streaming 2xx answer before its body is read: status `200`,
+/// identity encoding, not an event stream.
+///
+/// # Errors
+/// The [`AnswerProblem`] found.
+pub fn check_answer_head(status: StatusCode, headers: &HeaderMap) -> Result<(), AnswerProblem> {
+    if status != StatusCode::OK {
+        return Err(AnswerProblem::Status(status.as_u16()));
+    }
+    let value = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    if value(http::header::CONTENT_ENCODING)
+        .is_some_and(|e| !e.trim().is_empty() && !e.trim().eq_ignore_ascii_case("identity"))
+    {
+        return Err(AnswerProblem::Encoded);
+    }
+    if value(http::header::CONTENT_TYPE).is_some_and(|t| {
+        t.split(';')
+            .next()
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+    }) {
+        return Err(AnswerProblem::EventStream);
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    usage: Option<UsageUpdate>,
+    input_tokens: Option<u64>,
+}
+
+/// Checks the body of a non-streaming 2xx answer of `endpoint` and reads its usage, in
+/// one parse: a Messages answer is a JSON object with `"type":"message"` (its `usage`,
+/// when present, is returned); a `count_tokens` answer has a numeric top-level
+/// `input_tokens`.
+///
+/// # Errors
+/// [`AnswerProblem::NotJson`] or [`AnswerProblem::NotAnAnswer`].
+pub fn check_answer_body(
+    endpoint: crate::Endpoint,
+    body: &[u8],
+) -> Result<Option<Usage>, AnswerProblem> {
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(AnswerProblem::NotJson);
+    }
+    let answer: Answer = serde_json::from_slice(body).map_err(|e| {
+        if e.is_data() {
+            AnswerProblem::NotAnAnswer
+        } else {
+            AnswerProblem::NotJson
+        }
+    })?;
+    let update = match endpoint {
+        crate::Endpoint::Messages => {
+            if answer.kind.as_deref() != Some("message") {
+                return Err(AnswerProblem::NotAnAnswer);
+            }
+            answer.usage
+        }
+        crate::Endpoint::CountTokens => {
+            let input_tokens = answer.input_tokens.ok_or(AnswerProblem::NotAnAnswer)?;
+            Some(UsageUpdate {
+                input_tokens: Some(input_tokens),
+                ..UsageUpdate::default()
+            })
+        }
+    };
+    Ok(update.map(|update| {
+        let mut usage = Usage::default();
+        usage.apply(&update);
+        usage
+    }))
+}
+
 #[derive(Deserialize)]
 struct MessageStart {
     message: MessageStartMessage,
@@ -299,6 +405,104 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_toke
         );
         assert_eq!(usage_from_json_body(br#"{"id":"m"}"#), None);
         assert_eq!(usage_from_json_body(b"<html>"), None);
+    }
+
+    #[test]
+    fn only_a_200_json_answer_of_the_endpoint_is_passed_on() {
+        use crate::Endpoint;
+        let mut headers = HeaderMap::new();
+        assert_eq!(check_answer_head(StatusCode::OK, &headers), Ok(()));
+        for code in [201, 204, 299] {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert_eq!(
+                check_answer_head(status, &headers),
+                Err(AnswerProblem::Status(code))
+            );
+        }
+        headers.insert("content-encoding", "identity".parse().unwrap());
+        assert_eq!(check_answer_head(StatusCode::OK, &headers), Ok(()));
+        headers.insert("content-encoding", "gzip".parse().unwrap());
+        assert_eq!(
+            check_answer_head(StatusCode::OK, &headers),
+            Err(AnswerProblem::Encoded)
+        );
+        headers.remove("content-encoding");
+        headers.insert(
+            "content-type",
+            "Text/Event-Stream; charset=utf-8".parse().unwrap(),
+        );
+        assert_eq!(
+            check_answer_head(StatusCode::OK, &headers),
+            Err(AnswerProblem::EventStream)
+        );
+
+        let message =
+            br#"{"id":"msg_1","type":"message","usage":{"input_tokens":3,"output_tokens":4}}"#;
+        assert_eq!(
+            check_answer_body(Endpoint::Messages, message),
+            Ok(Some(Usage {
+                input_tokens: 3,
+                output_tokens: 4,
+                ..Usage::default()
+            }))
+        );
+        assert_eq!(
+            check_answer_body(Endpoint::Messages, br#"{"type":"message"}"#),
+            Ok(None)
+        );
+        assert_eq!(
+            check_answer_body(Endpoint::CountTokens, br#"{"input_tokens":17}"#),
+            Ok(Some(Usage {
+                input_tokens: 17,
+                ..Usage::default()
+            }))
+        );
+        let cases: [(Endpoint, &[u8], AnswerProblem); 8] = [
+            (Endpoint::Messages, b"", AnswerProblem::NotJson),
+            (
+                Endpoint::Messages,
+                b"\x1f\x8b\x08\x00gzip",
+                AnswerProblem::NotJson,
+            ),
+            (
+                Endpoint::Messages,
+                b"<html>ok</html>",
+                AnswerProblem::NotJson,
+            ),
+            (
+                Endpoint::Messages,
+                br#"{"type":"message""#,
+                AnswerProblem::NotJson,
+            ),
+            (
+                Endpoint::Messages,
+                br#"[{"type":"message"}]"#,
+                AnswerProblem::NotJson,
+            ),
+            (
+                Endpoint::Messages,
+                br#"{"type":"error"}"#,
+                AnswerProblem::NotAnAnswer,
+            ),
+            (
+                Endpoint::Messages,
+                br#"{"type":5}"#,
+                AnswerProblem::NotAnAnswer,
+            ),
+            (
+                Endpoint::CountTokens,
+                br#"{"type":"message"}"#,
+                AnswerProblem::NotAnAnswer,
+            ),
+        ];
+        for (endpoint, body, problem) in cases {
+            assert_eq!(
+                check_answer_body(endpoint, body),
+                Err(problem),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]

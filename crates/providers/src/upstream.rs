@@ -1,5 +1,6 @@
 //! Building the upstream request head from the client's request (SPEC 3.4 and 8).
 
+use std::borrow::Cow;
 use std::fmt;
 
 use http::header::{ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
@@ -160,11 +161,15 @@ pub fn build_upstream_head(
     account: &UpstreamAccount<'_>,
 ) -> Result<UpstreamHead, ProvidersError> {
     let credential = credential(account.provider, account.auth)?;
+    let query = client_uri
+        .query()
+        .map(without_lb_keys)
+        .filter(|q| !q.is_empty());
     let uri = upstream_uri(
         account.provider,
         account.base_url,
         endpoint,
-        client_uri.query(),
+        query.as_deref(),
     )?;
 
     let mut headers = HeaderMap::with_capacity(FORWARDED_HEADERS.len() + 2);
@@ -213,10 +218,68 @@ fn sensitive(bytes: &[u8]) -> Result<HeaderValue, ProvidersError> {
 
 /// Whether a header value contains an LB key marker (`sk-lb-`, ASCII case ignored).
 pub fn contains_lb_key(value: &HeaderValue) -> bool {
-    value
-        .as_bytes()
-        .windows(6)
-        .any(|w| w.eq_ignore_ascii_case(b"sk-lb-"))
+    contains_marker(value.as_bytes())
+}
+
+/// A query string without the parameters that carry an LB key (SPEC 3.4: nothing of
+/// the client's credential reaches the upstream): a parameter whose name or value
+/// contains `sk-lb-` (ASCII case ignored), also once percent-decoded (up to three
+/// times, so `%73k-lb-` or a doubly encoded key is found), is dropped; the others stay
+/// as the client wrote them, in order. A query without any `sk-lb-` or `%` is returned
+/// as is, without a copy.
+pub fn without_lb_keys(query: &str) -> Cow<'_, str> {
+    if !query.contains('%') && !contains_marker(query.as_bytes()) {
+        return Cow::Borrowed(query);
+    }
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| !carries_lb_key(pair))
+        .collect();
+    Cow::Owned(kept.join("&"))
+}
+
+fn contains_marker(bytes: &[u8]) -> bool {
+    bytes.windows(6).any(|w| w.eq_ignore_ascii_case(b"sk-lb-"))
+}
+
+fn carries_lb_key(pair: &str) -> bool {
+    let mut text = Cow::Borrowed(pair.as_bytes());
+    for _ in 0..=3 {
+        if contains_marker(&text) {
+            return true;
+        }
+        match percent_decoded(&text) {
+            Some(decoded) => text = Cow::Owned(decoded),
+            None => return false,
+        }
+    }
+    contains_marker(&text)
+}
+
+/// `bytes` with `%XX` sequences (and `+`) decoded, `None` when there is nothing to decode.
+fn percent_decoded(bytes: &[u8]) -> Option<Vec<u8>> {
+    if !bytes.iter().any(|&b| b == b'%' || b == b'+') {
+        return None;
+    }
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h << 4 | l);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    Some(out)
 }
 
 /// The union of the comma-separated flags of `values` and `extra`, without blanks or
@@ -319,6 +382,38 @@ mod tests {
             secret: "sk-ant-api03-SECRET",
             base_url,
         }
+    }
+
+    /// Issue 14.9: an LB key in the query string (`?key=sk-lb-…`, encoded or not) never
+    /// reaches the upstream; the other parameters pass unchanged, in order.
+    #[test]
+    fn query_parameters_carrying_an_lb_key_are_dropped() {
+        let cases = [
+            ("beta=true", "beta=true"),
+            ("beta=true&key=sk-lb-AAAA1111", "beta=true"),
+            ("key=SK-LB-AAAA&beta=true&x=1", "beta=true&x=1"),
+            ("k=%73k-lb-AAAA&beta=true", "beta=true"),
+            ("k=%2573k%252Dlb%252DAAAA&beta=true", "beta=true"),
+            ("sk-lb-AAAA=1&a=%41", "a=%41"),
+            ("a=%zz&b=100%", "a=%zz&b=100%"),
+            ("key=sk-lb-AAAA", ""),
+        ];
+        for (query, kept) in cases {
+            assert_eq!(without_lb_keys(query), kept, "{query}");
+        }
+        assert!(matches!(without_lb_keys("beta=true"), Cow::Borrowed(_)));
+        let uri: Uri =
+            "/acme/team/v1/messages?beta=true&key=sk-lb-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+                .parse()
+                .unwrap();
+        let head = build_upstream_head(
+            &uri,
+            &HeaderMap::new(),
+            Endpoint::Messages,
+            &account(Provider::Anthropic, AuthType::ApiKey, None),
+        )
+        .unwrap();
+        assert_eq!(head.uri, "https://api.anthropic.com/v1/messages?beta=true");
     }
 
     #[test]

@@ -175,6 +175,17 @@ struct ResponseCase {
 }
 
 /// Runs a gate over frames; describes where and how it decided.
+/// The account the response fixtures were answered for (the pass-through redacts
+/// what belongs to it).
+fn golden_account() -> UpstreamAccount<'static> {
+    UpstreamAccount {
+        provider: keypool_core::Provider::Anthropic,
+        auth: keypool_core::AuthType::ApiKey,
+        secret: "sk-ant-api03-golden-fixture-secret",
+        base_url: None,
+    }
+}
+
 fn gate_outcome(mode: StreamCommit, frames: &[keypool_sse::Frame]) -> String {
     let mut gate = CommitGate::new(mode);
     for (i, frame) in frames.iter().enumerate() {
@@ -227,8 +238,11 @@ fn responses_give_the_expected_metadata() {
             let body = fs::read(dir.join("response.json")).unwrap();
             let meta = response_meta(status, &headers, &body, case.now_ms);
             let passthrough = matches!(status.as_u16(), 429 | 402).then(|| {
-                String::from_utf8(passthrough_body(status, &body, Some("req_keypool")).to_vec())
-                    .unwrap()
+                String::from_utf8(
+                    passthrough_body(status, &body, Some("req_keypool"), &golden_account())
+                        .to_vec(),
+                )
+                .unwrap()
             });
             json!({ "meta": meta, "passthrough_body": passthrough })
         };
