@@ -47,6 +47,7 @@ pub struct AccountSpec {
     script: Script,
     priority: i32,
     url_label: Option<String>,
+    base_url: Option<String>,
     provider: &'static str,
     auth: &'static str,
     extra: Vec<String>,
@@ -60,6 +61,7 @@ impl AccountSpec {
             script,
             priority: 0,
             url_label: None,
+            base_url: None,
             provider: "anthropic",
             auth: "api_key",
             extra: Vec::new(),
@@ -84,6 +86,13 @@ impl AccountSpec {
     /// (a hedge/race partner) served by the same simulator.
     pub fn url_label(mut self, label: &str) -> Self {
         self.url_label = Some(label.to_owned());
+        self
+    }
+
+    /// Points the account at another upstream than the simulator (e.g. a
+    /// [`FakeUpstream`](crate::fake_upstream::FakeUpstream)).
+    pub fn base_url(mut self, url: &str) -> Self {
+        self.base_url = Some(url.to_owned());
         self
     }
 
@@ -270,9 +279,10 @@ impl HarnessBuilder {
         }
         let _ = writeln!(t, "\n[[orgs]]\nslug = \"{ORG}\"");
         for a in &self.accounts {
-            let base = match &a.url_label {
-                Some(label) => format!("{sim_url}/{label}"),
-                None => sim_url.to_owned(),
+            let base = match (&a.base_url, &a.url_label) {
+                (Some(url), _) => url.clone(),
+                (None, Some(label)) => format!("{sim_url}/{label}"),
+                (None, None) => sim_url.to_owned(),
             };
             let _ = writeln!(
                 t,

@@ -19,12 +19,15 @@
 //! # Layout
 //! - [`harness`]: [`Harness`] (simulator + configuration + proxy), [`AccountSpec`],
 //!   [`HarnessBuilder`].
+//! - [`fake_upstream`]: [`fake_upstream::FakeUpstream`], an upstream that writes exactly
+//!   the bytes a test scripts (careless and hostile upstreams).
 //! - [`client`]: the HTTP client of the suites, [`Reply`] and SSE frames.
 //! - [`raw`]: raw HTTP/1.1 over TCP for hostile-input tests.
 //! - [`venv`]: the Python venv with the Anthropic SDK (shared with `xtask`), and
 //!   [`sdk_python`], the policy when it cannot be created.
 
 pub mod client;
+pub mod fake_upstream;
 pub mod harness;
 pub mod raw;
 pub mod venv;

@@ -312,7 +312,10 @@ async fn bodies_in_flight_are_bounded_for_the_whole_process() {
     assert_eq!(second, "", "the second body is being read");
     let metrics = h.metrics().await;
     assert!(
-        metrics.contains(&format!("keypool_body_bytes_in_flight {}", 2 * LIMIT)),
+        metrics.contains(&format!(
+            "keypool_body_bytes_in_flight{{kind=\"request\"}} {}",
+            2 * LIMIT
+        )),
         "{metrics}"
     );
     let (third, _third_socket) = partial_body(&h, &head, LIMIT, 1024, Duration::from_secs(5)).await;
@@ -339,6 +342,21 @@ async fn bodies_in_flight_are_bounded_for_the_whole_process() {
     whole.extend_from_slice(&serde_json::to_vec(&message_body(MODEL, false)).unwrap());
     let (status, text) = raw(&h, &post("/acme/team/v1/messages", &key, "", &whole)).await;
     assert_eq!(status, 200, "{text}");
+    drop((_second_socket, _third_socket));
+    // Everything given back once the requests are done (bounded wait: the server sees
+    // the closed connections asynchronously).
+    let released = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let m = h.metrics().await;
+            if m.contains("keypool_body_bytes_in_flight{kind=\"request\"} 0") {
+                return m;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the budget is given back");
+    assert!(released.contains("keypool_body_bytes_in_flight{kind=\"answer\"} 0"));
     h.finish().await;
 }
 

@@ -60,6 +60,10 @@ pub enum TransportFailure {
     /// Streaming: no valid first frame within `first_frame_timeout`, an `error` frame
     /// before the commit point, or a body that ended first.
     InvalidStreamStart,
+    /// Not streaming: a 2xx that is not a valid answer (not JSON, empty, a content
+    /// encoding although identity was asked for, an event stream, larger than the
+    /// limit, or not complete in time).
+    InvalidAnswer,
 }
 
 /// The failure of one attempt, as the proxy saw it.
@@ -139,6 +143,7 @@ impl Trigger {
                 TransportFailure::Connect => "connect_error",
                 TransportFailure::Reset => "reset",
                 TransportFailure::InvalidStreamStart => "invalid_stream_start",
+                TransportFailure::InvalidAnswer => "invalid_answer",
             },
             Self::RequestError { .. } => "request_error",
         }
@@ -353,6 +358,7 @@ mod tests {
             (TransportFailure::Connect, "connect_error"),
             (TransportFailure::Reset, "reset"),
             (TransportFailure::InvalidStreamStart, "invalid_stream_start"),
+            (TransportFailure::InvalidAnswer, "invalid_answer"),
         ] {
             let c = classify(&AttemptFailure::Transport(failure), NOW);
             assert_eq!(c.class, FailureClass::Transient);

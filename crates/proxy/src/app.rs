@@ -46,8 +46,12 @@ struct Inner {
     budgets: DashMap<PoolKey, (u64, Option<Arc<HedgeBudget>>)>,
     ids: AtomicU64,
     seed: u64,
-    /// Body bytes held by the whole process (`max_body_bytes_in_flight`).
+    /// Request body bytes held by the whole process (`max_body_bytes_in_flight`).
     body_budget: Arc<BodyBudget>,
+    /// Buffered upstream answer bytes held by the whole process (the same bound, kept
+    /// apart so that request bodies filling their budget never starve the answers that
+    /// would end those requests).
+    answer_budget: Arc<BodyBudget>,
     unresolved: Arc<str>,
     /// The file `POST /admin/reload` re-reads (none for an embedded config).
     config_path: std::sync::OnceLock<std::path::PathBuf>,
@@ -84,6 +88,7 @@ impl App {
                 ids: AtomicU64::new(0),
                 seed,
                 body_budget: Arc::new(BodyBudget::new()),
+                answer_budget: Arc::new(BodyBudget::new()),
                 unresolved: Arc::from(UNRESOLVED),
                 config_path: std::sync::OnceLock::new(),
             }),
@@ -209,8 +214,11 @@ impl App {
             RouteMatch::Ready if get => self.readyz(),
             RouteMatch::Metrics if get => {
                 let mut exposition = self.metrics().render(self.store(), now_ms());
-                self.metrics()
-                    .render_body_budget(&mut exposition, self.body_budget().held());
+                self.metrics().render_body_budget(
+                    &mut exposition,
+                    self.body_budget().held(),
+                    self.answer_budget().held(),
+                );
                 let mut response = text(StatusCode::OK, exposition);
                 response.headers_mut().insert(
                     CONTENT_TYPE,
@@ -434,9 +442,14 @@ impl App {
         })
     }
 
-    /// The process-wide count of body bytes held.
+    /// The process-wide count of request body bytes held.
     pub(crate) fn body_budget(&self) -> &Arc<BodyBudget> {
         &self.inner.body_budget
+    }
+
+    /// The process-wide count of buffered upstream answer bytes held.
+    pub(crate) fn answer_budget(&self) -> &Arc<BodyBudget> {
+        &self.inner.answer_budget
     }
 
     fn bodies_over_budget(&self) -> Reject {

@@ -17,9 +17,10 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use keypool_cooldown::TransportFailure;
 use keypool_cooldown::headers::RateLimitInfo;
+use keypool_core::UnixMs;
 use keypool_providers::{
-    CommitGate, Endpoint, StreamUsage, UpstreamAccount, Usage, Verdict, build_upstream_head,
-    override_model, rate_limits, usage_from_json_body,
+    AnswerProblem, CommitGate, Endpoint, StreamUsage, UpstreamAccount, Usage, Verdict,
+    build_upstream_head, check_answer_body, check_answer_head, override_model, rate_limits,
 };
 use keypool_sse::Decoder;
 use keypool_store::config::{Account, Config};
@@ -28,13 +29,11 @@ use tokio::time::Instant;
 
 use crate::App;
 use crate::body::Collected;
+use crate::body_budget::Reservation;
 
 /// Most bytes of an upstream error body read (to classify it and for the pass-through
 /// message); the rest is not read.
 pub const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
-
-/// Most bytes of a non-streaming 2xx body; a larger answer fails the attempt.
-pub const MAX_FULL_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// What every attempt of one request shares.
 pub(crate) struct Call<'a> {
@@ -68,6 +67,8 @@ pub(crate) enum ReadyKind {
         status: StatusCode,
         headers: HeaderMap,
         body: Bytes,
+        /// The body's bytes in the process-wide body budget, until it is written.
+        held: Reservation,
         usage: Option<Usage>,
         total_ms: u64,
     },
@@ -90,9 +91,60 @@ pub(crate) enum Failure {
         status: StatusCode,
         rate_limit: Box<RateLimitInfo>,
         body: Bytes,
+        /// When the head arrived (unix ms): the moment the upstream's `Retry-After` and
+        /// resets are relative to, however long its body then took.
+        received_at: UnixMs,
     },
     /// No usable answer.
     Transport(TransportFailure),
+    /// keypool's own resources ran out (file descriptors, memory, the body budget): not
+    /// the account's fault, so nothing is credited to it, and the request stops.
+    Local(LocalFailure),
+}
+
+/// Which of keypool's own resources an attempt found exhausted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LocalFailure {
+    /// The process or the system is out of file descriptors, sockets, ports or memory
+    /// (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`, `EADDRNOTAVAIL`).
+    Resources,
+    /// A buffered answer did not fit in `max_body_bytes_in_flight`.
+    BodyBudget,
+}
+
+impl LocalFailure {
+    /// The metric label and log field.
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::Resources => "resources",
+            Self::BodyBudget => "body_budget",
+        }
+    }
+}
+
+/// Whether an upstream client error was caused by keypool's own resources rather than
+/// by the account or its upstream: an OS error of running out of descriptors, buffers,
+/// memory or local ports anywhere in its source chain.
+pub(crate) fn is_local_resource_error(error: &(dyn std::error::Error + 'static)) -> bool {
+    // Linux errno values (the Rust standard library has no stable ErrorKind for them).
+    const ENOMEM: i32 = 12;
+    const ENFILE: i32 = 23;
+    const EMFILE: i32 = 24;
+    const EADDRNOTAVAIL: i32 = 99;
+    const ENOBUFS: i32 = 105;
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && (matches!(
+                io.raw_os_error(),
+                Some(ENOMEM | ENFILE | EMFILE | EADDRNOTAVAIL | ENOBUFS)
+            ) || io.kind() == std::io::ErrorKind::OutOfMemory)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// Runs one attempt with `account`. `first_chunk` is set when the first valid frame
@@ -108,45 +160,51 @@ pub(crate) async fn attempt(
         Some(model) => override_model(&call.body, model).unwrap_or_else(|_| call.body.clone()),
         None => call.body.clone(),
     };
-    let upstream_account = UpstreamAccount {
-        provider: account.provider(),
-        auth: account.auth(),
-        secret: account.secret().expose(),
-        base_url: account.base_url(),
-    };
-    let head = build_upstream_head(call.uri, call.headers, call.endpoint, &upstream_account)
-        .map_err(|e| {
-            tracing::error!(account = %account.id(), error = %e, "account cannot be called");
-            Failure::Transport(TransportFailure::Connect)
-        })?;
+    let head = build_upstream_head(
+        call.uri,
+        call.headers,
+        call.endpoint,
+        &upstream_account(&account),
+    )
+    .map_err(|e| {
+        tracing::error!(account = %account.id(), error = %e, "account cannot be called");
+        Failure::Transport(TransportFailure::Connect)
+    })?;
     let request = head.into_request(Full::new(body));
     let upstream_timeout = Duration::from_millis(settings.upstream_timeout_ms);
     let response = match tokio::time::timeout(upstream_timeout, call.app.client().request(request))
         .await
     {
         Err(_) => return Err(Failure::Transport(TransportFailure::Timeout)),
+        Ok(Err(e)) if is_local_resource_error(&e) => {
+            return Err(Failure::Local(LocalFailure::Resources));
+        }
         Ok(Err(e)) if e.is_connect() => return Err(Failure::Transport(TransportFailure::Connect)),
         Ok(Err(_)) => return Err(Failure::Transport(TransportFailure::Reset)),
         Ok(Ok(response)) => response,
     };
     let (parts, mut body) = response.into_parts();
-    let now = now_ms();
-    let rate_limit = rate_limits(&parts.headers, now);
+    let received_at = now_ms();
+    let rate_limit = rate_limits(&parts.headers, received_at);
     if !rate_limit.is_empty() {
         call.app
             .store()
-            .observe_windows(account.id(), &rate_limit, now);
+            .observe_windows(account.id(), &rate_limit, received_at);
     }
-    let idle = Duration::from_millis(settings.stream_idle_timeout_ms);
     if !parts.status.is_success() {
         let wait = Duration::from_millis(settings.first_frame_timeout_ms);
-        let body = read_body(&mut body, MAX_ERROR_BODY_BYTES, wait, true)
-            .await
-            .unwrap_or_default();
+        let limits = ReadLimits {
+            max: MAX_ERROR_BODY_BYTES,
+            idle: wait,
+            deadline: Instant::now() + wait,
+            truncate: true,
+        };
+        let body = read_body(&mut body, limits, None).await.unwrap_or_default();
         return Err(Failure::Status {
             status: parts.status,
             rate_limit: Box::new(rate_limit),
             body,
+            received_at,
         });
     }
     let upstream_request_id = parts
@@ -155,24 +213,14 @@ pub(crate) async fn attempt(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     if !call.stream {
-        let ttft_ms = started.elapsed().as_millis() as u64;
-        first_chunk.store(true, Ordering::Release);
-        let bytes = read_body(&mut body, MAX_FULL_BODY_BYTES, idle, false)
+        return full_answer(call, &account, started, parts, body, &first_chunk)
             .await
-            .map_err(Failure::Transport)?;
-        let usage = usage_from_json_body(&bytes);
-        return Ok(Ready {
-            account,
-            ttft_ms,
-            upstream_request_id,
-            kind: ReadyKind::Full {
-                status: parts.status,
-                headers: parts.headers,
-                body: bytes,
-                usage,
-                total_ms: started.elapsed().as_millis() as u64,
-            },
-        });
+            .map(|(ttft_ms, kind)| Ready {
+                account,
+                ttft_ms,
+                upstream_request_id,
+                kind,
+            });
     }
     hold_stream(call.config, body, started, &first_chunk)
         .await
@@ -182,6 +230,63 @@ pub(crate) async fn attempt(
             upstream_request_id,
             kind,
         })
+}
+
+/// A non-streaming 2xx answer (SPEC 3.8): passed on only when it is a `200` JSON answer
+/// of the endpoint in identity encoding, within `max_response_body_bytes` and complete
+/// within `upstream_timeout` of its head; anything else fails the attempt. The buffered
+/// body holds its bytes in the process-wide body budget until it has been written.
+async fn full_answer(
+    call: &Call<'_>,
+    account: &Account,
+    started: Instant,
+    parts: http::response::Parts,
+    mut body: Incoming,
+    first_chunk: &AtomicBool,
+) -> Result<(u64, ReadyKind), Failure> {
+    let settings = call.config.server();
+    let invalid = |problem: AnswerProblem| {
+        tracing::debug!(account = %account.id(), problem = problem.as_str(), "upstream 2xx is not a valid answer");
+        Failure::Transport(TransportFailure::InvalidAnswer)
+    };
+    check_answer_head(parts.status, &parts.headers).map_err(invalid)?;
+    let ttft_ms = started.elapsed().as_millis() as u64;
+    first_chunk.store(true, Ordering::Release);
+    let mut held = call
+        .app
+        .answer_budget()
+        .reserve(0, settings.max_body_bytes_in_flight)
+        .ok_or(Failure::Local(LocalFailure::BodyBudget))?;
+    let limits = ReadLimits {
+        max: usize::try_from(settings.max_response_body_bytes).unwrap_or(usize::MAX),
+        idle: Duration::from_millis(settings.stream_idle_timeout_ms),
+        deadline: Instant::now() + Duration::from_millis(settings.upstream_timeout_ms),
+        truncate: false,
+    };
+    let budget = (&mut held, settings.max_body_bytes_in_flight);
+    let bytes = read_body(&mut body, limits, Some(budget)).await?;
+    let usage = check_answer_body(call.endpoint, &bytes).map_err(invalid)?;
+    Ok((
+        ttft_ms,
+        ReadyKind::Full {
+            status: parts.status,
+            headers: parts.headers,
+            body: bytes,
+            held,
+            usage,
+            total_ms: started.elapsed().as_millis() as u64,
+        },
+    ))
+}
+
+/// What the provider adapter needs of `account` (its secret included: keep it local).
+pub(crate) fn upstream_account(account: &Account) -> UpstreamAccount<'_> {
+    UpstreamAccount {
+        provider: account.provider(),
+        auth: account.auth(),
+        secret: account.secret().expose(),
+        base_url: account.base_url(),
+    }
 }
 
 /// The streaming hold (SPEC 3.8): reads frames into memory until the commit gate says
@@ -267,35 +372,54 @@ async fn hold_stream(
     ))
 }
 
-/// Reads a body up to `limit` bytes, waiting at most `idle` for each chunk. With
-/// `truncate` a longer body is cut at `limit`; without, it is a failure.
+/// How much of an upstream body to read, and for how long.
+struct ReadLimits {
+    /// Most bytes.
+    max: usize,
+    /// Longest wait for each chunk.
+    idle: Duration,
+    /// When the whole body must be in.
+    deadline: Instant,
+    /// A longer body is cut at `max` (an error body) instead of failing (an answer).
+    truncate: bool,
+}
+
+/// Reads an upstream body within `limits`; every byte kept is first added to `budget`'s
+/// reservation, when given (a body that does not fit is keypool's own failure). A stall
+/// past `idle` or the deadline is a timeout, a body over `max` (without `truncate`) an
+/// invalid answer.
 async fn read_body(
     body: &mut Incoming,
-    limit: usize,
-    idle: Duration,
-    truncate: bool,
-) -> Result<Bytes, TransportFailure> {
+    limits: ReadLimits,
+    mut budget: Option<(&mut Reservation, u64)>,
+) -> Result<Bytes, Failure> {
     let mut collected = Collected::default();
     let mut len = 0usize;
     loop {
-        let frame = match tokio::time::timeout(idle, body.frame()).await {
-            Err(_) => return Err(TransportFailure::Timeout),
+        let wait = (Instant::now() + limits.idle).min(limits.deadline);
+        let frame = match tokio::time::timeout_at(wait, body.frame()).await {
+            Err(_) => return Err(Failure::Transport(TransportFailure::Timeout)),
             Ok(None) => break,
-            Ok(Some(Err(_))) => return Err(TransportFailure::Reset),
+            Ok(Some(Err(_))) => return Err(Failure::Transport(TransportFailure::Reset)),
             Ok(Some(Ok(frame))) => frame,
         };
         let Ok(mut data) = frame.into_data() else {
             continue;
         };
-        if len + data.len() > limit {
-            if !truncate {
-                return Err(TransportFailure::Reset);
+        if len + data.len() > limits.max {
+            if !limits.truncate {
+                return Err(Failure::Transport(TransportFailure::InvalidAnswer));
             }
-            data.truncate(limit - len);
+            data.truncate(limits.max - len);
         }
         len += data.len();
+        if let Some((reservation, limit)) = budget.as_mut()
+            && !reservation.grow_to(len as u64, *limit)
+        {
+            return Err(Failure::Local(LocalFailure::BodyBudget));
+        }
         collected.push(data);
-        if len >= limit {
+        if len >= limits.max {
             break;
         }
     }

@@ -13,6 +13,8 @@ use hyper::body::Incoming;
 use keypool_cooldown::TransportFailure;
 use keypool_providers::{StreamUsage, Usage, stream_error};
 use keypool_sse::{Decoder, overloaded_error_frame};
+
+use crate::body_budget::Reservation;
 use tokio::time::{Instant, Sleep};
 
 /// Joins the data chunks of a body read in full: a body of one chunk (the usual case)
@@ -57,7 +59,9 @@ pub struct ProxyBody {
 #[derive(Debug)]
 enum Kind {
     Empty,
-    Full(Option<Bytes>),
+    /// One buffer, and the bytes it holds in the process-wide body budget (given back
+    /// when the body is dropped, after it was written).
+    Full(Option<Bytes>, #[allow(dead_code)] Option<Reservation>),
     Stream(Box<StreamBody>),
 }
 
@@ -74,7 +78,14 @@ impl ProxyBody {
             return Self::empty();
         }
         Self {
-            kind: Kind::Full(Some(bytes)),
+            kind: Kind::Full(Some(bytes), None),
+        }
+    }
+
+    /// One buffer that holds `held` of the body budget until it is dropped.
+    pub(crate) fn full_held(bytes: Bytes, held: Reservation) -> Self {
+        Self {
+            kind: Kind::Full(Some(bytes), Some(held)),
         }
     }
 
@@ -95,7 +106,7 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match &mut self.kind {
             Kind::Empty => Poll::Ready(None),
-            Kind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Full(bytes, _) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             Kind::Stream(stream) => stream
                 .poll_next(cx)
                 .map(|chunk| chunk.map(|b| Ok(Frame::data(b)))),
@@ -105,7 +116,7 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Empty => true,
-            Kind::Full(bytes) => bytes.is_none(),
+            Kind::Full(bytes, _) => bytes.is_none(),
             Kind::Stream(_) => false,
         }
     }
@@ -113,7 +124,9 @@ impl Body for ProxyBody {
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Empty => SizeHint::with_exact(0),
-            Kind::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Full(bytes, _) => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
             Kind::Stream(_) => SizeHint::default(),
         }
     }
@@ -130,6 +143,10 @@ pub enum StreamEnd {
     /// The client went away before the end (the upstream request was dropped with it).
     ClientGone,
 }
+
+/// How long a committed stream waits, after its `message_stop`, for the upstream body to
+/// end before it ends the client's stream anyway.
+const AFTER_STOP_GRACE: Duration = Duration::from_secs(1);
 
 /// Called exactly once when a committed stream ends, however it ends.
 pub(crate) trait StreamFinish: Send + Sync + 'static {
@@ -149,6 +166,8 @@ pub(crate) struct StreamBody {
     sleep: Pin<Box<Sleep>>,
     usage: StreamUsage,
     saw_stop: bool,
+    /// `message_stop` was forwarded and the grace for the body's end has started.
+    stopping: bool,
     done: bool,
     finish: Option<Box<dyn StreamFinish>>,
 }
@@ -184,6 +203,7 @@ impl StreamBody {
             sleep: Box::pin(tokio::time::sleep(idle)),
             usage,
             saw_stop,
+            stopping: false,
             done: false,
             finish: Some(finish),
         }
@@ -217,10 +237,13 @@ impl StreamBody {
                         return;
                     }
                     self.usage.observe(&frame);
-                    if frame.is_event("message_stop") {
-                        self.saw_stop = true;
-                    }
+                    let stop = frame.is_event("message_stop");
                     self.pending.push_back(frame.into_raw());
+                    if stop {
+                        // The answer is complete: nothing after it is forwarded.
+                        self.saw_stop = true;
+                        return;
+                    }
                 }
                 Ok(None) => return,
                 Err(_) => {
@@ -239,14 +262,36 @@ impl StreamBody {
             if self.done {
                 return Poll::Ready(None);
             }
-            self.drain_decoder(false);
-            if !self.pending.is_empty() || self.done {
-                continue;
+            if !self.saw_stop {
+                self.drain_decoder(false);
+                if !self.pending.is_empty() || self.done {
+                    continue;
+                }
             }
             let Some(upstream) = self.upstream.as_mut() else {
                 self.end(StreamEnd::Failed(TransportFailure::Reset));
                 continue;
             };
+            if self.saw_stop {
+                // `message_stop` was forwarded: the answer is complete, whatever the
+                // upstream does next. Wait briefly for the end of its body (so that its
+                // connection can be reused), ignoring anything more it sends; a reset,
+                // a body shorter than its `content-length` or silence ends it as well.
+                if !self.stopping {
+                    self.stopping = true;
+                    let deadline = Instant::now() + AFTER_STOP_GRACE.min(self.idle);
+                    self.sleep.as_mut().reset(deadline);
+                }
+                match Pin::new(upstream).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(_))) => continue,
+                    Poll::Ready(None | Some(Err(_))) => self.end(StreamEnd::Completed),
+                    Poll::Pending => {
+                        ready!(self.sleep.as_mut().poll(cx));
+                        self.end(StreamEnd::Completed);
+                    }
+                }
+                continue;
+            }
             match Pin::new(upstream).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {

@@ -1,7 +1,9 @@
-//! [`BodyBudget`]: the bytes of request bodies and buffered upstream answers the whole
-//! process holds at once (SPEC 3.1: "the memory held by bodies in flight bounded for the
-//! whole process"), so that many clients, or a careless upstream, cannot make keypool
-//! hold more than `max_body_bytes_in_flight` however many connections they open.
+//! [`BodyBudget`]: the bytes of bodies the whole process holds at once (SPEC 3.1: "the
+//! memory held by bodies in flight bounded for the whole process"), so that many
+//! clients, or a careless upstream, cannot make keypool hold more than
+//! `max_body_bytes_in_flight` however many connections they open. The proxy keeps two:
+//! one for request bodies, one for buffered (non-streaming) upstream answers, so that
+//! requests filling theirs never starve the answers that would end them.
 //!
 //! A body reserves what its `content-length` announces before its first byte is read
 //! and grows the reservation as chunks arrive; the [`Reservation`] gives its bytes back

@@ -30,7 +30,7 @@ use keypool_store::{KeptSurvivors, Snapshot, Store, StoreError, now_ms};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use crate::attempt::{Call, Failure, Ready, ReadyKind, attempt};
+use crate::attempt::{Call, Failure, Ready, ReadyKind, attempt, upstream_account};
 use crate::availability::HealthAvailability;
 use crate::body::{ProxyBody, StreamBody, StreamEnd, StreamFinish};
 use crate::ceiling::AttemptCeiling;
@@ -159,13 +159,15 @@ pub(crate) async fn serve<'c>(
     let mut slots: [Option<Slot<'c>>; 2] = [None, None];
     let mut next = 0usize;
     let mut ceiling = AttemptCeiling::new(order.len());
-    let mut last_failure: Option<Failure> = None;
+    // The last failure and the snapshot index of its account.
+    let mut last_failure: Option<(Failure, usize)> = None;
     let mut hedge: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut backup_pending = false;
     let mut backup_started = false;
     // Accounts of the plan skipped because they were at their cap, kept for the queue.
     let mut deferred: Vec<(usize, Arc<Account>, u32)> = Vec::new();
     let mut queue_rejection: Option<StoreError> = None;
+    let mut local_failure = false;
     let max_wait = Duration::from_millis(settings.queue_max_wait_ms);
 
     let start = |slot: &mut Option<Slot<'c>>,
@@ -396,17 +398,34 @@ pub(crate) async fn serve<'c>(
                     }
                     Err(failure) => {
                         let candidate = &snapshot[slot.index];
-                        let c = record_failure(
+                        let Some(c) = record_failure(
                             app,
                             candidate,
                             slot.started_at,
                             snapshot.len(),
                             &failure,
-                        );
+                        ) else {
+                            // keypool's own resources ran out: nothing is the account's
+                            // fault and the next account would fail the same way.
+                            if let Failure::Local(local) = failure {
+                                tracing::error!(
+                                    account = %candidate.id,
+                                    resource = local.as_str(),
+                                    "keypool's own resources ran out during an attempt; not counted against the account"
+                                );
+                                app.metrics().local_failure(local.as_str());
+                                local_failure = true;
+                            }
+                            push_attempt(log, &candidate.id, "local_failure");
+                            for other in slots.iter_mut().filter_map(Option::take) {
+                                push_attempt(log, &snapshot[other.index].id, "aborted");
+                            }
+                            break;
+                        };
                         push_attempt(log, &candidate.id, c.trigger.as_str());
                         let in_flight = slots.iter().filter(|s| s.is_some()).count();
                         ceiling.failed(c.is_request_error(), in_flight);
-                        last_failure = Some(failure);
+                        last_failure = Some((failure, slot.index));
                         if ceiling.terminal() {
                             for other in slots.iter_mut().filter_map(Option::take) {
                                 push_attempt(log, &snapshot[other.index].id, "aborted");
@@ -418,6 +437,9 @@ pub(crate) async fn serve<'c>(
         }
     }
     app.metrics().attempts(ceiling.started() as u64);
+    if local_failure {
+        return rescue(&Reject::overloaded(1), request_id);
+    }
     if let Some(e) = queue_rejection {
         return queue_rejected(&e, request_id);
     }
@@ -442,22 +464,32 @@ fn push_attempt(log: &mut Option<RequestLog>, account: &AccountId, outcome: &'st
 }
 
 /// Credits a failed attempt to its account: classification, cooldown or disabling,
-/// breaker, rating sample, metrics.
+/// breaker, rating sample, metrics. `None` for keypool's own failure, which is never
+/// the account's.
 fn record_failure(
     app: &App,
     candidate: &Candidate,
     started_at: UnixMs,
     snapshot_len: usize,
     failure: &Failure,
-) -> Classification {
-    let attempt_failure = match failure {
+) -> Option<Classification> {
+    // A status failure happened when its head arrived: its `Retry-After` (seconds or a
+    // date) and resets count from then, however long the error body took.
+    let (attempt_failure, at) = match failure {
         Failure::Status {
-            status, rate_limit, ..
-        } => AttemptFailure::Status {
-            status: *status,
+            status,
             rate_limit,
-        },
-        Failure::Transport(t) => AttemptFailure::Transport(*t),
+            received_at,
+            ..
+        } => (
+            AttemptFailure::Status {
+                status: *status,
+                rate_limit,
+            },
+            *received_at,
+        ),
+        Failure::Transport(t) => (AttemptFailure::Transport(*t), now_ms()),
+        Failure::Local(_) => return None,
     };
     let attempt = Attempt {
         account: &candidate.id,
@@ -465,7 +497,7 @@ fn record_failure(
         started_at,
         snapshot_len,
     };
-    credit_failure(app, &attempt, &attempt_failure, now_ms())
+    Some(credit_failure(app, &attempt, &attempt_failure, at))
 }
 
 /// Credits a failure (of an attempt, or of a committed stream) to its account:
@@ -557,30 +589,42 @@ fn earliest_cooldown_secs(app: &App, snapshot: &[Candidate]) -> u64 {
 fn exhausted(
     call: &Call<'_>,
     snapshot: &[Candidate],
-    last: Option<Failure>,
+    last: Option<(Failure, usize)>,
     request_id: &str,
 ) -> Response<ProxyBody> {
     let wait = earliest_cooldown_secs(call.app, snapshot);
-    if let Some(Failure::Status {
-        status,
-        rate_limit,
-        body,
-    }) = &last
+    if let Some((
+        Failure::Status {
+            status,
+            rate_limit,
+            body,
+            ..
+        },
+        index,
+    )) = &last
+        && let Some(account) = call.config.account(snapshot[*index].id.as_str())
         && call
             .config
             .server()
             .passthrough_statuses
             .contains(&status.as_u16())
     {
+        // Capped as a retry-after cooldown is (SPEC 6: at most 1 h by default).
+        let cap = call
+            .config
+            .cooldown()
+            .settings()
+            .retry_after_max_ms
+            .div_ceil(1000);
         let retry_after = (*status == StatusCode::TOO_MANY_REQUESTS).then(|| {
             rate_limit
                 .retry_after_ms
                 .map_or(wait, |ms| ms.div_ceil(1000))
-                .max(1)
+                .clamp(1, cap.max(1))
         });
         return json_error(
             *status,
-            passthrough_body(*status, body, Some(request_id)),
+            passthrough_body(*status, body, Some(request_id), &upstream_account(account)),
             retry_after,
         );
     }
@@ -613,6 +657,7 @@ fn commit(
             status,
             headers,
             body,
+            held,
             usage,
             total_ms,
         } => {
@@ -626,7 +671,7 @@ fn commit(
             if let Some(log) = log.as_mut() {
                 log.usage = usage;
             }
-            let mut response = Response::new(ProxyBody::full(body));
+            let mut response = Response::new(ProxyBody::full_held(body, held));
             *response.status_mut() = status;
             copy_safe_response_headers(&headers, response.headers_mut());
             response

@@ -116,6 +116,7 @@ pub struct Metrics {
     affinity: [AtomicU64; 3],
     queue_rejections: [AtomicU64; 2],
     body_budget_rejections: AtomicU64,
+    local_failures: DashMap<&'static str, AtomicU64>,
 }
 
 /// What session affinity did for one request that carried a session key.
@@ -219,12 +220,32 @@ impl Metrics {
         self.body_budget_rejections.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The body budget's series: bytes held now (`held`) and the refusals so far.
-    pub fn render_body_budget(&self, out: &mut String, held: u64) {
+    /// An attempt that found keypool's own resources exhausted (`resource` is
+    /// `resources` or `body_budget`): never counted against the account.
+    pub fn local_failure(&self, resource: &'static str) {
+        with_value(&self.local_failures, resource, || resource, increment);
+    }
+
+    /// The body budgets' series: request body and buffered answer bytes held now, and
+    /// the requests refused for their body so far.
+    pub fn render_body_budget(&self, out: &mut String, requests: u64, answers: u64) {
         let _ = writeln!(
             out,
-            "# HELP keypool_body_bytes_in_flight Bytes of request bodies and buffered upstream answers held in memory now (bounded by max_body_bytes_in_flight).\n# TYPE keypool_body_bytes_in_flight gauge\nkeypool_body_bytes_in_flight {held}\n# HELP keypool_body_budget_rejections_total Requests answered 503 because their body did not fit in max_body_bytes_in_flight.\n# TYPE keypool_body_budget_rejections_total counter\nkeypool_body_budget_rejections_total {}",
+            "# HELP keypool_body_bytes_in_flight Bytes held in memory now, by kind: request bodies and buffered (non-streaming) upstream answers, each bounded by max_body_bytes_in_flight.\n# TYPE keypool_body_bytes_in_flight gauge\nkeypool_body_bytes_in_flight{{kind=\"request\"}} {requests}\nkeypool_body_bytes_in_flight{{kind=\"answer\"}} {answers}\n# HELP keypool_body_budget_rejections_total Requests answered 503 because their body did not fit in max_body_bytes_in_flight.\n# TYPE keypool_body_budget_rejections_total counter\nkeypool_body_budget_rejections_total {}",
             self.body_budget_rejections.load(Ordering::Relaxed)
+        );
+        let mut rows: Vec<_> = self
+            .local_failures
+            .iter()
+            .map(|e| (*e.key(), e.value().load(Ordering::Relaxed)))
+            .collect();
+        rows.sort();
+        counter_family(
+            out,
+            "keypool_local_failures_total",
+            "Attempts that failed on keypool's own resources (file descriptors, memory, the body budget), by resource: never counted against an account.",
+            "resource",
+            rows,
         );
     }
 
