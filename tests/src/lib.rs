@@ -20,17 +20,20 @@
 //! - [`harness`]: [`Harness`] (simulator + configuration + proxy), [`AccountSpec`],
 //!   [`HarnessBuilder`].
 //! - [`client`]: the HTTP client of the suites, [`Reply`] and SSE frames.
+//! - [`logs`]: [`LogLines`], log lines captured in memory.
 //! - [`venv`]: the Python venv with the Anthropic SDK (shared with `xtask`), and
 //!   [`sdk_python`], the policy when it cannot be created.
 
 pub mod client;
 pub mod harness;
+pub mod logs;
 pub mod venv;
 
 use std::path::{Path, PathBuf};
 
 pub use client::{Client, Reply, SseFrame, StreamingReply, admin_account, message_body};
 pub use harness::{AccountSpec, Harness, HarnessBuilder, KEY, MODEL, ORG, URL, secret_of};
+pub use logs::LogLines;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
