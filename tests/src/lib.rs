@@ -22,6 +22,7 @@
 //! - [`fake_upstream`]: [`fake_upstream::FakeUpstream`], an upstream that writes exactly
 //!   the bytes a test scripts (careless and hostile upstreams).
 //! - [`client`]: the HTTP client of the suites, [`Reply`] and SSE frames.
+//! - [`logs`]: [`LogLines`], log lines captured in memory.
 //! - [`raw`]: raw HTTP/1.1 over TCP for hostile-input tests.
 //! - [`venv`]: the Python venv with the Anthropic SDK (shared with `xtask`), and
 //!   [`sdk_python`], the policy when it cannot be created.
@@ -29,6 +30,7 @@
 pub mod client;
 pub mod fake_upstream;
 pub mod harness;
+pub mod logs;
 pub mod raw;
 pub mod venv;
 
@@ -36,6 +38,7 @@ use std::path::{Path, PathBuf};
 
 pub use client::{Client, Reply, SseFrame, StreamingReply, admin_account, message_body};
 pub use harness::{AccountSpec, Harness, HarnessBuilder, KEY, MODEL, ORG, URL, secret_of};
+pub use logs::LogLines;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {

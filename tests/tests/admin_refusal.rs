@@ -1,19 +1,21 @@
 //! Admin API refusal (SPEC 10, `docs/ADMIN.md`): every `/admin` route, with every
 //! method and path spelling, refuses a missing or wrong token with `401
 //! authentication_error`, and a refused call changes nothing (a disabled account stays
-//! disabled, a cooldown keeps running, the configuration is not reloaded). The status
+//! disabled, a cooldown keeps running, an account out of its window stays out, the
+//! configuration is not reloaded). The status
 //! page is the one exception: it answers without a token and holds no data.
 
 // Test code may unwrap (helpers outside #[test] functions too).
 #![allow(clippy::unwrap_used)]
 
 use keypool_core::AccountId;
-use keypool_sim::{Behaviour, ErrorReply, Script};
+use keypool_sim::{Behaviour, ErrorReply, Script, UnifiedHeaders};
 use keypool_tests::{AccountSpec, Harness, KEY};
 
 const TOKEN: &str = "admin-refusal-token-9f8e7d6c5b4a";
 const DISABLED: &str = "acct-disabled-zeta";
 const COOLING: &str = "acct-cooling-eta";
+const OUT: &str = "acct-out-of-window-iota";
 const HEALTHY: &str = "acct-healthy-theta";
 
 #[tokio::test]
@@ -28,13 +30,29 @@ async fn every_admin_route_refuses_a_missing_or_wrong_token_and_changes_nothing(
             )
             .priority(1),
         )
-        .account(AccountSpec::new(HEALTHY, Script::ok()).priority(2))
+        .account(
+            AccountSpec::new(
+                OUT,
+                Script::new(
+                    ErrorReply::rate_limited().unified(&UnifiedHeaders::rejected(
+                        keypool_store::now_ms() / 1000 + 7200,
+                    )),
+                ),
+            )
+            .priority(2),
+        )
+        .account(AccountSpec::new(HEALTHY, Script::ok()).priority(3))
         .start()
         .await;
     assert_eq!(h.send_message().await.status, 200);
     let disabled = AccountId::from(DISABLED);
     assert!(h.store().health().disabled.is_disabled(&disabled));
     let cooling = h.cooldown(COOLING).expect("cooling after its 429");
+    let out = AccountId::from(OUT);
+    let out_until = h
+        .store()
+        .out_of_window(&out, keypool_store::now_ms())
+        .expect("out of its window after its rejected 429");
 
     // A reload would drop the healthy account: a refused reload must not happen.
     let dir = std::env::temp_dir().join(format!("keypool-admin-refusal-{}", std::process::id()));
@@ -43,12 +61,12 @@ async fn every_admin_route_refuses_a_missing_or_wrong_token_and_changes_nothing(
     std::fs::write(
         &file,
         h.toml()
-            .replace("priority = 2", "priority = 2\nactive = false"),
+            .replace("priority = 3", "priority = 3\nactive = false"),
     )
     .unwrap();
     let _ = h.app().clone().with_config_path(&file);
 
-    let ids = [DISABLED, COOLING, HEALTHY, "no-such-account"];
+    let ids = [DISABLED, COOLING, OUT, HEALTHY, "no-such-account"];
     let mut paths = vec![
         "/admin".to_owned(),
         "/admin/".to_owned(),
@@ -68,6 +86,7 @@ async fn every_admin_route_refuses_a_missing_or_wrong_token_and_changes_nothing(
         paths.push(format!("/admin/accounts/{id}"));
         paths.push(format!("/admin/accounts/{id}/enable"));
         paths.push(format!("/admin/accounts/{id}/clear-cooldown"));
+        paths.push(format!("/admin/accounts/{id}/clear-windows"));
         paths.push(format!("/admin/accounts/{id}/enable?token={TOKEN}"));
     }
     let lb_key = h.key(KEY);
@@ -142,6 +161,11 @@ async fn every_admin_route_refuses_a_missing_or_wrong_token_and_changes_nothing(
         Some(cooling),
         "still cooling, same entry"
     );
+    assert_eq!(
+        h.store().out_of_window(&out, keypool_store::now_ms()),
+        Some(out_until),
+        "still out of its window"
+    );
     assert!(
         h.store().config().account(HEALTHY).unwrap().active(),
         "the configuration was not reloaded"
@@ -153,7 +177,7 @@ async fn every_admin_route_refuses_a_missing_or_wrong_token_and_changes_nothing(
         .send()
         .await;
     assert_eq!(page.status, 200);
-    for id in [DISABLED, COOLING, HEALTHY] {
+    for id in [DISABLED, COOLING, OUT, HEALTHY] {
         assert!(!page.text().contains(id), "the page names {id}");
     }
     // And the right token works (the refusals were not for another reason).

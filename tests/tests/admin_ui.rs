@@ -143,6 +143,7 @@ async fn accounts_show_live_state_and_operator_actions_change_it() {
     assert_eq!(exhausted["windows"]["out_of_window"]["limit"], "5h");
     assert_eq!(exhausted["windows"]["five_hour"]["utilization"], 1.0);
     assert_eq!(exhausted["windows"]["unified_status"], "rejected");
+    let exhausted_until = exhausted["windows"]["out_of_window"]["until"].clone();
 
     let healthy = admin_account(&overview, "healthy");
     assert_eq!(healthy["state"], "active");
@@ -175,10 +176,25 @@ async fn accounts_show_live_state_and_operator_actions_change_it() {
     );
     let cleared = admin_post(&h, "/admin/accounts/limited/clear-cooldown").await;
     assert_eq!(cleared.json()["cleared"]["trigger"], "retry_after");
+    // Clear the exhausted account's windows: its window and the cooldown it set go.
+    let cleared = admin_post(&h, "/admin/accounts/exhausted/clear-windows").await;
+    assert_eq!(cleared.status, 200, "{}", cleared.text());
+    assert_eq!(
+        cleared.json(),
+        serde_json::json!({
+            "account": "exhausted",
+            "cleared": {"limit": "5h", "until": exhausted_until},
+            "window_cooldown_cleared": true,
+        })
+    );
     let overview = admin_get(&h, "/admin/accounts", Some(TOKEN)).await.json();
     assert_eq!(admin_account(&overview, "revoked")["state"], "active");
     assert!(admin_account(&overview, "revoked")["disabled"].is_null());
     assert_eq!(admin_account(&overview, "limited")["state"], "active");
+    let exhausted = admin_account(&overview, "exhausted");
+    assert_eq!(exhausted["state"], "active");
+    assert!(exhausted["cooldown"].is_null());
+    assert!(exhausted["windows"]["five_hour"].is_null());
     // Doing it again reports that there was nothing to do.
     assert!(
         admin_post(&h, "/admin/accounts/revoked/enable")
@@ -186,10 +202,25 @@ async fn accounts_show_live_state_and_operator_actions_change_it() {
             .json()["was_disabled"]
             .is_null()
     );
+    assert_eq!(
+        admin_post(&h, "/admin/accounts/exhausted/clear-windows")
+            .await
+            .json(),
+        serde_json::json!({"account": "exhausted", "cleared": null, "window_cooldown_cleared": false})
+    );
     // The actions take POST.
-    admin_get(&h, "/admin/accounts/revoked/enable", Some(TOKEN))
+    for action in ["enable", "clear-windows"] {
+        admin_get(
+            &h,
+            &format!("/admin/accounts/revoked/{action}"),
+            Some(TOKEN),
+        )
         .await
         .assert_keypool_error(405, "invalid_request_error");
+    }
+    admin_post(&h, "/admin/accounts/nobody/clear-windows")
+        .await
+        .assert_keypool_error(404, "not_found_error");
     h.finish().await;
 }
 

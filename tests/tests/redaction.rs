@@ -10,32 +10,15 @@
 // Test code may unwrap (helpers outside #[test] functions too).
 #![allow(clippy::unwrap_used)]
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keypool_sim::{Behaviour, Cut, ErrorReply, Script};
 use keypool_store::keys::{LB_KEY_PREFIX, generate_lb_key};
-use keypool_tests::{AccountSpec, Harness, KEY, MODEL, Reply, message_body, secret_of};
+use keypool_tests::{AccountSpec, Harness, KEY, LogLines, MODEL, Reply, message_body, secret_of};
 use rand::SeedableRng;
 
 const ADMIN_TOKEN: &str = "admin-token-redaction-5f1d0c9a7b3e";
 const CLIENT_OAUTH: &str = "sk-ant-oat01-client-own-token-3c9e1f";
-
-/// Every log line of this test process.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// Everything a client, a scraper or an operator could see.
 #[derive(Default)]
@@ -58,7 +41,7 @@ impl Seen {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_secret_in_any_log_line_metric_error_body_or_debug() {
-    let capture = Capture::default();
+    let capture = LogLines::default();
     let writer = capture.clone();
     tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
@@ -258,7 +241,7 @@ async fn no_secret_in_any_log_line_metric_error_body_or_debug() {
     std::fs::remove_dir_all(&dir).unwrap();
     h.finish().await;
 
-    let logs = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+    let logs = capture.text();
     seen.text("logs", logs.clone());
     // The capture works: every request logged its line, debug-level lines included.
     let first_request = seen.0[0].1.clone();

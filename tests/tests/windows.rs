@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
-use keypool_core::Window;
+use keypool_core::{AccountId, Window};
 use keypool_proxy::rescue::format_utc;
 use keypool_sim::{Behaviour, ErrorReply, Script, UnifiedHeaders};
 use keypool_store::now_ms;
-use keypool_tests::{AccountSpec, Harness};
+use keypool_tests::{AccountSpec, Harness, LogLines, admin_account, secret_of};
 
 fn at(window: Window, utilization: f64, reset_s: u64) -> Script {
     Script::ok().unified(&UnifiedHeaders::allowed().window(
@@ -107,5 +107,147 @@ async fn window_headers_of_a_stream_count_too() {
     assert_eq!(h.send_stream().await.status, 200);
     assert_eq!(h.send_stream().await.status, 200);
     assert_eq!(h.upstream_order(), ["a", "b"]);
+    h.finish().await;
+}
+
+const ADMIN_TOKEN: &str = "windows-admin-token-4c1e9b";
+
+/// The weekly bound of a reset (docs/RELIABILITY.md, "Hostile rate-limit headers"):
+/// 7 days and 5 minutes of slack after the response. The overall `-reset` has it too.
+const WEEKLY_BOUND_MS: u64 = 7 * 24 * 3_600_000 + 5 * 60_000;
+
+/// The `Retry-After` of `reply`, in seconds.
+fn retry_after(reply: &keypool_tests::Reply) -> u64 {
+    reply
+        .header("retry-after")
+        .expect("retry-after")
+        .parse()
+        .unwrap()
+}
+
+/// Issue 14 item 6: one 429 with `-status: rejected` and a reset in the year
+/// 3 trillion took the account out until `u64::MAX`, told clients `Retry-After:
+/// 18446742277600448`, and no admin route brought it back. Now the reset is clamped to
+/// the weekly bound (with a warning naming the account and the header), the pool's 429
+/// says at most that, and `clear-windows` returns the account to service.
+#[tokio::test]
+async fn a_far_future_reset_keeps_an_account_out_for_at_most_a_week_and_clear_windows_ends_it() {
+    let lines = LogLines::default();
+    let writer = lines.clone();
+    let _logs = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish(),
+    );
+    let far_future = ErrorReply::rate_limited()
+        .header("anthropic-ratelimit-unified-status", "rejected")
+        .header("anthropic-ratelimit-unified-reset", "99999999999999999999")
+        .header(
+            "anthropic-ratelimit-unified-representative-claim",
+            "five_hour",
+        );
+    let h = Harness::builder()
+        .extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""))
+        .account(AccountSpec::new("far-acct", Script::ok().then(far_future)))
+        .start()
+        .await;
+    let id = AccountId::from("far-acct");
+
+    let before = now_ms();
+    let first = h.send_message().await;
+    let after = now_ms();
+    first.assert_keypool_error(429, "rate_limit_error");
+    let out = h
+        .store()
+        .out_of_window(&id, after)
+        .expect("out of its window after the rejected 429");
+    assert!(
+        (before + WEEKLY_BOUND_MS..=after + WEEKLY_BOUND_MS).contains(&out.until),
+        "out until {} (response at {before}..{after})",
+        out.until
+    );
+    assert_eq!(out.limit.as_str(), "5h", "the claimed window");
+    assert!(retry_after(&first) <= WEEKLY_BOUND_MS / 1000);
+
+    // The pool's own 429 (every account out of its window): at most the bound.
+    let asked = now_ms();
+    let second = h.send_message().await;
+    let answered = now_ms();
+    let message = second.assert_keypool_error(429, "rate_limit_error");
+    assert!(message.contains(&format_utc(out.until)), "{message}");
+    let secs = retry_after(&second);
+    assert!(
+        ((out.until - answered).div_ceil(1000)..=(out.until - asked).div_ceil(1000))
+            .contains(&secs),
+        "Retry-After {secs}"
+    );
+    assert!(secs <= WEEKLY_BOUND_MS / 1000, "Retry-After {secs}");
+    assert_eq!(second.header("x-should-retry"), Some("false"));
+    assert_eq!(
+        h.sim().total_stats().requests,
+        1,
+        "answered from the window state"
+    );
+
+    // The clamp was logged at warn, naming the account and the header, no secret.
+    let logs = lines.text();
+    let warning = logs
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("anthropic-ratelimit-unified-reset"))
+        .unwrap_or_else(|| panic!("no warning about the reset in:\n{logs}"));
+    assert!(warning.contains("far-acct"), "{warning}");
+    assert!(!logs.contains(&secret_of("far-acct")), "{logs}");
+
+    // clear-windows: back in service at once, the window's cooldown gone with it.
+    let cleared = h
+        .client()
+        .post(h.url("/admin/accounts/far-acct/clear-windows"))
+        .bearer(ADMIN_TOKEN)
+        .send()
+        .await;
+    assert_eq!(cleared.status, 200, "{}", cleared.text());
+    assert_eq!(
+        cleared.json(),
+        serde_json::json!({
+            "account": "far-acct",
+            "cleared": {"limit": "5h", "until": out.until},
+            "window_cooldown_cleared": true,
+        })
+    );
+    assert_eq!(h.store().out_of_window(&id, now_ms()), None);
+    assert_eq!(h.cooldown("far-acct"), None);
+    let overview = h
+        .client()
+        .request(http::Method::GET, h.url("/admin/accounts"))
+        .bearer(ADMIN_TOKEN)
+        .send()
+        .await
+        .json();
+    assert_eq!(admin_account(&overview, "far-acct")["state"], "active");
+    assert_eq!(h.send_message().await.status, 200);
+    assert_eq!(h.upstream_order(), ["far-acct", "far-acct"]);
+    h.finish().await;
+}
+
+/// A 5-hour reset sent in unix milliseconds where seconds belong (a value beyond the
+/// year 5138 as seconds) is read as milliseconds: the account is out until exactly that
+/// moment, not for 54,000 years.
+#[tokio::test]
+async fn a_reset_in_unix_milliseconds_is_read_as_milliseconds() {
+    let reset_ms = now_ms() + 2 * 3_600_000;
+    let ms_headers = Script::ok()
+        .header("anthropic-ratelimit-unified-5h-utilization", "1.0")
+        .header("anthropic-ratelimit-unified-5h-reset", reset_ms.to_string());
+    let h = Harness::with_accounts([("ms", ms_headers), ("b", Script::ok())]).await;
+    assert_eq!(h.send_message().await.status, 200);
+    let out = h
+        .store()
+        .out_of_window(&AccountId::from("ms"), now_ms())
+        .expect("out of its 5-hour window");
+    assert_eq!((out.limit.as_str(), out.until), ("5h", reset_ms));
+    assert_eq!(h.send_message().await.status, 200);
+    assert_eq!(h.upstream_order(), ["ms", "b"]);
     h.finish().await;
 }

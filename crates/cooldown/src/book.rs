@@ -5,6 +5,16 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use keypool_core::AccountId;
 
+/// What a book's `import` took, and the values it corrected on the way (a persisted
+/// time beyond what keypool would set now), for the store to log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Imported<C> {
+    /// How many records were taken.
+    pub taken: usize,
+    /// Each corrected value, with its account (taken or not).
+    pub corrected: Vec<(AccountId, C)>,
+}
+
 /// Every entry of `entries`, as records built by `record`.
 pub(crate) fn export<V: Clone, R>(
     entries: &DashMap<AccountId, V>,

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::classify::Trigger;
 use crate::error::CooldownError;
+use crate::headers::ResetKind;
 
 /// Cooldown, backoff, window and breaker settings as written in configuration.
 /// `Default` is the SPEC default for every field.
@@ -179,6 +180,25 @@ impl CooldownConfig {
             .min(s.backoff_max_ms)
     }
 
+    /// The longest cooldown any trigger can set, ms: the weekly window's reset bound
+    /// ([`ResetKind::longest_bound_ms`], a `window_exhausted` cooldown lasts until a
+    /// bounded reset) or a configured duration, whichever is longer. A persisted
+    /// cooldown is never loaded longer than this.
+    pub fn longest_cooldown_ms(&self) -> u64 {
+        let s = &self.settings;
+        [
+            ResetKind::longest_bound_ms(),
+            s.retry_after_max_ms,
+            s.rate_limit_ms,
+            s.large_pool_rate_limit_ms,
+            s.overloaded_ms,
+            s.backoff_max_ms,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(u64::MAX)
+    }
+
     /// How long `trigger` says the account must rest, in ms from `now` (0: no
     /// cooldown), exactly per the SPEC 6 trigger table. `backoff_level` is only used by
     /// the backoff rows, `snapshot_len` only by the plain-429 row.
@@ -213,6 +233,26 @@ impl CooldownConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_longest_cooldown_is_the_weekly_bound_or_a_longer_configured_one() {
+        let week = ResetKind::longest_bound_ms();
+        assert_eq!(week, 7 * 86_400_000 + 300_000);
+        assert_eq!(CooldownConfig::default().longest_cooldown_ms(), week);
+        for field in 0..5 {
+            let mut s = CooldownSettings::default();
+            let long = week + 1 + field;
+            match field {
+                0 => s.retry_after_max_ms = long,
+                1 => s.rate_limit_ms = long,
+                2 => s.large_pool_rate_limit_ms = long,
+                3 => s.overloaded_ms = long,
+                _ => (s.backoff_base_ms, s.backoff_max_ms) = (long, long),
+            }
+            let config = CooldownConfig::try_new(s).unwrap();
+            assert_eq!(config.longest_cooldown_ms(), long, "field {field}");
+        }
+    }
 
     #[test]
     fn defaults_are_the_spec_numbers_and_valid() {

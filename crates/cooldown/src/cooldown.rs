@@ -22,7 +22,7 @@ use dashmap::mapref::entry::Entry;
 use keypool_core::{AccountId, UnixMs};
 use serde::{Deserialize, Serialize};
 
-use crate::book;
+use crate::book::{self, Imported};
 use crate::classify::{Classification, FailureClass, Trigger};
 use crate::config::CooldownConfig;
 use crate::signal::{CooldownSignal, Signals};
@@ -54,6 +54,16 @@ pub struct CooldownRecord {
     /// Its state.
     #[serde(flatten)]
     pub entry: CooldownEntry,
+}
+
+/// A persisted cooldown that ended later than any trigger can set
+/// ([`CooldownConfig::longest_cooldown_ms`]), as [`CooldownBook::import`] found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CooldownCorrection {
+    /// The persisted expiry, unix ms.
+    pub received: UnixMs,
+    /// The expiry taken instead, unix ms.
+    pub recorded: UnixMs,
 }
 
 /// Per-account cooldowns. Thread-safe; every operation takes `now`.
@@ -186,11 +196,24 @@ impl CooldownBook {
     /// Forgets everything about the account: cooldown, backoff level, failure count
     /// (the operator's "clear cooldown").
     pub fn clear(&self, account: &AccountId) {
-        if let Entry::Occupied(o) = self.entries.entry(account.clone()) {
-            if let Some(signal) = self.signals.existing(account) {
-                self.signals.changed(signal.set(0));
+        self.clear_if(account, |_| true);
+    }
+
+    /// [`CooldownBook::clear`] when the account's entry passes `clear`; returns the
+    /// entry it removed.
+    pub fn clear_if(
+        &self,
+        account: &AccountId,
+        clear: impl FnOnce(&CooldownEntry) -> bool,
+    ) -> Option<CooldownEntry> {
+        match self.entries.entry(account.clone()) {
+            Entry::Occupied(o) if clear(o.get()) => {
+                if let Some(signal) = self.signals.existing(account) {
+                    self.signals.changed(signal.set(0));
+                }
+                Some(o.remove())
             }
-            o.remove();
+            _ => None,
         }
     }
 
@@ -218,14 +241,38 @@ impl CooldownBook {
 
     /// Loads exported entries: those whose cooldown has not expired at `now` are kept
     /// with their absolute expiry (so exactly their remaining time); expired ones are
-    /// dropped. When the book already holds an entry for the account, the one with the
-    /// later expiry wins. Returns how many entries were taken.
-    pub fn import(&self, records: impl IntoIterator<Item = CooldownRecord>, now: UnixMs) -> usize {
+    /// dropped. An expiry later than any trigger can set from `now`
+    /// ([`CooldownConfig::longest_cooldown_ms`]: persisted by an older keypool from a
+    /// far-future reset) is clamped to that and reported. When the book already holds
+    /// an entry for the account, the one with the later expiry wins. Returns how many
+    /// entries were taken and what was clamped.
+    pub fn import(
+        &self,
+        records: impl IntoIterator<Item = CooldownRecord>,
+        now: UnixMs,
+    ) -> Imported<CooldownCorrection> {
+        let limit = now.saturating_add(self.config.load().longest_cooldown_ms());
+        let mut corrected = Vec::new();
         let live = records
             .into_iter()
             .filter(|r| r.entry.until > now)
-            .map(|r| (r.account, r.entry));
-        book::import(
+            .map(|mut r| {
+                if r.entry.until > limit {
+                    corrected.push((
+                        r.account.clone(),
+                        CooldownCorrection {
+                            received: r.entry.until,
+                            recorded: limit,
+                        },
+                    ));
+                    r.entry.until = limit;
+                    if let Trigger::WindowExhausted { reset } = &mut r.entry.trigger {
+                        *reset = (*reset).min(limit);
+                    }
+                }
+                (r.account, r.entry)
+            });
+        let taken = book::import(
             &self.entries,
             live,
             |current, incoming| current.until < incoming.until,
@@ -233,7 +280,8 @@ impl CooldownBook {
                 let changed = self.signals.get(account).set(entry.until);
                 self.signals.changed(changed);
             },
-        )
+        );
+        Imported { taken, corrected }
     }
 
     /// Drops entries that no longer matter at `now`: expired and at backoff level 0.
@@ -545,7 +593,7 @@ mod tests {
         let later = NOW + 3_600 * SEC;
         let restored = CooldownBook::default();
         let records: Vec<CooldownRecord> = serde_json::from_str(&json).unwrap();
-        assert_eq!(restored.import(records, later), 1);
+        assert_eq!(restored.import(records, later).taken, 1);
         assert_eq!(
             restored.cooldown_until(&id("window"), later),
             Some(later + 3 * 3_600 * SEC)

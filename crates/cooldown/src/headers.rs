@@ -9,6 +9,16 @@
 //! The provider adapters call it once per response and hand the result to the
 //! classifier ([`crate::classify`]) and to the [`crate::WindowBook`].
 //!
+//! **Resets are bounded.** A reset is the upstream's claim about the future, and one
+//! absurd claim must not take an account out for good. Each reset kind has a bound
+//! ([`ResetKind::bound_ms`]: the window's length plus [`RESET_SLACK_MS`]) and
+//! [`ResetKind::bound`] is the one rule applied to it, here for every response and by
+//! [`crate::WindowBook::import`] for persisted state: a reset within its bound (or in
+//! the past) is kept exactly; one beyond it that is also later than the year 5138 as
+//! seconds ([`UNIX_MS_READING_ABOVE`]) was sent in unix milliseconds and is read so;
+//! whatever is still beyond the bound is clamped to it. Each correction is reported in
+//! [`RateLimitInfo::corrections`] (this crate does not log; the store does).
+//!
 //! ```
 //! use http::HeaderMap;
 //! use keypool_cooldown::headers::{RateLimitInfo, UnifiedStatus};
@@ -26,6 +36,13 @@
 //! assert_eq!(info.unified_reset, Some(1_700_003_600_000));
 //! assert_eq!(info.five_hour.utilization, Some(0.97));
 //! assert_eq!(info.five_hour.reset, None); // malformed: ignored
+//! assert!(info.corrections.is_empty());
+//!
+//! // A reset 3 trillion years ahead is clamped to 7 days (and 5 minutes of slack).
+//! h.insert("anthropic-ratelimit-unified-reset", "99999999999999999999".parse().unwrap());
+//! let info = RateLimitInfo::from_headers(&h, 1_700_000_000_000);
+//! assert_eq!(info.unified_reset, Some(1_700_000_000_000 + 7 * 86_400_000 + 300_000));
+//! assert_eq!(info.corrections.len(), 1);
 //! ```
 
 use std::time::UNIX_EPOCH;
@@ -63,6 +80,102 @@ pub const REQUESTS_RESET: &str = "anthropic-ratelimit-requests-reset";
 
 /// Longest accepted representative-claim value; longer ones are ignored.
 const MAX_CLAIM_LEN: usize = 64;
+
+/// What every reset bound allows beyond its window's length, ms (5 minutes): clock
+/// skew between keypool and the upstream, and an upstream that rounds its reset up.
+pub const RESET_SLACK_MS: u64 = 5 * 60_000;
+
+/// A reset beyond its bound and later than this (10^11 s after the epoch, the year
+/// 5138, here in ms) was sent in unix milliseconds where seconds belong: it is read as
+/// milliseconds (then bounded like any other).
+pub const UNIX_MS_READING_ABOVE: UnixMs = 100_000_000_000_000;
+
+const HOUR_MS: u64 = 3_600_000;
+
+/// Which reset a value is: each kind has its own bound ([`ResetKind::bound_ms`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResetKind {
+    /// `anthropic-ratelimit-unified-reset`: may stand for the weekly window, so the
+    /// weekly bound.
+    Unified,
+    /// `anthropic-ratelimit-unified-5h-reset`.
+    FiveHour,
+    /// `anthropic-ratelimit-unified-7d-reset`.
+    SevenDay,
+    /// `anthropic-ratelimit-requests-reset` (API-key request limit, a cooldown): the
+    /// 1 hour of the default `retry_after_max_ms`, the cap of every other 429 wait.
+    Requests,
+}
+
+impl ResetKind {
+    /// Every kind.
+    pub const ALL: [Self; 4] = [
+        Self::Unified,
+        Self::FiveHour,
+        Self::SevenDay,
+        Self::Requests,
+    ];
+
+    /// The header the reset comes from.
+    pub const fn header(self) -> &'static str {
+        match self {
+            Self::Unified => UNIFIED_RESET,
+            Self::FiveHour => UNIFIED_5H_RESET,
+            Self::SevenDay => UNIFIED_7D_RESET,
+            Self::Requests => REQUESTS_RESET,
+        }
+    }
+
+    /// How far after `now` a reset of this kind may lie, ms: 5 h (`-5h-reset`), 7 d
+    /// (`-7d-reset` and the overall `-reset`), 1 h (`requests-reset`), each plus
+    /// [`RESET_SLACK_MS`].
+    pub const fn bound_ms(self) -> u64 {
+        let window = match self {
+            Self::FiveHour => 5 * HOUR_MS,
+            Self::Unified | Self::SevenDay => 7 * 24 * HOUR_MS,
+            Self::Requests => HOUR_MS,
+        };
+        window + RESET_SLACK_MS
+    }
+
+    /// The longest bound of any kind (the weekly one).
+    pub const fn longest_bound_ms() -> u64 {
+        Self::SevenDay.bound_ms()
+    }
+
+    /// The one rule for a reset `at` (unix ms) seen at `now`: kept exactly within
+    /// `now + bound_ms` (a reset in the past stays in the past); beyond it, read as
+    /// unix ms when later than [`UNIX_MS_READING_ABOVE`], then clamped to the bound.
+    /// Returns the value to record and, when it differs from `at`, the correction.
+    pub fn bound(self, at: UnixMs, now: UnixMs) -> (UnixMs, Option<ResetCorrection>) {
+        let limit = now.saturating_add(self.bound_ms());
+        if at <= limit {
+            return (at, None);
+        }
+        let read_as_ms = at > UNIX_MS_READING_ABOVE;
+        let recorded = if read_as_ms { at / 1000 } else { at }.min(limit);
+        let correction = ResetCorrection {
+            kind: self,
+            received: at,
+            recorded,
+            read_as_ms,
+        };
+        (recorded, Some(correction))
+    }
+}
+
+/// A reset that was not recorded as received (see [`ResetKind::bound`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResetCorrection {
+    /// Which reset.
+    pub kind: ResetKind,
+    /// The value as received, unix ms (the header's seconds × 1000, saturated).
+    pub received: UnixMs,
+    /// The value recorded instead, unix ms.
+    pub recorded: UnixMs,
+    /// Whether `received` was read as unix milliseconds.
+    pub read_as_ms: bool,
+}
 
 /// A unified rate-limit status (`-status`, `-5h-status`, `-7d-status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -128,12 +241,24 @@ pub struct RateLimitInfo {
     pub requests_remaining: Option<u64>,
     /// `anthropic-ratelimit-requests-reset`, unix ms.
     pub requests_reset: Option<UnixMs>,
+    /// The resets [`RateLimitInfo::from_headers`] bounded (empty for a sane upstream),
+    /// for the caller to log. Never persisted.
+    #[serde(skip)]
+    pub corrections: Vec<ResetCorrection>,
 }
 
 impl RateLimitInfo {
-    /// Parses every rate-limit header keypool knows from `headers`. `now` is only used
-    /// to turn an HTTP-date `retry-after` into a delay.
+    /// Parses every rate-limit header keypool knows from `headers`. `now` turns an
+    /// HTTP-date `retry-after` into a delay and bounds every reset
+    /// ([`RateLimitInfo::bound_resets`], reported in `corrections`).
     pub fn from_headers(headers: &HeaderMap, now: UnixMs) -> Self {
+        let mut info = Self::parse(headers, now);
+        info.corrections = info.bound_resets(now);
+        info
+    }
+
+    /// The headers as sent, without bounding the resets.
+    fn parse(headers: &HeaderMap, now: UnixMs) -> Self {
         let found = Found::scan(headers);
         let get = |slot: usize| found.0[slot];
         let retry_after_ms = get(Found::RETRY_AFTER_MS)
@@ -153,7 +278,43 @@ impl RateLimitInfo {
             seven_day: window(Found::SEVEN_DAY),
             requests_remaining: get(Found::REQUESTS_REMAINING).and_then(parse_u64),
             requests_reset: get(Found::REQUESTS_RESET).and_then(parse_timestamp),
+            corrections: Vec::new(),
         }
+    }
+
+    /// The reset of `kind`, if known.
+    pub fn reset(&self, kind: ResetKind) -> Option<UnixMs> {
+        match kind {
+            ResetKind::Unified => self.unified_reset,
+            ResetKind::FiveHour => self.five_hour.reset,
+            ResetKind::SevenDay => self.seven_day.reset,
+            ResetKind::Requests => self.requests_reset,
+        }
+    }
+
+    fn reset_mut(&mut self, kind: ResetKind) -> &mut Option<UnixMs> {
+        match kind {
+            ResetKind::Unified => &mut self.unified_reset,
+            ResetKind::FiveHour => &mut self.five_hour.reset,
+            ResetKind::SevenDay => &mut self.seven_day.reset,
+            ResetKind::Requests => &mut self.requests_reset,
+        }
+    }
+
+    /// Applies [`ResetKind::bound`] at `now` to every reset and returns the corrections
+    /// (the headers' parser does this for each response; the window book's import for
+    /// persisted state).
+    pub fn bound_resets(&mut self, now: UnixMs) -> Vec<ResetCorrection> {
+        let mut corrections = Vec::new();
+        for kind in ResetKind::ALL {
+            let reset = self.reset_mut(kind);
+            if let Some(at) = *reset {
+                let (recorded, correction) = kind.bound(at, now);
+                *reset = Some(recorded);
+                corrections.extend(correction);
+            }
+        }
+        corrections
     }
 
     /// The headers of one usage window.
@@ -563,6 +724,7 @@ mod tests {
                 },
                 requests_remaining: None,
                 requests_reset: None,
+                corrections: Vec::new(),
             }
         );
         assert_eq!(info.claimed_window(), Some(Window::FiveHour));
@@ -693,6 +855,7 @@ mod tests {
             seven_day: window(UNIFIED_7D_UTILIZATION, UNIFIED_7D_RESET, UNIFIED_7D_STATUS),
             requests_remaining: get(REQUESTS_REMAINING).and_then(parse_u64),
             requests_reset: get(REQUESTS_RESET).and_then(parse_timestamp),
+            corrections: Vec::new(),
         }
     }
 
@@ -710,7 +873,7 @@ mod tests {
         let info = RateLimitInfo::from_headers(&h, NOW);
         assert_eq!(info.five_hour.utilization, Some(0.5));
         assert_eq!(info.retry_after_ms, None);
-        assert_eq!(info, by_lookup(&h, NOW));
+        assert_eq!(RateLimitInfo::parse(&h, NOW), by_lookup(&h, NOW));
     }
 
     proptest! {
@@ -736,7 +899,7 @@ mod tests {
             if let Some(u) = info.five_hour.utilization {
                 prop_assert!(u.is_finite() && u >= 0.0);
             }
-            prop_assert_eq!(info, by_lookup(&h, now));
+            prop_assert_eq!(RateLimitInfo::parse(&h, now), by_lookup(&h, now));
         }
 
         #[test]
@@ -760,6 +923,260 @@ mod tests {
             let v = HeaderValue::from_str(&secs.to_string()).unwrap();
             prop_assert_eq!(parse_unix_seconds(&v), Some(secs * 1000));
             prop_assert_eq!(parse_retry_after(&v, NOW), Some(secs * 1000));
+        }
+    }
+
+    // ---- resets are bounded (docs/RELIABILITY.md, "Hostile rate-limit headers") ----
+
+    const MIN: u64 = 60_000;
+    const HOUR: u64 = 60 * MIN;
+    /// The slack every bound allows for clock skew and rounding.
+    const SLACK: u64 = 5 * MIN;
+    /// Each reset header with its bound (ms after `now`), as documented.
+    const BOUNDS: [(&str, u64); 4] = [
+        (UNIFIED_5H_RESET, 5 * HOUR + SLACK),
+        (UNIFIED_7D_RESET, 7 * 24 * HOUR + SLACK),
+        (UNIFIED_RESET, 7 * 24 * HOUR + SLACK),
+        (REQUESTS_RESET, HOUR + SLACK),
+    ];
+
+    /// The reset `header` filled in `info`.
+    fn reset_of(info: &RateLimitInfo, header: &str) -> Option<UnixMs> {
+        match header {
+            UNIFIED_5H_RESET => info.five_hour.reset,
+            UNIFIED_7D_RESET => info.seven_day.reset,
+            UNIFIED_RESET => info.unified_reset,
+            REQUESTS_RESET => info.requests_reset,
+            other => panic!("not a reset header: {other}"),
+        }
+    }
+
+    fn reset_from(header: &'static str, value: &str, now: UnixMs) -> Option<UnixMs> {
+        reset_of(
+            &RateLimitInfo::from_headers(&map(&[(header, value)]), now),
+            header,
+        )
+    }
+
+    #[test]
+    fn a_far_future_reset_is_clamped_to_its_bound() {
+        for (header, bound) in BOUNDS {
+            for far in [
+                "99999999999999999999",
+                "18446744073709551615",
+                "99999999999",  // year 5138, as seconds
+                "1702592000.5", // 30 days after NOW
+            ] {
+                assert_eq!(
+                    reset_from(header, far, NOW),
+                    Some(NOW + bound),
+                    "{header}: {far}"
+                );
+            }
+        }
+        // what was corrected is reported, for the store to log
+        let h = map(&[
+            (UNIFIED_RESET, "99999999999999999999"),
+            (UNIFIED_5H_RESET, "99999999999"),
+            (UNIFIED_7D_RESET, "1700000060"),
+        ]);
+        assert_eq!(
+            RateLimitInfo::from_headers(&h, NOW).corrections,
+            [
+                ResetCorrection {
+                    kind: ResetKind::Unified,
+                    received: u64::MAX,
+                    recorded: NOW + 7 * 24 * HOUR + SLACK,
+                    read_as_ms: true,
+                },
+                ResetCorrection {
+                    kind: ResetKind::FiveHour,
+                    received: 99_999_999_999_000,
+                    recorded: NOW + 5 * HOUR + SLACK,
+                    read_as_ms: false,
+                },
+            ]
+        );
+        // 6 hours ahead: beyond the 5-hour bound, within the weekly one
+        let six_hours = (NOW / 1000 + 6 * 3600).to_string();
+        assert_eq!(
+            reset_from(UNIFIED_5H_RESET, &six_hours, NOW),
+            Some(NOW + 5 * HOUR + SLACK)
+        );
+        assert_eq!(
+            reset_from(UNIFIED_7D_RESET, &six_hours, NOW),
+            Some(NOW + 6 * HOUR)
+        );
+    }
+
+    #[test]
+    fn each_reset_kind_has_the_documented_bound() {
+        let kinds: Vec<(&str, u64)> = ResetKind::ALL
+            .iter()
+            .map(|k| (k.header(), k.bound_ms()))
+            .collect();
+        let mut expected = BOUNDS.to_vec();
+        expected.sort_by_key(|(h, _)| ResetKind::ALL.iter().position(|k| k.header() == *h));
+        assert_eq!(kinds, expected);
+        assert_eq!(ResetKind::longest_bound_ms(), 7 * 24 * HOUR + SLACK);
+        assert_eq!(RESET_SLACK_MS, SLACK);
+        // the 1-hour request-limit bound is the default cap of every other 429 wait
+        assert_eq!(
+            ResetKind::Requests.bound_ms() - RESET_SLACK_MS,
+            crate::CooldownSettings::default().retry_after_max_ms
+        );
+    }
+
+    #[test]
+    fn a_unix_ms_reset_is_read_as_ms_then_bounded() {
+        for (header, bound) in BOUNDS {
+            // 30 minutes from now, in unix ms: within every bound, taken exactly
+            let soon = NOW + 30 * MIN + 123;
+            assert_eq!(
+                reset_from(header, &soon.to_string(), NOW),
+                Some(soon),
+                "{header}"
+            );
+            let info = RateLimitInfo::from_headers(&map(&[(header, &soon.to_string())]), NOW);
+            assert_eq!(
+                info.corrections,
+                [ResetCorrection {
+                    kind: ResetKind::ALL
+                        .into_iter()
+                        .find(|k| k.header() == header)
+                        .unwrap(),
+                    received: soon * 1000,
+                    recorded: soon,
+                    read_as_ms: true,
+                }]
+            );
+            // 30 days from now, in unix ms: read as ms, then clamped
+            let far = NOW + 30 * 24 * HOUR;
+            assert_eq!(
+                reset_from(header, &far.to_string(), NOW),
+                Some(NOW + bound),
+                "{header}"
+            );
+            // an hour ago, in unix ms: still in the past
+            let past = NOW - HOUR;
+            assert_eq!(
+                reset_from(header, &past.to_string(), NOW),
+                Some(past),
+                "{header}"
+            );
+        }
+    }
+
+    #[test]
+    fn resets_within_their_bound_or_in_the_past_are_unchanged() {
+        for (header, bound) in BOUNDS {
+            for at in [
+                NOW + bound,
+                NOW + bound - 1_000,
+                NOW + 1_000,
+                NOW,
+                NOW - 86_400_000,
+                0,
+            ] {
+                let secs = format!("{}.{:03}", at / 1000, at % 1000);
+                let info = RateLimitInfo::from_headers(&map(&[(header, &secs)]), NOW);
+                assert_eq!(reset_of(&info, header), Some(at), "{header}: {secs}");
+                assert!(info.corrections.is_empty(), "{header}: {secs}");
+            }
+            // one second beyond is clamped to the bound, not dropped
+            let beyond = (NOW + bound) / 1000 + 1;
+            assert_eq!(
+                reset_from(header, &beyond.to_string(), NOW),
+                Some(NOW + bound),
+                "{header}"
+            );
+        }
+        // RFC 3339 requests-reset: the same bound
+        assert_eq!(
+            reset_from(REQUESTS_RESET, "2023-11-14T22:43:20Z", NOW),
+            Some(NOW + 30 * MIN)
+        );
+        assert_eq!(
+            reset_from(REQUESTS_RESET, "2023-11-15T22:13:20Z", NOW),
+            Some(NOW + HOUR + SLACK)
+        );
+    }
+
+    #[test]
+    fn negative_and_garbage_resets_are_ignored() {
+        for (header, _) in BOUNDS {
+            for bad in [
+                "-1",
+                "-99999999999999999999",
+                "soon",
+                "1e12",
+                "0x10",
+                "",
+                "1.2.3",
+            ] {
+                assert_eq!(reset_from(header, bad, NOW), None, "{header}: {bad:?}");
+            }
+        }
+    }
+
+    /// Header values of every shape an upstream could send for a reset.
+    fn reset_values() -> impl Strategy<Value = String> {
+        prop_oneof![
+            // within or around the bounds, in seconds (with a fraction sometimes)
+            (0u64..40 * 24 * 3600, any::<bool>()).prop_map(|(ahead, frac)| {
+                let s = NOW / 1000 + ahead;
+                if frac {
+                    format!("{s}.5")
+                } else {
+                    s.to_string()
+                }
+            }),
+            // in the past
+            (0u64..NOW / 1000).prop_map(|s| s.to_string()),
+            // unix ms sent as if it were seconds, past or future
+            (NOW - 365 * 24 * HOUR..NOW + 365 * 24 * HOUR).prop_map(|ms| ms.to_string()),
+            // huge numbers, beyond u64 too
+            "[1-9][0-9]{11,30}",
+            // negative numbers
+            "-[0-9]{1,20}",
+            // anything printable
+            "\\PC{0,30}",
+        ]
+    }
+
+    proptest! {
+        /// Whatever the header says, the recorded reset is at most `now` + its bound; a
+        /// value within the bound (or in the past) is taken exactly as parsed.
+        #[test]
+        fn every_recorded_reset_is_within_its_bound(
+            values in proptest::collection::vec(reset_values(), 4),
+            now in prop_oneof![Just(NOW), NOW - 1000 * HOUR..NOW + 1000 * HOUR, any::<u64>()],
+        ) {
+            let mut h = HeaderMap::new();
+            for ((header, _), v) in BOUNDS.iter().zip(&values) {
+                if let Ok(v) = HeaderValue::from_str(v) {
+                    h.insert(*header, v);
+                }
+            }
+            let info = RateLimitInfo::from_headers(&h, now);
+            for (header, bound) in BOUNDS {
+                let limit = now.saturating_add(bound);
+                let raw = h.get(header).and_then(|v| {
+                    if header == REQUESTS_RESET { parse_timestamp(v) } else { parse_unix_seconds(v) }
+                });
+                let got = reset_of(&info, header);
+                prop_assert_eq!(got.is_some(), raw.is_some(), "{}", header);
+                if let (Some(raw), Some(got)) = (raw, got) {
+                    prop_assert!(got <= limit, "{header}: {raw} gave {got} > {limit}");
+                    if raw <= limit {
+                        prop_assert_eq!(got, raw, "{}: within the bound", header);
+                    } else if raw > 100_000_000_000_000 {
+                        prop_assert_eq!(got, (raw / 1000).min(limit), "{}: read as ms", header);
+                    } else {
+                        prop_assert_eq!(got, limit, "{}: clamped", header);
+                    }
+                }
+            }
         }
     }
 }

@@ -36,7 +36,8 @@
 //!
 //! # Layout
 //! - [`headers`]: parsers for `retry-after`, `retry-after-ms` and the Anthropic
-//!   rate-limit headers, gathered into [`headers::RateLimitInfo`].
+//!   rate-limit headers, gathered into [`headers::RateLimitInfo`], and the bound of
+//!   every reset ([`headers::ResetKind::bound`]).
 //! - `classify`: [`classify`] maps a failed attempt to a [`Classification`]
 //!   ([`FailureClass`] + [`Trigger`]), the SPEC 6 tables.
 //! - `config`: [`CooldownSettings`] (every number, SPEC defaults) validated into
@@ -62,15 +63,16 @@ mod signal;
 mod state;
 mod window;
 
+pub use book::Imported;
 pub use breaker::{BreakerOutcome, BreakerState, CircuitBreaker, CircuitBreakers};
 pub use classify::{
     AttemptFailure, Classification, FailureClass, REQUEST_ERROR_STATUSES, TransportFailure,
     Trigger, classify,
 };
 pub use config::{BreakerSettings, CooldownConfig, CooldownSettings};
-pub use cooldown::{CooldownBook, CooldownEntry, CooldownRecord};
+pub use cooldown::{CooldownBook, CooldownCorrection, CooldownEntry, CooldownRecord};
 pub use disabled::{DisabledAccount, DisabledBook, DisabledRecord, disable_reason};
 pub use error::CooldownError;
 pub use signal::{CooldownSignal, WindowSignal};
-pub use state::{Attempt, FailureEffect, HealthExport, ImportCounts, PoolHealth};
+pub use state::{Attempt, ClearedWindows, FailureEffect, HealthExport, ImportCounts, PoolHealth};
 pub use window::{OutOfWindow, UsageLimit, WindowBook, WindowChange, WindowRecord, WindowState};

@@ -373,13 +373,15 @@ mod tests {
                         };
                         entry.record_failure(&ids[account], &classify(&failure, now), now, 10, now);
                         let records: Vec<CooldownRecord> = std::mem::take(&mut entry).export();
-                        cooldowns.import(records, now);
+                        let _ = cooldowns.import(records, now);
                     }
                     Op::Observe { account, info } => windows.observe(&ids[account], &info, now),
-                    Op::ClearWindow { account } => windows.clear(&ids[account]),
+                    Op::ClearWindow { account } => {
+                        let _ = windows.clear(&ids[account]);
+                    }
                     Op::ImportWindow { account, info, age } => {
                         let state = WindowState { info, updated_at: now.saturating_sub(age) };
-                        windows.import([WindowRecord { account: ids[account].clone(), state }], now);
+                        let _ = windows.import([WindowRecord { account: ids[account].clone(), state }], now);
                     }
                     Op::OwnThreshold { account, threshold } => {
                         own[account] = threshold;

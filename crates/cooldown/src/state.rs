@@ -27,12 +27,13 @@ use keypool_core::{AccountId, UnixMs};
 use serde::{Deserialize, Serialize};
 
 use crate::breaker::{BreakerOutcome, CircuitBreakers};
-use crate::classify::{Classification, FailureClass};
+use crate::classify::{Classification, FailureClass, Trigger};
 use crate::config::CooldownConfig;
-use crate::cooldown::{CooldownBook, CooldownRecord};
+use crate::cooldown::{CooldownBook, CooldownCorrection, CooldownEntry, CooldownRecord};
 use crate::disabled::disable_reason;
 use crate::disabled::{DisabledBook, DisabledRecord};
-use crate::window::{WindowBook, WindowRecord};
+use crate::headers::ResetCorrection;
+use crate::window::{WindowBook, WindowRecord, WindowState};
 
 /// The serialisable state of a [`PoolHealth`]. The circuit breakers are not part of it:
 /// their state is per replica and lives at most `open_ms`.
@@ -49,8 +50,9 @@ pub struct HealthExport {
     pub windows: Vec<WindowRecord>,
 }
 
-/// What [`PoolHealth::import`] took.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What [`PoolHealth::import`] took, and the persisted times it bounded (for the
+/// store to log: an older keypool may have persisted a far-future reset).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImportCounts {
     /// Cooldown entries kept.
     pub cooldowns: usize,
@@ -58,6 +60,19 @@ pub struct ImportCounts {
     pub disabled: usize,
     /// Window states kept.
     pub windows: usize,
+    /// Window resets bounded ([`WindowBook::import`]).
+    pub corrected_resets: Vec<(AccountId, ResetCorrection)>,
+    /// Cooldown expiries clamped ([`CooldownBook::import`]).
+    pub corrected_cooldowns: Vec<(AccountId, CooldownCorrection)>,
+}
+
+/// What [`PoolHealth::clear_windows`] removed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClearedWindows {
+    /// The account's window state.
+    pub state: Option<WindowState>,
+    /// Its cooldown, when a window had set it (trigger `window_exhausted`).
+    pub cooldown: Option<CooldownEntry>,
 }
 
 /// The attempt whose outcome is being recorded.
@@ -166,6 +181,18 @@ impl PoolHealth {
             .record(attempt.base_url, BreakerOutcome::Success, now);
     }
 
+    /// The operator's "clear windows": forgets the account's window state and a
+    /// cooldown that a window set (trigger `window_exhausted`), so that the account is
+    /// back in service at once. Any other cooldown stays. Returns what was removed.
+    pub fn clear_windows(&self, account: &AccountId) -> ClearedWindows {
+        ClearedWindows {
+            state: self.windows.clear(account),
+            cooldown: self.cooldowns.clear_if(account, |e| {
+                matches!(e.trigger, Trigger::WindowExhausted { .. })
+            }),
+        }
+    }
+
     /// Every book's state with absolute times.
     pub fn export(&self, now: UnixMs) -> HealthExport {
         HealthExport {
@@ -177,12 +204,17 @@ impl PoolHealth {
     }
 
     /// Loads an export at `now`: unexpired cooldowns and windows keep their absolute
-    /// expiry, expired ones are dropped, disabled accounts are all kept.
+    /// expiry, expired ones are dropped, disabled accounts are all kept. Resets and
+    /// expiries beyond what keypool would set at `now` are bounded and reported.
     pub fn import(&self, export: HealthExport, now: UnixMs) -> ImportCounts {
+        let cooldowns = self.cooldowns.import(export.cooldowns, now);
+        let windows = self.windows.import(export.windows, now);
         ImportCounts {
-            cooldowns: self.cooldowns.import(export.cooldowns, now),
+            cooldowns: cooldowns.taken,
             disabled: self.disabled.import(export.disabled),
-            windows: self.windows.import(export.windows, now),
+            windows: windows.taken,
+            corrected_resets: windows.corrected,
+            corrected_cooldowns: cooldowns.corrected,
         }
     }
 }
@@ -315,7 +347,8 @@ mod tests {
             ImportCounts {
                 cooldowns: 1,
                 disabled: 1,
-                windows: 1
+                windows: 1,
+                ..Default::default()
             }
         );
         // The window cooldown comes back with 3 h left, never as a fresh 60 s.
@@ -330,5 +363,106 @@ mod tests {
             (out.limit, out.until),
             (UsageLimit::Window(Window::Weekly), NOW + 48 * H)
         );
+    }
+
+    /// An older keypool turned a far-future `-reset` into a cooldown until `u64::MAX`
+    /// and persisted it: loaded again, it ends no later than the longest cooldown any
+    /// trigger sets (the weekly window's bound, with the default settings).
+    #[test]
+    fn import_bounds_a_cooldown_an_older_version_persisted() {
+        let far = AccountId::from("far");
+        let export = HealthExport {
+            exported_at: NOW,
+            cooldowns: vec![CooldownRecord {
+                account: far.clone(),
+                entry: crate::CooldownEntry {
+                    until: u64::MAX,
+                    set_at: NOW - 1,
+                    trigger: crate::Trigger::WindowExhausted { reset: u64::MAX },
+                    backoff_level: 0,
+                    consecutive_failures: 1,
+                },
+            }],
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&export).unwrap();
+        let restored = PoolHealth::default();
+        let counts = restored.import(serde_json::from_str(&json).unwrap(), NOW);
+        let bound = NOW + 7 * 24 * H + 300_000;
+        assert_eq!(restored.cooldowns.cooldown_until(&far, NOW), Some(bound));
+        assert_eq!(restored.cooldowns.signal(&far).until(), bound);
+        assert_eq!(
+            restored.cooldowns.entry(&far).unwrap().trigger,
+            crate::Trigger::WindowExhausted { reset: bound }
+        );
+        assert_eq!(
+            counts.corrected_cooldowns,
+            [(
+                far.clone(),
+                CooldownCorrection {
+                    received: u64::MAX,
+                    recorded: bound
+                }
+            )]
+        );
+        assert_eq!(counts.cooldowns, 1);
+        // a configured cap longer than a week is the bound then
+        let month = 30 * 24 * H;
+        let long = CooldownSettings {
+            retry_after_max_ms: month,
+            ..Default::default()
+        };
+        let restored = PoolHealth::new(CooldownConfig::try_new(long).unwrap());
+        let _ = restored.import(serde_json::from_str(&json).unwrap(), NOW);
+        assert_eq!(
+            restored.cooldowns.cooldown_until(&far, NOW),
+            Some(NOW + month)
+        );
+    }
+
+    /// The operator's "clear windows": the window state and the cooldown a window set
+    /// go; a cooldown of another trigger stays.
+    #[test]
+    fn clear_windows_ends_the_window_and_its_cooldown_only() {
+        let health = PoolHealth::default();
+        let (w, r) = (AccountId::from("w"), AccountId::from("r"));
+        let rejected = RateLimitInfo {
+            unified_status: Some(UnifiedStatus::Rejected),
+            unified_reset: Some(NOW + 4 * H),
+            ..Default::default()
+        };
+        for account in [&w, &r] {
+            health.windows.observe(account, &rejected, NOW);
+        }
+        health.record_failure(&attempt(&w), &status(429, &rejected), NOW);
+        let retry = RateLimitInfo {
+            retry_after_ms: Some(600_000),
+            ..Default::default()
+        };
+        health.record_failure(&attempt(&r), &status(429, &retry), NOW);
+        let signal = health.windows.signal_with_threshold(&w, None);
+        assert!(signal.may_block(NOW));
+
+        let cleared = health.clear_windows(&w);
+        assert_eq!(cleared.state.unwrap().info.unified_reset, Some(NOW + 4 * H));
+        assert_eq!(cleared.cooldown.unwrap().until, NOW + 4 * H);
+        assert_eq!(health.windows.out_of_window(&w, None, NOW), None);
+        assert_eq!(health.cooldowns.cooldown_until(&w, NOW), None);
+        assert!(!signal.may_block(NOW));
+        assert!(!health.cooldowns.signal(&w).may_block(NOW));
+
+        let cleared = health.clear_windows(&r);
+        assert!(cleared.state.is_some());
+        assert_eq!(
+            cleared.cooldown, None,
+            "a retry-after cooldown is not a window's"
+        );
+        assert_eq!(health.windows.out_of_window(&r, None, NOW), None);
+        assert_eq!(
+            health.cooldowns.cooldown_until(&r, NOW),
+            Some(NOW + 600_000)
+        );
+        // nothing left to clear
+        assert_eq!(health.clear_windows(&w), ClearedWindows::default());
     }
 }

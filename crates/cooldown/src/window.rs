@@ -29,9 +29,9 @@ use dashmap::mapref::entry::Entry;
 use keypool_core::{AccountId, UnixMs, Window};
 use serde::{Deserialize, Serialize};
 
-use crate::book;
+use crate::book::{self, Imported};
 use crate::config::CooldownConfig;
-use crate::headers::{RateLimitInfo, UnifiedStatus, WindowUsage};
+use crate::headers::{RateLimitInfo, ResetCorrection, ResetKind, UnifiedStatus, WindowUsage};
 use crate::signal::{Signals, WindowSignal};
 
 /// What keeps an account out of rotation.
@@ -84,17 +84,11 @@ impl WindowState {
     /// The latest reset of any kind that is still after `now`; `None` when every
     /// recorded reset has passed (the state can no longer keep the account out).
     pub fn latest_future_reset(&self, now: UnixMs) -> Option<UnixMs> {
-        let i = &self.info;
-        [
-            i.unified_reset,
-            i.five_hour.reset,
-            i.seven_day.reset,
-            i.requests_reset,
-        ]
-        .into_iter()
-        .flatten()
-        .filter(|&r| r > now)
-        .max()
+        ResetKind::ALL
+            .into_iter()
+            .filter_map(|kind| self.info.reset(kind))
+            .filter(|&r| r > now)
+            .max()
     }
 
     /// SPEC 5: whether this state keeps the account out at `now`, and until when.
@@ -327,14 +321,15 @@ impl WindowBook {
         self.entries.get(account).map(|s| s.clone())
     }
 
-    /// Forgets the account's window state.
-    pub fn clear(&self, account: &AccountId) {
-        if let Entry::Occupied(o) = self.entries.entry(account.clone()) {
-            if let Some(signal) = self.signals.existing(account) {
-                self.signals.changed(signal.clear());
-            }
-            o.remove();
+    /// Forgets the account's window state (the operator's "clear windows"); returns it.
+    pub fn clear(&self, account: &AccountId) -> Option<WindowState> {
+        let Entry::Occupied(o) = self.entries.entry(account.clone()) else {
+            return None;
+        };
+        if let Some(signal) = self.signals.existing(account) {
+            self.signals.changed(signal.clear());
         }
+        Some(o.remove())
     }
 
     /// Every state, for the state file and Redis.
@@ -346,14 +341,28 @@ impl WindowBook {
     }
 
     /// Loads exported states that still have a reset after `now`; states whose every
-    /// reset has passed are dropped. An account already known here keeps the state
-    /// updated last. Returns how many were taken.
-    pub fn import(&self, records: impl IntoIterator<Item = WindowRecord>, now: UnixMs) -> usize {
+    /// reset has passed are dropped. Every reset is bounded first, exactly as a
+    /// response's are ([`RateLimitInfo::bound_resets`]): state persisted by an older
+    /// keypool, or mirrored by one, cannot keep an account out longer than a fresh
+    /// response could. An account already known here keeps the state updated last.
+    /// Returns how many were taken and what was bounded.
+    pub fn import(
+        &self,
+        records: impl IntoIterator<Item = WindowRecord>,
+        now: UnixMs,
+    ) -> Imported<ResetCorrection> {
+        let mut corrected = Vec::new();
         let live = records
             .into_iter()
+            .map(|mut r| {
+                for c in r.state.info.bound_resets(now) {
+                    corrected.push((r.account.clone(), c));
+                }
+                r
+            })
             .filter(|r| r.state.latest_future_reset(now).is_some())
             .map(|r| (r.account, r.state));
-        book::import(
+        let taken = book::import(
             &self.entries,
             live,
             |current, incoming| current.info.is_empty() || current.updated_at < incoming.updated_at,
@@ -364,7 +373,8 @@ impl WindowBook {
                     .unwrap_or_else(|| self.default_threshold());
                 self.signals.changed(signal.set_from(state, threshold, now));
             },
-        )
+        );
+        Imported { taken, corrected }
     }
 
     /// Number of accounts with a state.
@@ -559,10 +569,12 @@ mod tests {
         let restored = WindowBook::default();
         let later = NOW + 2 * H;
         assert_eq!(
-            restored.import(
-                serde_json::from_str::<Vec<WindowRecord>>(&json).unwrap(),
-                later
-            ),
+            restored
+                .import(
+                    serde_json::from_str::<Vec<WindowRecord>>(&json).unwrap(),
+                    later
+                )
+                .taken,
             1
         );
         assert_eq!(
@@ -575,7 +587,114 @@ mod tests {
         assert!(restored.state(&AccountId::from("stale")).is_none());
     }
 
+    /// What an older keypool persisted after a far-future reset (`u64::MAX`) and after
+    /// a unix-ms reset read as seconds: loaded at a restart, both are bounded.
+    #[test]
+    fn import_bounds_the_resets_an_older_version_persisted() {
+        let json = format!(
+            r#"[{{"account":"far","info":{{"retry_after_ms":null,"unified_status":"rejected",
+                "unified_reset":{max},"representative_claim":"five_hour",
+                "five_hour":{{"utilization":1.0,"reset":{max},"status":"rejected"}},
+                "seven_day":{{"utilization":0.99,"reset":{max},"status":null}},
+                "requests_remaining":0,"requests_reset":{max}}},"updated_at":{NOW}}},
+               {{"account":"ms","info":{{"five_hour":{{"utilization":1.0,"reset":{ms_as_s},"status":null}},
+                "seven_day":{{}}}},"updated_at":{NOW}}}]"#,
+            max = u64::MAX,
+            ms_as_s = (NOW + 30 * 60_000) * 1000,
+        );
+        let records: Vec<WindowRecord> = serde_json::from_str(&json).unwrap();
+        let book = WindowBook::default();
+        let imported = book.import(records, NOW);
+        assert_eq!(imported.taken, 2);
+        let corrected: Vec<(&str, ResetKind, bool)> = imported
+            .corrected
+            .iter()
+            .map(|(a, c)| (a.as_str(), c.kind, c.read_as_ms))
+            .collect();
+        assert_eq!(
+            corrected,
+            [
+                ("far", ResetKind::Unified, true),
+                ("far", ResetKind::FiveHour, true),
+                ("far", ResetKind::SevenDay, true),
+                ("far", ResetKind::Requests, true),
+                ("ms", ResetKind::FiveHour, true),
+            ]
+        );
+        let far = book.state(&AccountId::from("far")).unwrap().info;
+        assert_eq!(far.five_hour.reset, Some(NOW + 5 * H + 300_000));
+        assert_eq!(far.seven_day.reset, Some(NOW + 7 * 24 * H + 300_000));
+        assert_eq!(far.unified_reset, Some(NOW + 7 * 24 * H + 300_000));
+        assert_eq!(far.requests_reset, Some(NOW + H + 300_000));
+        assert_eq!(
+            book.out_of_window(&AccountId::from("far"), None, NOW),
+            Some(OutOfWindow {
+                limit: UsageLimit::Window(Window::Weekly),
+                until: NOW + 7 * 24 * H + 300_000
+            })
+        );
+        // the signal the request path reads agrees
+        let signal = book.signal_with_threshold(&AccountId::from("far"), None);
+        assert_eq!(signal.until(), NOW + 7 * 24 * H + 300_000);
+        // a unix-ms reset read as seconds is read as ms
+        assert_eq!(
+            book.out_of_window(&AccountId::from("ms"), None, NOW)
+                .map(|o| o.until),
+            Some(NOW + 30 * 60_000)
+        );
+    }
+
+    /// A header value for a reset: soon, far, in unix ms, or huge.
+    fn reset_header() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (0u64..30 * 24 * 3600).prop_map(|ahead| (NOW / 1000 + ahead).to_string()),
+            (0u64..30 * 24 * H).prop_map(|ahead| (NOW + ahead).to_string()),
+            "[1-9][0-9]{11,25}",
+        ]
+    }
+
     proptest! {
+        /// However the responses' headers lie and whatever their order, the account is
+        /// never out of its window beyond the weekly bound after the latest response,
+        /// and its signal agrees with the book.
+        #[test]
+        fn no_sequence_of_responses_keeps_an_account_out_beyond_the_bound(
+            responses in proptest::collection::vec(
+                (proptest::collection::vec(reset_header(), 4), 0u64..10 * H),
+                1..8,
+            ),
+        ) {
+            use crate::headers::{
+                UNIFIED_5H_RESET, UNIFIED_5H_UTILIZATION, UNIFIED_7D_RESET,
+                UNIFIED_7D_UTILIZATION, UNIFIED_REPRESENTATIVE_CLAIM, UNIFIED_RESET,
+                UNIFIED_STATUS, REQUESTS_REMAINING, REQUESTS_RESET,
+            };
+            let book = WindowBook::default();
+            let signal = book.signal_with_threshold(&a(), None);
+            let mut now = NOW;
+            for (resets, advance) in responses {
+                now += advance;
+                let mut headers = http::HeaderMap::new();
+                for (name, value) in [
+                    (UNIFIED_STATUS, "rejected"),
+                    (UNIFIED_REPRESENTATIVE_CLAIM, "seven_day"),
+                    (UNIFIED_5H_UTILIZATION, "1.0"),
+                    (UNIFIED_7D_UTILIZATION, "1.0"),
+                    (REQUESTS_REMAINING, "0"),
+                    (UNIFIED_RESET, &resets[0]),
+                    (UNIFIED_5H_RESET, &resets[1]),
+                    (UNIFIED_7D_RESET, &resets[2]),
+                    (REQUESTS_RESET, &resets[3]),
+                ] {
+                    headers.insert(name, value.parse().unwrap());
+                }
+                book.observe(&a(), &RateLimitInfo::from_headers(&headers, now), now);
+                let until = book.out_of_window(&a(), None, now).map_or(0, |o| o.until);
+                prop_assert!(until <= now + ResetKind::longest_bound_ms(), "out until {until} at {now}");
+                prop_assert_eq!(signal.until(), until);
+            }
+        }
+
         /// Whatever the headers, the account is out exactly until the answer's `until`:
         /// out at every moment before it, back at it, with no request in between.
         #[test]

@@ -18,6 +18,7 @@
 //! | `GET /admin/accounts/{id}` | one account |
 //! | `POST /admin/accounts/{id}/enable` | re-enables a disabled account |
 //! | `POST /admin/accounts/{id}/clear-cooldown` | ends an account's cooldown now |
+//! | `POST /admin/accounts/{id}/clear-windows` | drops its usage-window state (and a window's cooldown) |
 //! | `POST /admin/reload` | re-reads the config file (as `SIGHUP` does) |
 //! | `GET /admin/ui` | the status page |
 
@@ -27,6 +28,7 @@ use bytes::Bytes;
 use http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method, Response, StatusCode};
+use keypool_cooldown::OutOfWindow;
 use keypool_cooldown::headers::WindowUsage;
 use keypool_core::{AccountId, Strategy, UnixMs};
 use keypool_providers::ErrorType;
@@ -135,10 +137,31 @@ where
             }
             None => unknown_account(id, request_id),
         },
+        ["accounts", id, "clear-windows"] if post => match config.account(id) {
+            Some(account) => {
+                let out = store.out_of_window(account.id(), now);
+                let cleared = store.clear_windows(account.id());
+                tracing::info!(
+                    account = %account.id(),
+                    was_out_of_window = out.is_some(),
+                    window_cooldown_cleared = cleared.cooldown.is_some(),
+                    "admin: windows cleared"
+                );
+                json_response(
+                    StatusCode::OK,
+                    &json!({
+                        "account": account.id().as_str(),
+                        "cleared": out.as_ref().map(out_of_window_json),
+                        "window_cooldown_cleared": cleared.cooldown.is_some(),
+                    }),
+                )
+            }
+            None => unknown_account(id, request_id),
+        },
         ["reload"] if post => reload(app, store, request_id),
         ["accounts"]
         | ["accounts", _]
-        | ["accounts", _, "enable" | "clear-cooldown"]
+        | ["accounts", _, "enable" | "clear-cooldown" | "clear-windows"]
         | ["reload"] => rescue(&Reject::method_not_allowed(), request_id),
         _ => rescue(&Reject::unknown_path(), request_id),
     }
@@ -400,7 +423,7 @@ impl<'a> AccountViews<'a> {
                 "unified_reset": windows.as_ref().and_then(|w| w.info.unified_reset),
                 "requests_remaining": windows.as_ref().and_then(|w| w.info.requests_remaining),
                 "updated_at": windows.as_ref().map(|w| w.updated_at),
-                "out_of_window": out.map(|o| json!({"limit": o.limit.as_str(), "until": o.until})),
+                "out_of_window": out.as_ref().map(out_of_window_json),
             },
             "rating": {
                 "score": score.filter(|s| s.is_finite()),
@@ -414,6 +437,11 @@ impl<'a> AccountViews<'a> {
             "last_used": self.last_used.get(id).copied().filter(|&t| t > 0),
         })
     }
+}
+
+/// `{"limit": "5h" | "weekly" | "requests", "until": unix ms}`.
+fn out_of_window_json(out: &OutOfWindow) -> Value {
+    json!({"limit": out.limit.as_str(), "until": out.until})
 }
 
 fn json_response(status: StatusCode, value: &Value) -> Response<ProxyBody> {

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
-use keypool_cooldown::headers::RateLimitInfo;
+use keypool_cooldown::headers::{RateLimitInfo, ResetCorrection};
 use keypool_cooldown::{
-    Attempt, Classification, CooldownRecord, DisabledAccount, DisabledRecord, FailureEffect,
-    OutOfWindow, PoolHealth, WindowRecord,
+    Attempt, Classification, ClearedWindows, CooldownCorrection, CooldownRecord, DisabledAccount,
+    DisabledRecord, FailureEffect, ImportCounts, OutOfWindow, PoolHealth, WindowRecord,
 };
 use keypool_core::{AccountId, UnixMs};
 use keypool_selector::{Candidate, Counter, RatingEngine, Sample, sort_snapshot};
@@ -171,7 +171,12 @@ impl Store {
                 Some(path) => {
                     let outcome = file::load(path, now);
                     match &outcome {
-                        StateFileLoad::Loaded(export) => state.import((**export).clone(), now),
+                        StateFileLoad::Loaded(export) => {
+                            log_import_corrections(
+                                &state.import((**export).clone(), now),
+                                "state file",
+                            );
+                        }
                         StateFileLoad::Corrupt { moved_to, reason } => tracing::error!(
                             state_file = %path.display(),
                             moved_to = %moved_to.display(),
@@ -478,10 +483,14 @@ impl Store {
     }
 
     /// Records an upstream response's rate-limit headers; mirrors the window state when
-    /// it keeps the account out (or just stopped doing so).
+    /// it keeps the account out (or just stopped doing so). A reset the parser had to
+    /// bound (`info.corrections`) is logged at `warn`, one line per header.
     pub fn observe_windows(&self, account: &AccountId, info: &RateLimitInfo, now: UnixMs) {
         if info.has_no_window_state() {
             return;
+        }
+        for correction in &info.corrections {
+            log_reset_correction(account, correction, "upstream response");
         }
         let threshold = self.window_threshold(account);
         let windows = &self.inner.state.health.windows;
@@ -559,6 +568,22 @@ impl Store {
         });
     }
 
+    /// Operator action: drops `account`'s window state and a cooldown a window set
+    /// ([`PoolHealth::clear_windows`]), so that it is back in service at once
+    /// (mirrored, and persisted with the next state-file snapshot).
+    pub fn clear_windows(&self, account: &AccountId) -> ClearedWindows {
+        let cleared = self.inner.state.health.clear_windows(account);
+        self.mirror(StateEvent::WindowsCleared {
+            account: account.clone(),
+        });
+        if cleared.cooldown.is_some() {
+            self.mirror(StateEvent::CooldownCleared {
+                account: account.clone(),
+            });
+        }
+        cleared
+    }
+
     fn mirror(&self, event: StateEvent) {
         if let Backend::Redis(mirror) = &self.inner.backend {
             mirror.send(event);
@@ -570,11 +595,16 @@ impl Store {
         let health = &self.inner.state.health;
         match event {
             StateEvent::Cooldown { record } => {
-                health.cooldowns.import([record], now);
+                let imported = health.cooldowns.import([record], now);
+                log_cooldown_corrections(&imported.corrected, "redis event");
             }
             StateEvent::CooldownCleared { account } => health.cooldowns.clear(&account),
             StateEvent::Window { record } => {
-                health.windows.import([record], now);
+                let imported = health.windows.import([record], now);
+                log_reset_corrections(&imported.corrected, "redis event");
+            }
+            StateEvent::WindowsCleared { account } => {
+                health.clear_windows(&account);
             }
             StateEvent::Disabled { record } => {
                 health.disabled.import([record]);
@@ -703,11 +733,49 @@ async fn reconcile(
     mirror.ensure_subscribed().await?;
     let remote = mirror.pull().await?;
     state.rating.import(&remote.rating);
-    state.health.import(remote.health, now);
+    log_import_corrections(&state.health.import(remote.health, now), "redis");
     let local = state.health.export(now);
     mirror.push(&local, &state.rating.export(now), now).await?;
     mirror.mark_reconciled();
     Ok(())
+}
+
+/// Logs a reset the parser or an import bounded: the account, the header and both
+/// values (no secret: upstream header values are numbers here).
+fn log_reset_correction(account: &AccountId, c: &ResetCorrection, source: &str) {
+    tracing::warn!(
+        account = %account,
+        header = c.kind.header(),
+        received_ms = c.received,
+        recorded_ms = c.recorded,
+        read_as_ms = c.read_as_ms,
+        source,
+        "rate-limit reset beyond its bound: recorded the bounded value (docs/RELIABILITY.md, hostile rate-limit headers)"
+    );
+}
+
+/// Logs what an import bounded (state persisted or mirrored by an older keypool).
+fn log_import_corrections(counts: &ImportCounts, source: &str) {
+    log_reset_corrections(&counts.corrected_resets, source);
+    log_cooldown_corrections(&counts.corrected_cooldowns, source);
+}
+
+fn log_reset_corrections(corrected: &[(AccountId, ResetCorrection)], source: &str) {
+    for (account, c) in corrected {
+        log_reset_correction(account, c, source);
+    }
+}
+
+fn log_cooldown_corrections(corrected: &[(AccountId, CooldownCorrection)], source: &str) {
+    for (account, c) in corrected {
+        tracing::warn!(
+            account = %account,
+            received_ms = c.received,
+            recorded_ms = c.recorded,
+            source,
+            "persisted cooldown ends later than any trigger sets: loaded it bounded (docs/RELIABILITY.md, hostile rate-limit headers)"
+        );
+    }
 }
 
 /// The background loop: runs [`Store::maintain`] every [`TICK`] with the clock.

@@ -50,8 +50,7 @@ async fn redis_restart_of_keypool_preserves_a_window_cooldown_with_its_remaining
         store.persist(now).await.unwrap(); // what shutdown does
     }
     // in Redis with an absolute expiry (PXAT): its TTL is about 3 hours
-    let ttl = redis.command("PTTL keypool:cooldown:a0").unwrap();
-    let ttl: i64 = ttl.trim_start_matches(':').trim().parse().unwrap();
+    let ttl = pttl(&redis, "keypool:cooldown:a0");
     assert!(
         ttl > (3 * HOUR_MS - 60_000) as i64 && ttl <= (3 * HOUR_MS) as i64,
         "PTTL {ttl}"
@@ -68,6 +67,131 @@ async fn redis_restart_of_keypool_preserves_a_window_cooldown_with_its_remaining
         Some(reset),
         "same absolute expiry, not a fresh 60 s"
     );
+}
+
+/// One command in the Redis protocol (for values with quotes and spaces, which the
+/// inline form of [`RedisServer::command`] would split).
+fn resp(args: &[&str]) -> String {
+    let mut s = format!("*{}", args.len());
+    for a in args {
+        s += &format!("\r\n${}\r\n{a}", a.len());
+    }
+    s
+}
+
+/// `PTTL key`: the key's remaining time to live in ms (-1: none, -2: no such key).
+fn pttl(redis: &RedisServer, key: &str) -> i64 {
+    let reply = redis
+        .command(&format!("PTTL {key}"))
+        .unwrap_or_else(|e| panic!("PTTL {key}: {e}"));
+    reply
+        .trim_start_matches(':')
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("PTTL {key} answered {reply:?}: {e}"))
+}
+
+/// Redis holds what an older keypool mirrored after a far-future reset (window and
+/// cooldown until `u64::MAX`, `PXAT` at the largest expiry Redis takes): a store that
+/// boots on it takes both within the weekly bound, and writes them back bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_future_reset_mirrored_in_redis_is_bounded_at_boot() {
+    let Some(redis) = RedisServer::start_or_skip("redis_far_future_reset") else {
+        return;
+    };
+    let written = now_ms();
+    let far = i64::MAX.to_string();
+    for (key, json) in [
+        ("keypool:window:a0", far_future_window_json("a0", written)),
+        (
+            "keypool:cooldown:a0",
+            far_future_cooldown_json("a0", written),
+        ),
+    ] {
+        let reply = redis
+            .command(&resp(&["SET", key, &json, "PXAT", &far]))
+            .unwrap();
+        assert_eq!(reply.trim(), "+OK", "{key}");
+    }
+    let before = now_ms();
+    let store = Store::open(redis_config(&redis, 2)).await.unwrap();
+    let after = now_ms();
+    assert!(matches!(
+        store.take_boot_state(),
+        Some(BootState::Redis { loaded: true })
+    ));
+    let a0 = AccountId::from("a0");
+    let bounded = before + WEEKLY_BOUND_MS..=after + WEEKLY_BOUND_MS;
+    let out = store
+        .out_of_window(&a0, after)
+        .expect("still out until the bound");
+    assert!(bounded.contains(&out.until), "out until {}", out.until);
+    let cooling = store.health().cooldowns.cooldown_until(&a0, after).unwrap();
+    assert!(bounded.contains(&cooling), "cooling until {cooling}");
+    // the reconciliation pushed the bounded state back: Redis forgets it at the bound
+    for key in ["keypool:window:a0", "keypool:cooldown:a0"] {
+        let ttl = pttl(&redis, key);
+        assert!(
+            ttl > 0 && ttl <= WEEKLY_BOUND_MS as i64,
+            "{key}: PTTL {ttl} beyond the weekly bound"
+        );
+    }
+}
+
+/// The operator's clear-windows on one replica: the other replica drops the window
+/// and the cooldown the window set within a second (pub/sub), Redis forgets both, and
+/// a replica that boots afterwards loads neither back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clearing_windows_on_one_replica_clears_them_on_the_other() {
+    let Some(redis) = RedisServer::start_or_skip("redis_clear_windows") else {
+        return;
+    };
+    let one = Store::open(redis_config(&redis, 2)).await.unwrap();
+    let two = Store::open(redis_config(&redis, 2)).await.unwrap();
+    let a0 = AccountId::from("a0");
+    let now = now_ms();
+    let reset = now + 2 * HOUR_MS;
+    one.observe_windows(&a0, &rejected_until(reset), now);
+    one.record_failure(&attempt(&a0, now), &window_exhausted(reset), now);
+    let seen = eventually(Duration::from_secs(1), || {
+        two.out_of_window(&a0, now_ms()).map(|o| o.until) == Some(reset)
+            && two.health().cooldowns.cooldown_until(&a0, now_ms()) == Some(reset)
+    })
+    .await;
+    assert!(seen.is_some(), "the other replica did not see the window");
+
+    let cleared = one.clear_windows(&a0);
+    assert_eq!(cleared.state.unwrap().info.unified_reset, Some(reset));
+    assert_eq!(cleared.cooldown.unwrap().until, reset);
+    assert_eq!(one.out_of_window(&a0, now_ms()), None);
+    assert_eq!(one.health().cooldowns.cooldown_until(&a0, now_ms()), None);
+    let gone = eventually(Duration::from_secs(1), || {
+        two.out_of_window(&a0, now_ms()).is_none()
+            && two
+                .health()
+                .cooldowns
+                .cooldown_until(&a0, now_ms())
+                .is_none()
+    })
+    .await;
+    assert!(gone.is_some(), "the other replica still holds the window");
+    let forgotten = eventually(Duration::from_secs(1), || {
+        ["keypool:window:a0", "keypool:cooldown:a0"]
+            .iter()
+            .all(|key| {
+                redis
+                    .command(&format!("EXISTS {key}"))
+                    .is_ok_and(|r| r.trim() == ":0")
+            })
+    })
+    .await;
+    assert!(
+        forgotten.is_some(),
+        "Redis still holds the window or its cooldown"
+    );
+    let three = Store::open(redis_config(&redis, 2)).await.unwrap();
+    assert_eq!(three.out_of_window(&a0, now_ms()), None);
+    assert_eq!(three.health().cooldowns.cooldown_until(&a0, now_ms()), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,13 +363,7 @@ async fn two_replicas_share_session_bindings_and_concurrency_leases() {
         two.session_account("acme/team/s1", now).await,
         Some(a1.clone())
     );
-    let ttl: i64 = redis
-        .command("PTTL keypool:session:acme/team/s1")
-        .unwrap()
-        .trim_start_matches(':')
-        .trim()
-        .parse()
-        .unwrap();
+    let ttl = pttl(&redis, "keypool:session:acme/team/s1");
     assert!(ttl > 55_000 && ttl <= 60_000, "PTTL {ttl}");
     two.bind_session("acme/team/s1", &a0, 60_000, now).await;
     assert_eq!(

@@ -182,6 +182,83 @@ async fn state_file_restart_preserves_a_window_cooldown_with_its_remaining_time(
     assert_eq!(store.next_counter("acme/g").await, 1, "counter continues");
 }
 
+/// A state file an older keypool wrote after a far-future reset (window and cooldown
+/// until `u64::MAX`): loaded at boot, both end within the weekly bound.
+#[tokio::test]
+async fn a_far_future_reset_in_the_state_file_is_bounded_at_boot() {
+    let dir = TempDir::new("farfuture").unwrap();
+    let file = dir.path().join("state.json");
+    let written = now_ms();
+    std::fs::write(
+        &file,
+        format!(
+            r#"{{"version":1,"exported_at":{written},"health":{{"exported_at":{written},"cooldowns":[{}],"disabled":[],"windows":[{}]}},"rating":{{"accounts":[]}},"counters":{{}},"last_used":{{}}}}"#,
+            far_future_cooldown_json("a0", written),
+            far_future_window_json("a0", written),
+        ),
+    )
+    .unwrap();
+    let text = config_text(2, &format!("state_file = {:?}", file.display().to_string()));
+    let before = now_ms();
+    let store = Store::open(config(&text)).await.unwrap();
+    let after = now_ms();
+    assert!(matches!(
+        store.take_boot_state(),
+        Some(BootState::StateFile(StateFileLoad::Loaded(_)))
+    ));
+    let a0 = AccountId::from("a0");
+    let out = store
+        .out_of_window(&a0, after)
+        .expect("still out: the bound is in the future");
+    assert!(
+        (before + WEEKLY_BOUND_MS..=after + WEEKLY_BOUND_MS).contains(&out.until),
+        "out until {} (boot at {before}..{after})",
+        out.until
+    );
+    let cooling = store.health().cooldowns.cooldown_until(&a0, after).unwrap();
+    assert!(
+        (before + WEEKLY_BOUND_MS..=after + WEEKLY_BOUND_MS).contains(&cooling),
+        "cooling until {cooling}"
+    );
+    // back at the bound without any request
+    assert_eq!(store.out_of_window(&a0, out.until), None);
+    assert_eq!(store.health().cooldowns.cooldown_until(&a0, cooling), None);
+}
+
+/// clear-windows is persisted by the state file: after a restart the account is
+/// neither out of its window nor cooling for it; a cooldown of another trigger stays.
+#[tokio::test]
+async fn cleared_windows_stay_cleared_across_a_restart() {
+    let dir = TempDir::new("clearwindows").unwrap();
+    let file = dir.path().join("state.json");
+    let text = config_text(2, &format!("state_file = {:?}", file.display().to_string()));
+    let (a0, a1) = (AccountId::from("a0"), AccountId::from("a1"));
+    let now = now_ms();
+    let reset = now + 3 * HOUR_MS;
+    {
+        let store = Store::open(config(&text)).await.unwrap();
+        for a in [&a0, &a1] {
+            store.observe_windows(a, &rejected_until(reset), now);
+        }
+        store.record_failure(&attempt(&a0, now), &window_exhausted(reset), now);
+        store.record_failure(&attempt(&a1, now), &plain_429(), now);
+        for a in [&a0, &a1] {
+            assert!(store.clear_windows(a).state.is_some());
+        }
+        store.persist(now).await.unwrap();
+    }
+    let store = Store::open(config(&text)).await.unwrap();
+    for a in [&a0, &a1] {
+        assert_eq!(store.out_of_window(a, now), None, "{a}");
+    }
+    assert_eq!(store.health().cooldowns.cooldown_until(&a0, now), None);
+    assert_eq!(
+        store.health().cooldowns.cooldown_until(&a1, now),
+        Some(now + 60_000),
+        "a plain 429's cooldown is not a window's"
+    );
+}
+
 #[tokio::test]
 async fn corrupt_state_file_is_moved_aside_and_reported_never_deleted() {
     let dir = TempDir::new("corrupt").unwrap();

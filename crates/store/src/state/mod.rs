@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
-use keypool_cooldown::{HealthExport, PoolHealth};
+use keypool_cooldown::{HealthExport, ImportCounts, PoolHealth};
 use keypool_core::{AccountId, UnixMs};
 use keypool_selector::{MemoryCounter, RatingEngine, RatingState};
 use serde::{Deserialize, Serialize};
@@ -101,8 +101,9 @@ impl RuntimeState {
     }
 
     /// Merges an export in at `now`: unexpired entries keep their absolute expiry
-    /// (expired ones are dropped), counters and `last_used` only move forward.
-    pub fn import(&self, export: StateExport, now: UnixMs) {
+    /// (expired ones are dropped, times beyond their bound are bounded and reported),
+    /// counters and `last_used` only move forward.
+    pub fn import(&self, export: StateExport, now: UnixMs) -> ImportCounts {
         self.rating.import(&export.rating);
         for (pool, value) in &export.counters {
             self.counters.raise_to(pool, *value);
@@ -110,6 +111,6 @@ impl RuntimeState {
         for (id, at) in &export.last_used {
             self.mark_used(id, *at);
         }
-        self.health.import(export.health, now);
+        self.health.import(export.health, now)
     }
 }

@@ -66,6 +66,12 @@ pub enum StateEvent {
         /// The state.
         record: WindowRecord,
     },
+    /// An operator cleared an account's window state (and a cooldown a window set,
+    /// which the publishing replica also sends as [`StateEvent::CooldownCleared`]).
+    WindowsCleared {
+        /// The account.
+        account: AccountId,
+    },
     /// An account was disabled.
     Disabled {
         /// Reason and time.
@@ -263,6 +269,9 @@ impl RedisMirror {
             }
             StateEvent::CooldownCleared { account } => {
                 let _: i64 = self.bounded(self.client.del(cooldown_key(account))).await?;
+            }
+            StateEvent::WindowsCleared { account } => {
+                let _: i64 = self.bounded(self.client.del(window_key(account))).await?;
             }
             StateEvent::Window { record } => match record.state.latest_future_reset(now) {
                 Some(reset) => {

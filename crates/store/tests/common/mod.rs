@@ -75,3 +75,34 @@ pub fn five_hour_at(utilization: f64, reset: UnixMs) -> keypool_cooldown::header
         ..Default::default()
     }
 }
+
+/// The longest a reset may lie ahead (docs/RELIABILITY.md, "Hostile rate-limit
+/// headers"): the weekly window's 7 days and 5 minutes of slack. The overall
+/// `-reset` and a cooldown loaded from persisted state have the same bound.
+pub const WEEKLY_BOUND_MS: u64 = 7 * 24 * HOUR_MS + 5 * 60_000;
+
+/// The window record an older keypool kept for `account` after a 429 with
+/// `-status: rejected` and `-reset: 99999999999999999999` (parsed, saturated, as
+/// `u64::MAX` ms), as it wrote it to the state file and to Redis.
+pub fn far_future_window_json(account: &str, now: UnixMs) -> String {
+    format!(
+        r#"{{"account":"{account}","info":{{"retry_after_ms":null,"unified_status":"rejected","unified_reset":18446744073709551615,"representative_claim":"five_hour","five_hour":{{"utilization":null,"reset":null,"status":null}},"seven_day":{{"utilization":null,"reset":null,"status":null}},"requests_remaining":null,"requests_reset":null}},"updated_at":{now}}}"#
+    )
+}
+
+/// The cooldown record the same 429 left (trigger `window_exhausted` until `u64::MAX`).
+pub fn far_future_cooldown_json(account: &str, now: UnixMs) -> String {
+    format!(
+        r#"{{"account":"{account}","until":18446744073709551615,"set_at":{now},"trigger":{{"kind":"window_exhausted","reset":18446744073709551615}},"backoff_level":0,"consecutive_failures":1}}"#
+    )
+}
+
+/// Headers of a 429 with `-status: rejected` until `reset` for the 5-hour window.
+pub fn rejected_until(reset: UnixMs) -> keypool_cooldown::headers::RateLimitInfo {
+    keypool_cooldown::headers::RateLimitInfo {
+        unified_status: Some(keypool_cooldown::headers::UnifiedStatus::Rejected),
+        unified_reset: Some(reset),
+        representative_claim: Some("five_hour".into()),
+        ..Default::default()
+    }
+}
