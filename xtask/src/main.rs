@@ -6,6 +6,8 @@
 //!   installs Debian's `chromium` when missing (the status-page browser test).
 //! - `cargo xtask bench [--quick] [--peers]`: keypool's overhead and throughput against
 //!   the bare upstream simulator and, with `--peers`, LiteLLM and Portkey (`bench`).
+//! - `tidy` (tests only, run by `cargo test --workspace` and so by `cargo xtask ci`):
+//!   the dependency and clock rules of `docs/ARCHITECTURE.md`.
 //! - `cargo xtask endurance [--quick]`: keypool's resident memory idle, over 10,000
 //!   streamed requests and with 1,000 streams at once; fails on growth after warm-up
 //!   (`endurance`).
@@ -17,6 +19,8 @@ use anyhow::{Context, bail};
 
 mod bench;
 mod endurance;
+#[cfg(test)]
+mod tidy;
 
 /// The SDK venv, shared with the end-to-end suites (`keypool-tests`), so both create it
 /// the same way under the same lock.
