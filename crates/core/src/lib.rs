@@ -206,6 +206,30 @@ named_enum! {
     }
 }
 
+impl Provider {
+    /// The auth types this provider's adapter serves (SPEC 8): `anthropic` takes
+    /// `api_key` and `oauth`, `anthropic_compatible` `api_key` and `bearer`. The one
+    /// place this rule is written: the configuration loader checks accounts with it and
+    /// the provider adapter picks its credential header by it.
+    pub const fn auth_types(self) -> &'static [AuthType] {
+        match self {
+            Self::Anthropic => &[AuthType::ApiKey, AuthType::OAuth],
+            Self::AnthropicCompatible => &[AuthType::ApiKey, AuthType::Bearer],
+        }
+    }
+
+    /// Whether this provider serves accounts of `auth` type.
+    pub fn accepts(self, auth: AuthType) -> bool {
+        self.auth_types().contains(&auth)
+    }
+
+    /// Whether this provider has a default base URL (`anthropic`: Anthropic's API);
+    /// accounts of the others must name their `base_url`.
+    pub const fn has_default_base_url(self) -> bool {
+        matches!(self, Self::Anthropic)
+    }
+}
+
 named_enum! {
     /// One of the two subscription usage windows (SPEC 5).
     Window, "window" {

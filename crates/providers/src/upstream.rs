@@ -86,22 +86,23 @@ enum Credential {
     Bearer { oauth_beta: bool },
 }
 
+/// The credential header of `auth`, for a provider that accepts it
+/// ([`Provider::accepts`], the one statement of which provider takes which auth type).
 fn credential(provider: Provider, auth: AuthType) -> Result<Credential, ProvidersError> {
-    match (provider, auth) {
-        (Provider::Anthropic | Provider::AnthropicCompatible, AuthType::ApiKey) => {
-            Ok(Credential::ApiKey)
-        }
-        (Provider::Anthropic, AuthType::OAuth) => Ok(Credential::Bearer { oauth_beta: true }),
-        (Provider::AnthropicCompatible, AuthType::Bearer) => {
-            Ok(Credential::Bearer { oauth_beta: false })
-        }
-        (provider, auth) => Err(ProvidersError::UnsupportedAuth { provider, auth }),
+    if !provider.accepts(auth) {
+        return Err(ProvidersError::UnsupportedAuth { provider, auth });
     }
+    Ok(match auth {
+        AuthType::ApiKey => Credential::ApiKey,
+        AuthType::OAuth => Credential::Bearer { oauth_beta: true },
+        AuthType::Bearer => Credential::Bearer { oauth_beta: false },
+    })
 }
 
 /// Checks that an account's provider, auth type and base URL can be served, without a
-/// request. The configuration loader calls it so that a bad account is a load error
-/// rather than a failed attempt.
+/// request: for an embedder that builds accounts itself. (keypool's configuration
+/// loader, in `keypool-store`, does not depend on this crate; it checks the auth type
+/// with the same [`Provider::accepts`].)
 ///
 /// # Errors
 /// [`ProvidersError::UnsupportedAuth`], [`ProvidersError::MissingBaseUrl`] or
@@ -320,10 +321,10 @@ fn upstream_uri(
     endpoint: Endpoint,
     query: Option<&str>,
 ) -> Result<Uri, ProvidersError> {
-    let base = match (provider, base_url) {
-        (_, Some(base)) => base,
-        (Provider::Anthropic, None) => DEFAULT_BASE_URL,
-        (Provider::AnthropicCompatible, None) => return Err(ProvidersError::MissingBaseUrl),
+    let base = match base_url {
+        Some(base) => base,
+        None if provider.has_default_base_url() => DEFAULT_BASE_URL,
+        None => return Err(ProvidersError::MissingBaseUrl),
     };
     let invalid = |reason| ProvidersError::InvalidBaseUrl {
         base_url: base.to_owned(),

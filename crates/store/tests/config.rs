@@ -668,3 +668,28 @@ fn wrong_type_message_names_the_field_without_quoting_the_value() {
         "{errs}"
     );
 }
+
+/// Every validation error class of `golden/every_error.toml` at once: the located
+/// errors, their texts and their order are pinned in `golden/every_error.txt`
+/// (`KEYPOOL_BLESS=1` rewrites it for review). A refactoring of the validation must
+/// leave this file unchanged; no secret appears in it.
+#[test]
+fn every_error_is_reported_in_order() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let text = std::fs::read_to_string(dir.join("every_error.toml")).unwrap();
+    let errs = errors(&text);
+    let actual: String = errs
+        .issues()
+        .iter()
+        .map(|i| format!("{}: {}\n", i.location, i.message))
+        .collect();
+    let path = dir.join("every_error.txt");
+    if std::env::var("KEYPOOL_BLESS").is_ok_and(|v| v == "1") {
+        std::fs::write(&path, &actual).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(
+        actual, expected,
+        "run with KEYPOOL_BLESS=1 to review a change"
+    );
+}

@@ -214,15 +214,17 @@ pub(super) fn parse_and_validate(
         let provider = parse_named::<Provider>(&a.provider, &format!("{p}.provider"), &mut issues);
         let auth = parse_named::<AuthType>(&a.auth, &format!("{p}.auth"), &mut issues);
         if let (Some(pr), Some(au)) = (provider, auth) {
-            let supported = match pr {
-                Provider::Anthropic => matches!(au, AuthType::ApiKey | AuthType::OAuth),
-                Provider::AnthropicCompatible => matches!(au, AuthType::ApiKey | AuthType::Bearer),
-            };
-            if !supported {
-                issues.push(format!("{p}.auth"), format!("auth `{au}` is not supported by provider `{pr}` (anthropic: api_key, oauth; anthropic_compatible: api_key, bearer)"));
+            if !pr.accepts(au) {
+                issues.push(
+                    format!("{p}.auth"),
+                    format!(
+                        "auth `{au}` is not supported by provider `{pr}` ({})",
+                        supported_auth_types()
+                    ),
+                );
                 ok = false;
             }
-            if pr == Provider::AnthropicCompatible && a.base_url.is_none() {
+            if !pr.has_default_base_url() && a.base_url.is_none() {
                 issues.push(format!("{p}.base_url"), "provider `anthropic_compatible` needs a base_url (where the third party serves the Messages API)");
                 ok = false;
             }
@@ -1038,6 +1040,19 @@ fn parse_date_end(v: &toml::Value) -> Option<u64> {
         return None;
     }
     u64::try_from(days_from_civil(y, m, d) * 86_400 + 86_399).ok()
+}
+
+/// `anthropic: api_key, oauth; anthropic_compatible: api_key, bearer`, from
+/// [`Provider::auth_types`].
+fn supported_auth_types() -> String {
+    Provider::ALL
+        .iter()
+        .map(|p| {
+            let auths: Vec<&str> = p.auth_types().iter().map(|a| a.as_str()).collect();
+            format!("{p}: {}", auths.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// A path segment usable in a route: `[A-Za-z0-9._~-]+`, not reserved.
