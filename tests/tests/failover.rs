@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use keypool_cooldown::Trigger;
 use keypool_core::{AccountId, Window};
-use keypool_proxy::rescue::format_utc;
+use keypool_proxy::reject::format_utc;
 use keypool_sim::{Behaviour, ErrorReply, Script, UnifiedHeaders};
 use keypool_store::now_ms;
 use keypool_tests::{AccountSpec, Harness, MODEL, Reply, message_body};

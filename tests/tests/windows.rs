@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use keypool_core::{AccountId, Window};
-use keypool_proxy::rescue::format_utc;
+use keypool_proxy::reject::format_utc;
 use keypool_sim::{Behaviour, ErrorReply, Script, UnifiedHeaders};
 use keypool_store::now_ms;
 use keypool_tests::{AccountSpec, Harness, LogLines, admin_account, secret_of};

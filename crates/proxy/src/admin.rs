@@ -41,7 +41,7 @@ use serde_json::{Value, json};
 use crate::App;
 use crate::app::early_reject;
 use crate::body::ProxyBody;
-use crate::rescue::{Reject, rescue};
+use crate::reject::Reject;
 
 /// The status page, served as is.
 const UI_HTML: &str = include_str!("admin/ui.html");
@@ -63,7 +63,7 @@ where
 {
     let config = app.store().config();
     let Some(token) = config.admin().token.as_ref() else {
-        return rescue(&Reject::unknown_path(), request_id);
+        return Reject::unknown_path().respond(request_id);
     };
     let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     let method = &parts.method;
@@ -72,7 +72,7 @@ where
         return if method == Method::GET {
             page()
         } else {
-            rescue(&Reject::method_not_allowed(), request_id)
+            Reject::method_not_allowed().respond(request_id)
         };
     }
     if !authorized(parts, token.expose()) {
@@ -89,7 +89,7 @@ where
     // No route takes a body yet; it is read (within the limits) so that the connection
     // stays usable.
     if let Err(reject) = app.read_body(parts, body).await {
-        return rescue(&reject, request_id);
+        return reject.respond(request_id);
     }
     let store = app.store();
     let now = now_ms();
@@ -162,8 +162,8 @@ where
         ["accounts"]
         | ["accounts", _]
         | ["accounts", _, "enable" | "clear-cooldown" | "clear-windows"]
-        | ["reload"] => rescue(&Reject::method_not_allowed(), request_id),
-        _ => rescue(&Reject::unknown_path(), request_id),
+        | ["reload"] => Reject::method_not_allowed().respond(request_id),
+        _ => Reject::unknown_path().respond(request_id),
     }
 }
 
@@ -194,26 +194,22 @@ fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
 }
 
 fn unknown_account(id: &str, request_id: &str) -> Response<ProxyBody> {
-    rescue(
-        &Reject::new(
-            StatusCode::NOT_FOUND,
-            ErrorType::NotFound,
-            format!("no account {id:?} in the configuration"),
-        ),
-        request_id,
+    Reject::new(
+        StatusCode::NOT_FOUND,
+        ErrorType::NotFound,
+        format!("no account {id:?} in the configuration"),
     )
+    .respond(request_id)
 }
 
 fn reload(app: &App, store: &Store, request_id: &str) -> Response<ProxyBody> {
     let Some(path) = app.config_path() else {
-        return rescue(
-            &Reject::new(
-                StatusCode::CONFLICT,
-                ErrorType::InvalidRequest,
-                "this keypool was started without a config file (embedded config): nothing to reload",
-            ),
-            request_id,
-        );
+        return Reject::new(
+            StatusCode::CONFLICT,
+            ErrorType::InvalidRequest,
+            "this keypool was started without a config file (embedded config): nothing to reload",
+        )
+        .respond(request_id);
     };
     match store.reload(path) {
         Ok(()) => {

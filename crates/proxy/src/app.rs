@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use dashmap::DashMap;
@@ -19,10 +19,10 @@ use keypool_store::{Store, now_ms};
 use crate::attempt::Call;
 use crate::body::{Collected, ProxyBody};
 use crate::body_budget::{BodyBudget, Reservation};
+use crate::context::RequestContext;
 use crate::headers::{X_REQUEST_ID, add_legacy_headers};
-use crate::log::RequestLog;
 use crate::metrics::{Metrics, UNRESOLVED};
-use crate::rescue::{Reject, rescue};
+use crate::reject::Reject;
 use crate::route::{RouteMatch, match_path};
 use crate::upstream::{UpstreamClient, build_client};
 use crate::{admin, failover};
@@ -172,20 +172,12 @@ impl App {
         B: Body<Data = Bytes> + Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let started = Instant::now();
-        let request_id = self.request_id();
+        let mut ctx =
+            RequestContext::new(self.metrics(), self.request_id(), &self.inner.unresolved);
         let (parts, body) = request.into_parts();
-        let mut counted = CountedRequest {
-            metrics: self.metrics(),
-            labels: (self.inner.unresolved.clone(), self.inner.unresolved.clone()),
-            status: CLIENT_CLOSED_REQUEST,
-        };
-        let mut response = self
-            .dispatch(parts, body, &request_id, started, &mut counted.labels)
-            .await;
-        counted.status = response.status().as_u16();
-        drop(counted);
-        if let Ok(value) = HeaderValue::from_str(&request_id) {
+        let mut response = self.dispatch(&mut ctx, parts, body).await;
+        ctx.answered(response.status().as_u16());
+        if let Ok(value) = HeaderValue::from_str(&ctx.id) {
             response.headers_mut().insert(X_REQUEST_ID, value);
         }
         response
@@ -193,11 +185,9 @@ impl App {
 
     async fn dispatch<B>(
         &self,
+        ctx: &mut RequestContext<'_>,
         parts: Parts,
         body: B,
-        request_id: &Arc<str>,
-        started: Instant,
-        labels: &mut (Arc<str>, Arc<str>),
     ) -> Response<ProxyBody>
     where
         B: Body<Data = Bytes> + Send,
@@ -212,30 +202,15 @@ impl App {
         match route {
             RouteMatch::Health if get => text(StatusCode::OK, "ok\n"),
             RouteMatch::Ready if get => self.readyz(),
-            RouteMatch::Metrics if get => {
-                let mut exposition = self.metrics().render(self.store(), now_ms());
-                self.metrics().render_body_budget(
-                    &mut exposition,
-                    self.body_budget().held(),
-                    self.answer_budget().held(),
-                );
-                let mut response = text(StatusCode::OK, exposition);
-                response.headers_mut().insert(
-                    CONTENT_TYPE,
-                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-                );
-                response
-            }
-            RouteMatch::Admin(rest) => admin::handle(self, &parts, body, rest, request_id).await,
+            RouteMatch::Metrics if get => self.metrics_page(),
+            RouteMatch::Admin(rest) => admin::handle(self, &parts, body, rest, &ctx.id).await,
             RouteMatch::Api { org, url, endpoint } => {
                 let legacy = route.is_legacy();
                 let mut response = if parts.method == Method::POST {
-                    self.messages(
-                        &parts, body, org, url, endpoint, request_id, started, labels,
-                    )
-                    .await
+                    ctx.open_log();
+                    self.messages(ctx, &parts, body, org, url, endpoint).await
                 } else {
-                    rescue(&Reject::method_not_allowed(), request_id)
+                    Reject::method_not_allowed().respond(&ctx.id)
                 };
                 if legacy {
                     let sunset = self.store().config().server().legacy_routes_until_unix_secs;
@@ -243,8 +218,24 @@ impl App {
                 }
                 response
             }
-            _ => rescue(&Reject::unknown_path(), request_id),
+            _ => Reject::unknown_path().respond(&ctx.id),
         }
+    }
+
+    /// `GET /metrics`: the Prometheus text exposition.
+    fn metrics_page(&self) -> Response<ProxyBody> {
+        let mut exposition = self.metrics().render(self.store(), now_ms());
+        self.metrics().render_body_budget(
+            &mut exposition,
+            self.body_budget().held(),
+            self.answer_budget().held(),
+        );
+        let mut response = text(StatusCode::OK, exposition);
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        response
     }
 
     fn readyz(&self) -> Response<ProxyBody> {
@@ -258,46 +249,15 @@ impl App {
         }
     }
 
-    /// SPEC 3 for a Messages route.
-    #[allow(clippy::too_many_arguments)]
+    /// SPEC 3 for a Messages route: steps 1–4 here, 5–8 in [`failover::serve`].
     async fn messages<B>(
         &self,
+        ctx: &mut RequestContext<'_>,
         parts: &Parts,
         body: B,
         org: Option<&str>,
         url: &str,
         endpoint: Endpoint,
-        request_id: &Arc<str>,
-        started: Instant,
-        labels: &mut (Arc<str>, Arc<str>),
-    ) -> Response<ProxyBody>
-    where
-        B: Body<Data = Bytes> + Send,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        let mut log = Some(RequestLog::new(request_id.clone(), started));
-        let response = self
-            .messages_inner(
-                parts, body, org, url, endpoint, request_id, labels, &mut log,
-            )
-            .await;
-        if let Some(log) = log.as_mut() {
-            log.status = response.status().as_u16();
-        }
-        response
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn messages_inner<B>(
-        &self,
-        parts: &Parts,
-        body: B,
-        org: Option<&str>,
-        url: &str,
-        endpoint: Endpoint,
-        request_id: &str,
-        labels: &mut (Arc<str>, Arc<str>),
-        log: &mut Option<RequestLog>,
     ) -> Response<ProxyBody>
     where
         B: Body<Data = Bytes> + Send,
@@ -309,7 +269,7 @@ impl App {
         // so an unauthenticated client never makes keypool hold its body.
         // Legacy routes end at `legacy_routes_until` (answered without any lookup).
         if org.is_none() && now_ms() / 1000 > settings.legacy_routes_until_unix_secs {
-            return early_reject(parts, &Reject::legacy_gone(url), request_id);
+            return early_reject(parts, &Reject::legacy_gone(url), &ctx.id);
         }
         // 2. Resolve org and URL config.
         let resolved = match org {
@@ -318,18 +278,9 @@ impl App {
         };
         let route = match resolved {
             Ok(route) => route,
-            Err(e) => return early_reject(parts, &Reject::from(e), request_id),
+            Err(e) => return early_reject(parts, &Reject::from(e), &ctx.id),
         };
-        *labels = (
-            route.org().slug_shared().clone(),
-            route.url().custom_url_shared().clone(),
-        );
-        if let Some(log) = log.as_mut() {
-            log.org = Some(labels.0.clone());
-            log.url = Some(labels.1.clone());
-            log.strategy = Some(route.strategy());
-            log.count_tokens = endpoint == Endpoint::CountTokens;
-        }
+        ctx.resolved(&route, endpoint);
         // 3. Validate the LB key.
         let header = |name| {
             parts
@@ -343,22 +294,20 @@ impl App {
         );
         let caller = match config.authenticate(&route, presented) {
             Ok(caller) => caller,
-            Err(e) => return early_reject(parts, &Reject::from(e), request_id),
+            Err(e) => return early_reject(parts, &Reject::from(e), &ctx.id),
         };
-        if let Some(log) = log.as_mut() {
-            log.caller = Some(caller);
-        }
+        ctx.authenticated(caller);
         // 4. The key is stripped by the upstream head builder's allowlist; read the body
         // (step 1's limits) and parse it.
         let body = match self.read_body(parts, body).await {
             Ok(body) => body,
-            Err(reject) => return rescue(&reject, request_id),
+            Err(reject) => return reject.respond(&ctx.id),
         };
         let info = match inspect_request(&body.bytes) {
             Ok(info) => info,
-            Err(e) => return rescue(&Reject::from(e), request_id),
+            Err(e) => return Reject::from(e).respond(&ctx.id),
         };
-        if let Some(log) = log.as_mut() {
+        if let Some(log) = ctx.log_mut() {
             log.stream = info.stream;
         }
         // 5–8. Filter, choose, call and fail over, answer.
@@ -373,7 +322,7 @@ impl App {
             stream: info.stream,
             user_id: info.user_id.as_deref(),
         };
-        failover::serve(&call, &route, log, request_id).await
+        failover::serve(&call, &route, ctx).await
     }
 }
 
@@ -476,7 +425,7 @@ pub(crate) fn early_reject(
     reject: &Reject,
     request_id: &str,
 ) -> Response<ProxyBody> {
-    let mut response = rescue(reject, request_id);
+    let mut response = reject.respond(request_id);
     let body_coming = announced_length(parts).is_some_and(|n| n > 0)
         || parts.headers.contains_key(TRANSFER_ENCODING);
     if body_coming {
@@ -502,26 +451,6 @@ fn splitmix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
-}
-
-/// The status `keypool_requests_total` counts for a request whose client went away
-/// before keypool wrote the answer's head (nginx's "client closed request").
-pub(crate) const CLIENT_CLOSED_REQUEST: u16 = 499;
-
-/// Counts one request in `keypool_requests_total` when dropped: with the status of the
-/// answer once there is one, or [`CLIENT_CLOSED_REQUEST`] when the handler was dropped
-/// first because the client went away, so that abandoned requests are counted too.
-struct CountedRequest<'a> {
-    metrics: &'a Metrics,
-    labels: (Arc<str>, Arc<str>),
-    status: u16,
-}
-
-impl Drop for CountedRequest<'_> {
-    fn drop(&mut self) {
-        self.metrics
-            .request(&self.labels.0, &self.labels.1, self.status);
-    }
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use keypool_store::now_ms;
 use tokio::time::Instant;
 
 use crate::App;
-use crate::body::Collected;
+use crate::body::{Collected, HeldStream};
 use crate::body_budget::Reservation;
 
 /// Most bytes of an upstream error body read (to classify it and for the pass-through
@@ -74,11 +74,8 @@ pub(crate) enum ReadyKind {
     },
     /// A stream at its commit point.
     Stream {
-        held: Vec<Bytes>,
-        decoder: Decoder,
-        body: Incoming,
-        usage: StreamUsage,
-        saw_stop: bool,
+        stream: HeldStream,
+        /// When the attempt started (the stream's total time counts from it).
         started: Instant,
     },
 }
@@ -362,11 +359,13 @@ async fn hold_stream(
     Ok((
         ttft,
         ReadyKind::Stream {
-            held,
-            decoder,
-            body,
-            usage,
-            saw_stop,
+            stream: HeldStream {
+                held,
+                decoder,
+                body,
+                usage,
+                saw_stop,
+            },
             started,
         },
     ))

@@ -181,24 +181,36 @@ impl std::fmt::Debug for StreamBody {
     }
 }
 
+/// A stream at its commit point, as the attempt's hold leaves it: what the committed
+/// stream goes on from.
+pub(crate) struct HeldStream {
+    /// The frames held before the commit point (already observed for usage).
+    pub held: Vec<Bytes>,
+    /// The decoder, which may still hold decoded-but-unread frames of the body.
+    pub decoder: Decoder,
+    /// The rest of the upstream body.
+    pub body: Incoming,
+    /// The usage the held frames reported.
+    pub usage: StreamUsage,
+    /// Whether `message_stop` was among the held frames.
+    pub saw_stop: bool,
+}
+
 impl StreamBody {
-    /// `held` are the frames before the commit point (already observed for usage by the
-    /// caller: pass that `usage` and whether `message_stop` was among them); `decoder`
-    /// may still hold decoded-but-unread frames of the upstream body.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        held: Vec<Bytes>,
-        decoder: Decoder,
-        upstream: Incoming,
-        idle: Duration,
-        usage: StreamUsage,
-        saw_stop: bool,
-        finish: Box<dyn StreamFinish>,
-    ) -> Self {
+    /// Goes on from `stream`; `idle` is `stream_idle_timeout`; `finish` is called once
+    /// when the stream ends, however it ends.
+    pub(crate) fn new(stream: HeldStream, idle: Duration, finish: Box<dyn StreamFinish>) -> Self {
+        let HeldStream {
+            held,
+            decoder,
+            body,
+            usage,
+            saw_stop,
+        } = stream;
         Self {
             pending: held.into(),
             decoder,
-            upstream: Some(upstream),
+            upstream: Some(body),
             idle,
             sleep: Box::pin(tokio::time::sleep(idle)),
             usage,

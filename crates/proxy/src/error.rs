@@ -1,5 +1,5 @@
 //! [`ProxyError`]: what can stop the server itself. Request failures never surface here:
-//! they become Anthropic-shaped responses ([`crate::rescue`]).
+//! they become Anthropic-shaped responses ([`crate::reject`]).
 
 /// Everything that can go wrong while running the proxy (not while answering one
 /// request). No variant carries a secret.

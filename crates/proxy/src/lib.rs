@@ -9,7 +9,7 @@
 //! each built by the provider adapter and sent with one pooled upstream client,
 //! streams held until their commit point (`keypool-sse` + the providers' commit gate),
 //! hedge/race partners run side by side, every outcome credited to the account that
-//! produced it. Whatever goes wrong ends in [`rescue::rescue`]: an Anthropic-shaped
+//! produced it. Whatever goes wrong ends in [`reject::Reject::respond`]: an Anthropic-shaped
 //! error, never a panic or a bare hyper error.
 //!
 //! ```no_run
@@ -47,7 +47,8 @@
 //!   unchanged and ends with one generic error frame when the upstream fails.
 //! - [`availability`]: the selector's `Availability` over the store's books.
 //! - [`headers`]: the response header allowlist, `x-request-id`, legacy headers.
-//! - [`rescue`]: [`rescue::Reject`] and the one function that turns it into a response.
+//! - [`reject`]: [`reject::Reject`] and [`reject::Reject::respond`], the one function
+//!   that turns a rejection into a response.
 //! - [`metrics`]: the Prometheus registry of SPEC 10.
 //! - [`upstream`]: the pooled HTTP/1.1 + HTTP/2 client (rustls, plain HTTP for loopback).
 //! - [`signals`] (Unix): `SIGTERM`/`SIGINT` shutdown, `SIGHUP` reload.
@@ -64,12 +65,13 @@ pub mod availability;
 pub mod body;
 pub mod body_budget;
 mod ceiling;
+mod context;
 pub mod error;
 mod failover;
 pub mod headers;
 mod log;
 pub mod metrics;
-pub mod rescue;
+pub mod reject;
 pub mod route;
 pub mod server;
 #[cfg(unix)]

@@ -79,7 +79,9 @@ pub use counter::{Counter, MemoryCounter};
 pub use error::SelectError;
 pub use filter::{Survivors, filter_snapshot, pick_earliest_cooldown_expiry};
 pub use hedge::{DEFAULT_HEDGE_BUDGET, DEFAULT_HEDGE_MIN_DELAY_MS, GateReason, HedgeBudget};
-pub use plan::{FanOut, Plan, PlanInput, needs_counter, plan};
+pub use plan::{
+    FanOut, KeepableSurvivors, Plan, PlanInput, needs_counter, plan, survivors_to_keep,
+};
 pub use rating::{
     AccountRating, AccountRatingState, DEFAULT_EWMA_ALPHA, DEFAULT_MAX_SAMPLE_AGE_MS, EwmaState,
     RECENT_TTFT_SAMPLES, RatingConfig, RatingEngine, RatingState, RatingWeights, Sample,

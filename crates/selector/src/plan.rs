@@ -3,7 +3,9 @@
 use keypool_core::{Strategy, UnixMs};
 use rand::Rng;
 
-use crate::availability::Availability;
+use rand::SeedableRng;
+
+use crate::availability::{AccountStatus, Availability};
 use crate::candidate::Candidate;
 use crate::error::SelectError;
 use crate::filter::filter_into;
@@ -200,6 +202,68 @@ fn in_rotation_order(snapshot: &[Candidate], survivors: &mut [usize]) {
     for (slot, i) in survivors.iter_mut().zip(ordered) {
         *slot = i;
     }
+}
+
+/// Survivors of the filters that a caller may keep and plan from again
+/// ([`PlanInput::with_survivors`]) while nothing they came from changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeepableSurvivors {
+    /// Snapshot indices, in the order [`PlanInput::with_survivors`] takes for the
+    /// strategy they were filtered for: rotation order for `round_robin`, snapshot
+    /// order otherwise.
+    pub indices: Vec<usize>,
+    /// They stay valid until this time (unix ms), unless an availability fact changes
+    /// first: the earliest end of a block (a window, or a cooldown) of an active
+    /// account that was blocked at `now`; `UnixMs::MAX` when none was.
+    pub valid_until: UnixMs,
+}
+
+/// Runs the filters for `strategy` at `now` and returns survivors worth keeping:
+/// `None` when the filters end in the last-resort pick or an error (neither is ever
+/// kept: the last resort is a random choice among cooling accounts, and an error is
+/// answered at once). The caller drops what it kept as soon as any account's window
+/// or cooldown changes, or at [`KeepableSurvivors::valid_until`].
+pub fn survivors_to_keep<A>(
+    snapshot: &[Candidate],
+    availability: &A,
+    strategy: Strategy,
+    now: UnixMs,
+) -> Option<KeepableSurvivors>
+where
+    A: Availability + ?Sized,
+{
+    // The random tie-break is only used by the last resort, which is never kept.
+    let mut no_random_use = rand::rngs::SmallRng::seed_from_u64(0);
+    let mut indices = Vec::with_capacity(snapshot.len());
+    if filter_into(
+        snapshot,
+        availability,
+        now,
+        &mut no_random_use,
+        &mut indices,
+    )
+    .ok()?
+    {
+        return None;
+    }
+    if strategy == Strategy::RoundRobin {
+        in_rotation_order(snapshot, &mut indices);
+    }
+    let valid_until = snapshot
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.active)
+        .filter_map(|(i, c)| match availability.status_of(i, c, now) {
+            AccountStatus::Available => None,
+            AccountStatus::OutOfWindow(block) => Some(block.until),
+            AccountStatus::CoolingUntil(until) => Some(until),
+        })
+        .min()
+        .unwrap_or(UnixMs::MAX);
+    Some(KeepableSurvivors {
+        indices,
+        valid_until,
+    })
 }
 
 /// Makes the plan for one request: filters the snapshot (SPEC 3.5), orders the
@@ -404,15 +468,10 @@ mod tests {
         let mut facts = crate::StaticAvailability::new();
         facts.cool_until(keypool_core::AccountId::from("c"), NOW + 1_000);
         let rating = RatingEngine::new();
-        let fresh =
-            crate::filter_snapshot(&snapshot, &facts, NOW, &mut StdRng::seed_from_u64(1)).unwrap();
-        let mut rotation = fresh.indices.clone();
-        rotation.sort_by_key(|&i| snapshot[i].rotation_rank);
-        for (strategy, kept) in [
-            (Strategy::RoundRobin, &rotation),
-            (Strategy::Priority, &fresh.indices),
-            (Strategy::Weighted, &fresh.indices),
-        ] {
+        for strategy in [Strategy::RoundRobin, Strategy::Priority, Strategy::Weighted] {
+            let kept = survivors_to_keep(&snapshot, &facts, strategy, NOW).expect("kept");
+            assert_eq!(kept.valid_until, NOW + 1_000, "until c's cooldown ends");
+            let kept = &kept.indices;
             for counter in 0..6 {
                 let input =
                     PlanInput::new(&snapshot, &facts, strategy, &rating, NOW).with_counter(counter);

@@ -7,6 +7,7 @@ use keypool_core::{AccountId, AuthType, Provider, Strategy, UnixMs, Window};
 use keypool_selector::{
     Candidate, FanOut, GateReason, HedgeBudget, PlanInput, RatingEngine, Sample, SelectError,
     StaticAvailability, filter_snapshot, pick_earliest_cooldown_expiry, plan, sort_snapshot,
+    survivors_to_keep,
 };
 use proptest::prelude::*;
 use proptest::strategy::Strategy as Gen;
@@ -168,8 +169,10 @@ fn rng(seed: u64) -> StdRng {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
-    /// Survivors kept from an earlier filtering (in rotation order for `round_robin`,
-    /// as the proxy keeps them) give exactly the plan a fresh filtering gives.
+    /// Survivors kept by `survivors_to_keep` give exactly the plan a fresh filtering
+    /// gives, for every strategy; they are offered exactly when the filters end neither
+    /// in an error nor in the last resort; and they stay valid until the first block of
+    /// an active account ends.
     #[test]
     fn plans_from_kept_survivors_equal_fresh_plans(
         pool in pool(40),
@@ -182,16 +185,24 @@ proptest! {
         let rating = RatingEngine::new();
         feed(&rating, &pool.snapshot, &samples);
         let fresh = || PlanInput::new(&pool.snapshot, &av, strategy, &rating, NOW).with_counter(counter);
-        let Ok(found) = filter_snapshot(&pool.snapshot, &av, NOW, &mut rng(seed)) else {
+        let found = filter_snapshot(&pool.snapshot, &av, NOW, &mut rng(seed));
+        let kept = survivors_to_keep(&pool.snapshot, &av, strategy, NOW);
+        let Some(kept) = kept else {
+            prop_assert!(found.is_err() || found.unwrap().last_resort);
             return Ok(());
         };
-        prop_assume!(!found.last_resort);
-        let mut kept = found.indices.clone();
-        if strategy == Strategy::RoundRobin {
-            kept.sort_by_key(|&i| pool.snapshot[i].rotation_rank);
-        }
+        prop_assert!(found.is_ok_and(|f| !f.last_resort));
+        let first_block_end = (0..pool.snapshot.len())
+            .filter(|&i| pool.snapshot[i].active)
+            .filter_map(|i| match pool.fact_of(i) {
+                Fact::Limited(_, ms) | Fact::Cooling(ms) => Some(NOW + ms),
+                Fact::Free | Fact::Expired => None,
+            })
+            .min()
+            .unwrap_or(UnixMs::MAX);
+        prop_assert_eq!(kept.valid_until, first_block_end);
         let expected = plan(&fresh(), &mut rng(seed)).unwrap();
-        let from_kept = plan(&fresh().with_survivors(&kept), &mut rng(seed)).unwrap();
+        let from_kept = plan(&fresh().with_survivors(&kept.indices), &mut rng(seed)).unwrap();
         prop_assert_eq!(&from_kept.attempts, &expected.attempts);
         prop_assert_eq!(from_kept.fan_out, expected.fan_out);
         prop_assert!(!from_kept.last_resort);

@@ -1,4 +1,5 @@
-//! The one place where every error keypool answers itself becomes a response: an
+//! [`Reject`]: a request keypool answers itself with an error, and
+//! [`Reject::respond`], the one place where every such error becomes a response: an
 //! Anthropic-shaped JSON body (`{"type":"error","error":{…},"request_id":…}`),
 //! `content-type: application/json`, `Retry-After` where a wait is known and
 //! `x-should-retry: false` when that wait is longer than a minute (SPEC 3.8).
@@ -253,11 +254,14 @@ impl From<SelectError> for Reject {
     }
 }
 
-/// Turns a rejection into its response (without `x-request-id`, which the caller adds
-/// to every response alike).
-pub fn rescue(reject: &Reject, request_id: &str) -> Response<ProxyBody> {
-    let body = error_body(reject.error_type, &reject.message, Some(request_id));
-    json_error(reject.status, body, reject.retry_after_secs)
+impl Reject {
+    /// The rejection as its response (without `x-request-id`, which the caller adds to
+    /// every response alike): the Anthropic-shaped body with `request_id`,
+    /// `Retry-After` when a wait is known, `x-should-retry: false` past a minute.
+    pub fn respond(&self, request_id: &str) -> Response<ProxyBody> {
+        let body = error_body(self.error_type, &self.message, Some(request_id));
+        json_error(self.status, body, self.retry_after_secs)
+    }
 }
 
 /// An error response with an already built Anthropic-shaped `body`.
@@ -299,8 +303,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn rescue_writes_an_anthropic_shaped_body_with_the_request_id() {
-        let response = rescue(&Reject::url_not_found(), "req_1");
+    async fn respond_writes_an_anthropic_shaped_body_with_the_request_id() {
+        let response = Reject::url_not_found().respond("req_1");
         assert_eq!(response.status(), 404);
         assert_eq!(response.headers()[CONTENT_TYPE], "application/json");
         assert!(!response.headers().contains_key(RETRY_AFTER));
@@ -316,18 +320,18 @@ mod tests {
 
     #[tokio::test]
     async fn long_waits_stop_sdk_retries() {
-        let short = rescue(&Reject::overloaded(60), "r");
+        let short = Reject::overloaded(60).respond("r");
         assert_eq!(short.headers()[RETRY_AFTER], "60");
         assert!(!short.headers().contains_key(&X_SHOULD_RETRY));
-        let long = rescue(&Reject::overloaded(61), "r");
+        let long = Reject::overloaded(61).respond("r");
         assert_eq!(long.headers()[RETRY_AFTER], "61");
         assert_eq!(long.headers()[&X_SHOULD_RETRY], "false");
-        let window = rescue(&Reject::all_out_of_window("5h", 3600, 0), "r");
+        let window = Reject::all_out_of_window("5h", 3600, 0).respond("r");
         assert_eq!(window.status(), 429);
         assert_eq!(window.headers()[&X_SHOULD_RETRY], "false");
         // At least one second, even when the wait already passed.
         assert_eq!(
-            rescue(&Reject::overloaded(0), "r").headers()[RETRY_AFTER],
+            Reject::overloaded(0).respond("r").headers()[RETRY_AFTER],
             "1"
         );
         let json = body_json(window).await;
@@ -367,7 +371,7 @@ mod tests {
         ];
         for (reject, status, kind) in cases {
             let message = reject.message.clone();
-            let response = rescue(&reject, "r");
+            let response = reject.respond("r");
             assert_eq!(response.status(), status, "{message}");
             assert_eq!(body_json(response).await["error"]["type"], kind);
         }

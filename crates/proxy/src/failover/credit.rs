@@ -1,0 +1,216 @@
+//! Crediting every outcome to the account that produced it (SPEC 4, 6), and writing
+//! the winner: a complete answer, or the head of a committed stream whose end is
+//! credited by its [`StreamCompletion`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use http::{HeaderValue, Response, StatusCode};
+use keypool_cooldown::{Attempt, AttemptFailure, Classification, TransportFailure, classify};
+use keypool_core::{AccountId, UnixMs};
+use keypool_providers::Usage;
+use keypool_selector::{Candidate, Sample};
+use keypool_store::now_ms;
+use keypool_store::slots::SlotGuard;
+
+use super::walk::Running;
+use crate::App;
+use crate::attempt::{Call, Failure, Ready, ReadyKind};
+use crate::body::{ProxyBody, StreamBody, StreamEnd, StreamFinish};
+use crate::context::RequestContext;
+use crate::headers::copy_safe_response_headers;
+use crate::log::RequestLog;
+use crate::metrics::InFlight;
+
+/// Credits a failed attempt to its account: classification, cooldown or disabling,
+/// breaker, rating sample, metrics. `None` for keypool's own failure, which is never
+/// the account's.
+pub(super) fn record_failure(
+    app: &App,
+    candidate: &Candidate,
+    started_at: UnixMs,
+    snapshot_len: usize,
+    failure: &Failure,
+) -> Option<Classification> {
+    // A status failure happened when its head arrived: its `Retry-After` (seconds or a
+    // date) and resets count from then, however long the error body took.
+    let (attempt_failure, at) = match failure {
+        Failure::Status {
+            status,
+            rate_limit,
+            received_at,
+            ..
+        } => (
+            AttemptFailure::Status {
+                status: *status,
+                rate_limit,
+            },
+            *received_at,
+        ),
+        Failure::Transport(t) => (AttemptFailure::Transport(*t), now_ms()),
+        Failure::Local(_) => return None,
+    };
+    let attempt = Attempt {
+        account: &candidate.id,
+        base_url: candidate.base_url.as_deref().unwrap_or(""),
+        started_at,
+        snapshot_len,
+    };
+    Some(credit_failure(app, &attempt, &attempt_failure, at))
+}
+
+/// Credits a failure (of an attempt, or of a committed stream) to its account:
+/// classification, cooldown or disabling, breaker, rating sample, failover metric.
+fn credit_failure(
+    app: &App,
+    attempt: &Attempt<'_>,
+    failure: &AttemptFailure<'_>,
+    now: UnixMs,
+) -> Classification {
+    let c = classify(failure, now);
+    let store = app.store();
+    store.record_failure(attempt, &c, now);
+    let sample = if c.is_request_error() {
+        Sample::RequestError
+    } else {
+        Sample::Failure
+    };
+    store.record_rating(attempt.account, sample, now);
+    app.metrics().failover(&c);
+    c
+}
+
+/// Credits a success (a complete answer, or a stream that completed) to its account:
+/// the cooldown book and breaker, the rating sample, the total-time metric.
+fn credit_success(app: &App, attempt: &Attempt<'_>, ttft_ms: u64, total_ms: u64, now: UnixMs) {
+    let store = app.store();
+    store.record_success(attempt, now);
+    store.record_rating(attempt.account, Sample::Success { ttft_ms, total_ms }, now);
+    app.metrics().total(attempt.account, total_ms);
+}
+
+/// Writes the winner `ready` of the attempt `running` on `candidate`: a complete
+/// answer (credited now), or the head of a committed stream (credited when it ends).
+pub(super) fn commit(
+    call: &Call<'_>,
+    candidate: &Candidate,
+    snapshot_len: usize,
+    running: Running<'_>,
+    ready: Ready,
+    ctx: &mut RequestContext<'_>,
+) -> Response<ProxyBody> {
+    let app = call.app;
+    let account = ready.account.id().clone();
+    app.metrics().ttft(&account, ready.ttft_ms);
+    ctx.attempt(&account, "ok");
+    if let Some(log) = ctx.log_mut() {
+        log.served_by = Some(account.clone());
+        log.ttft_ms = Some(ready.ttft_ms);
+        log.upstream_request_id = ready.upstream_request_id;
+    }
+    let base_url: Arc<str> = candidate.base_url.clone().unwrap_or_else(|| Arc::from(""));
+    match ready.kind {
+        ReadyKind::Full {
+            status,
+            headers,
+            body,
+            held,
+            usage,
+            total_ms,
+        } => {
+            let attempt = Attempt {
+                account: &account,
+                base_url: &base_url,
+                started_at: running.started_at,
+                snapshot_len,
+            };
+            credit_success(app, &attempt, ready.ttft_ms, total_ms, now_ms());
+            if let Some(log) = ctx.log_mut() {
+                log.usage = usage;
+            }
+            let mut response = Response::new(ProxyBody::full_held(body, held));
+            *response.status_mut() = status;
+            copy_safe_response_headers(&headers, response.headers_mut());
+            response
+        }
+        ReadyKind::Stream { stream, started } => {
+            app.store().mark_used(&account, now_ms());
+            ctx.answered(StatusCode::OK.as_u16());
+            let finish = StreamCompletion {
+                app: app.clone(),
+                account,
+                base_url,
+                started_at: running.started_at,
+                started,
+                snapshot_len,
+                ttft_ms: ready.ttft_ms,
+                log: ctx.take_log(),
+                _in_flight: running.in_flight,
+                _capacity: running.capacity,
+            };
+            let idle = Duration::from_millis(call.config.server().stream_idle_timeout_ms);
+            let body = StreamBody::new(stream, idle, Box::new(finish));
+            let mut response = Response::new(ProxyBody::stream(body));
+            let headers = response.headers_mut();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+            headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            response
+        }
+    }
+}
+
+/// Credits the end of a committed stream to the account that served it, and writes the
+/// request's log line.
+struct StreamCompletion {
+    app: App,
+    account: AccountId,
+    base_url: Arc<str>,
+    started_at: UnixMs,
+    started: tokio::time::Instant,
+    snapshot_len: usize,
+    ttft_ms: u64,
+    log: Option<RequestLog>,
+    /// The account's in-flight count lasts until the stream ends.
+    _in_flight: InFlight,
+    /// So does its concurrency slot.
+    _capacity: Option<SlotGuard>,
+}
+
+impl StreamFinish for StreamCompletion {
+    fn finish(self: Box<Self>, end: StreamEnd, usage: Option<Usage>) {
+        let this = *self;
+        let now = now_ms();
+        let total_ms = this.started.elapsed().as_millis() as u64;
+        let attempt = Attempt {
+            account: &this.account,
+            base_url: &this.base_url,
+            started_at: this.started_at,
+            snapshot_len: this.snapshot_len,
+        };
+        let outcome = match end {
+            StreamEnd::Completed => {
+                credit_success(&this.app, &attempt, this.ttft_ms, total_ms, now);
+                "completed"
+            }
+            StreamEnd::Failed(failure) => {
+                credit_failure(
+                    &this.app,
+                    &attempt,
+                    &AttemptFailure::Transport(failure),
+                    now,
+                );
+                this.app.metrics().stream_failure();
+                match failure {
+                    TransportFailure::Timeout => "idle_timeout",
+                    _ => "upstream_failed",
+                }
+            }
+            StreamEnd::ClientGone => "client_gone",
+        };
+        if let Some(mut log) = this.log {
+            log.usage = usage;
+            log.stream_end = Some(outcome);
+        }
+    }
+}
