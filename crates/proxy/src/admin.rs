@@ -91,80 +91,76 @@ where
     if let Err(reject) = app.read_body(parts, body).await {
         return reject.respond(request_id);
     }
-    let store = app.store();
     let now = now_ms();
     let get = method == Method::GET;
     let post = method == Method::POST;
-    match segments.as_slice() {
-        ["accounts"] if get => json_response(StatusCode::OK, &overview(app, &config, now)),
-        ["accounts", id] if get => match config.account(id) {
-            Some(account) => {
-                let view = AccountViews::new(app, &config, now);
-                json_response(StatusCode::OK, &view.account(account, None))
-            }
-            None => unknown_account(id, request_id),
-        },
-        ["accounts", id, "enable"] if post => match config.account(id) {
-            Some(account) => {
-                let was = store.reenable(account.id());
-                tracing::info!(account = %account.id(), was_disabled = was.is_some(), "admin: account re-enabled");
-                json_response(
-                    StatusCode::OK,
-                    &json!({
-                        "account": account.id().as_str(),
-                        "was_disabled": was.map(|d| json!({"reason": d.reason, "at": d.at})),
-                    }),
-                )
-            }
-            None => unknown_account(id, request_id),
-        },
-        ["accounts", id, "clear-cooldown"] if post => match config.account(id) {
-            Some(account) => {
-                let entry = store
-                    .health()
-                    .cooldowns
-                    .entry(account.id())
-                    .filter(|e| e.until > now);
-                store.clear_cooldown(account.id());
-                tracing::info!(account = %account.id(), had_cooldown = entry.is_some(), "admin: cooldown cleared");
-                json_response(
-                    StatusCode::OK,
-                    &json!({
-                        "account": account.id().as_str(),
-                        "cleared": entry.map(|e| json!({"until": e.until, "trigger": e.trigger.as_str()})),
-                    }),
-                )
-            }
-            None => unknown_account(id, request_id),
-        },
-        ["accounts", id, "clear-windows"] if post => match config.account(id) {
-            Some(account) => {
-                let out = store.out_of_window(account.id(), now);
-                let cleared = store.clear_windows(account.id());
-                tracing::info!(
-                    account = %account.id(),
-                    was_out_of_window = out.is_some(),
-                    window_cooldown_cleared = cleared.cooldown.is_some(),
-                    "admin: windows cleared"
-                );
-                json_response(
-                    StatusCode::OK,
-                    &json!({
-                        "account": account.id().as_str(),
-                        "cleared": out.as_ref().map(out_of_window_json),
-                        "window_cooldown_cleared": cleared.cooldown.is_some(),
-                    }),
-                )
-            }
-            None => unknown_account(id, request_id),
-        },
-        ["reload"] if post => reload(app, store, request_id),
+    let account = |id: &str| config.account(id).ok_or_else(|| unknown_account(id));
+    let answer = match segments.as_slice() {
+        ["accounts"] if get => Ok(json_response(StatusCode::OK, &overview(app, &config, now))),
+        ["accounts", id] if get => account(id).map(|account| {
+            let view = AccountViews::new(app, &config, now);
+            json_response(StatusCode::OK, &view.account(account, None))
+        }),
+        [
+            "accounts",
+            id,
+            action @ ("enable" | "clear-cooldown" | "clear-windows"),
+        ] if post => account(id).map(|account| account_action(app.store(), account, action, now)),
+        ["reload"] if post => Ok(reload(app, app.store(), request_id)),
         ["accounts"]
         | ["accounts", _]
         | ["accounts", _, "enable" | "clear-cooldown" | "clear-windows"]
-        | ["reload"] => Reject::method_not_allowed().respond(request_id),
-        _ => Reject::unknown_path().respond(request_id),
-    }
+        | ["reload"] => Err(Reject::method_not_allowed()),
+        _ => Err(Reject::unknown_path()),
+    };
+    answer.unwrap_or_else(|reject| reject.respond(request_id))
+}
+
+/// An operator action on one account (`enable`, `clear-cooldown`, `clear-windows`),
+/// through the store's operator methods (mirrored like any other change); the answer
+/// says what the action found.
+fn account_action(
+    store: &Store,
+    account: &Account,
+    action: &str,
+    now: UnixMs,
+) -> Response<ProxyBody> {
+    let id = account.id();
+    let answer = match action {
+        "enable" => {
+            let was = store.reenable(id);
+            tracing::info!(account = %id, was_disabled = was.is_some(), "admin: account re-enabled");
+            json!({
+                "account": id.as_str(),
+                "was_disabled": was.map(|d| json!({"reason": d.reason, "at": d.at})),
+            })
+        }
+        "clear-cooldown" => {
+            let entry = store.health().cooldowns.entry(id).filter(|e| e.until > now);
+            store.clear_cooldown(id);
+            tracing::info!(account = %id, had_cooldown = entry.is_some(), "admin: cooldown cleared");
+            json!({
+                "account": id.as_str(),
+                "cleared": entry.map(|e| json!({"until": e.until, "trigger": e.trigger.as_str()})),
+            })
+        }
+        _ => {
+            let out = store.out_of_window(id, now);
+            let cleared = store.clear_windows(id);
+            tracing::info!(
+                account = %id,
+                was_out_of_window = out.is_some(),
+                window_cooldown_cleared = cleared.cooldown.is_some(),
+                "admin: windows cleared"
+            );
+            json!({
+                "account": id.as_str(),
+                "cleared": out.as_ref().map(out_of_window_json),
+                "window_cooldown_cleared": cleared.cooldown.is_some(),
+            })
+        }
+    };
+    json_response(StatusCode::OK, &answer)
 }
 
 /// Whether the request carries `Authorization: Bearer <token>`, compared in constant
@@ -193,13 +189,12 @@ fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-fn unknown_account(id: &str, request_id: &str) -> Response<ProxyBody> {
+fn unknown_account(id: &str) -> Reject {
     Reject::new(
         StatusCode::NOT_FOUND,
         ErrorType::NotFound,
         format!("no account {id:?} in the configuration"),
     )
-    .respond(request_id)
 }
 
 fn reload(app: &App, store: &Store, request_id: &str) -> Response<ProxyBody> {

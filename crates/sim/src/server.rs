@@ -491,7 +491,7 @@ async fn handle(req: Request<Incoming>, shared: Arc<Shared>, reset: ResetFlag) -
 /// request's number and the moment its body was read.
 async fn perform(
     behaviour: Behaviour,
-    mut reply: Reply,
+    reply: Reply,
     endpoint: Endpoint,
     body: &[u8],
     at: (u64, std::time::Instant),
@@ -499,7 +499,6 @@ async fn perform(
     reset: ResetFlag,
 ) -> Answer {
     let (n, arrived) = at;
-    let mut rng = SmallRng::seed_from_u64(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let probe = serde_json::from_slice::<Probe<'_>>(body).ok();
     let stream = endpoint == Endpoint::Messages && probe.as_ref().is_some_and(|p| p.stream);
     let model = probe.and_then(|p| p.model);
@@ -515,129 +514,172 @@ async fn perform(
             .message("model: Field required (the body must be JSON with a \"model\")");
         return Ok(error(reply, &bad));
     }
-    let model = model.unwrap_or_default();
+    let scripted = Scripted {
+        reply,
+        n,
+        arrived,
+        endpoint,
+        stream,
+        model: model.unwrap_or_default().into_owned(),
+        rng: SmallRng::seed_from_u64(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        reset,
+    };
     match behaviour {
-        Behaviour::Error(e) => Ok(error(reply, &e)),
-        Behaviour::Reset => {
-            reset.store(true, Ordering::Relaxed);
-            reply.guard.finish();
-            Err(io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                "keypool-sim: scripted reset",
-            ))
-        }
+        Behaviour::Error(e) => Ok(error(scripted.reply, &e)),
+        Behaviour::Reset => Err(scripted.reset_connection(
+            io::ErrorKind::ConnectionReset,
+            "keypool-sim: scripted reset",
+        )),
         Behaviour::StallBeforeHeaders(wait) => {
             pause(wait).await;
-            reset.store(true, Ordering::Relaxed);
-            reply.guard.finish();
-            Err(io::Error::new(
+            Err(scripted.reset_connection(
                 io::ErrorKind::TimedOut,
                 "keypool-sim: scripted stall before headers",
             ))
         }
-        Behaviour::StallBeforeFirstFrame(wait) => {
-            let content_type = if stream {
-                wire::EVENT_STREAM
-            } else {
-                wire::JSON
-            };
-            let body = SimBody::stall(wait, reply.guard, reset);
-            Ok(head(
-                StatusCode::OK,
-                content_type,
-                &reply.request_id,
-                reply.headers.as_deref(),
-                body,
-                stream,
-            ))
-        }
-        Behaviour::Ok(spec) => match (endpoint, stream) {
-            (Endpoint::CountTokens, _) => {
-                pause(spec.latency.sample(&mut rng)).await;
-                Ok(json(
-                    reply,
-                    StatusCode::OK,
-                    wire::count_tokens_json(spec.usage.input_tokens),
-                ))
-            }
-            (Endpoint::Messages, false) => {
-                pause(spec.latency.sample(&mut rng)).await;
-                let id = message_id(n);
-                Ok(json(
-                    reply,
-                    StatusCode::OK,
-                    wire::message_json(&id, &model, &spec),
-                ))
-            }
-            (Endpoint::Messages, true) => {
-                pause(spec.ttft.sample(&mut rng)).await;
-                let send = spec.chunks as usize + 6;
-                let mut id = message_id(n);
-                if spec.think_time_in_id {
-                    id = format!("{id}_think{}", arrived.elapsed().as_nanos());
-                }
-                Ok(sse(
-                    reply,
-                    &model,
-                    &id,
-                    &spec,
-                    send,
-                    false,
-                    Ending::Clean,
-                    rng,
-                    reset,
-                ))
-            }
-        },
+        Behaviour::StallBeforeFirstFrame(wait) => Ok(scripted.stall_after_head(wait)),
+        Behaviour::Ok(spec) => Ok(scripted.ok(&spec).await),
         Behaviour::InBandError { after_frames, spec } => {
-            if !stream {
-                return Ok(error(reply, &ErrorReply::new(overloaded())));
-            }
-            pause(spec.ttft.sample(&mut rng)).await;
-            Ok(sse(
-                reply,
-                &model,
-                &message_id(n),
-                &spec,
-                after_frames.max(1),
-                true,
-                Ending::Clean,
-                rng,
-                reset,
-            ))
+            Ok(scripted.in_band_error(after_frames, &spec).await)
         }
         Behaviour::CutAfter { frames, cut, spec } => {
-            if !stream {
-                // No frames to cut between: the head comes, then the body fails.
-                let body = SimBody::stall(Duration::ZERO, reply.guard, reset);
-                return Ok(head(
-                    StatusCode::OK,
-                    wire::JSON,
-                    &reply.request_id,
-                    reply.headers.as_deref(),
-                    body,
-                    false,
-                ));
-            }
-            pause(spec.ttft.sample(&mut rng)).await;
-            let frames_total = spec.chunks as usize + 6;
-            let send = frames.min(frames_total - 1);
-            let ending = match cut {
-                Cut::EndOfBody => Ending::Clean,
-                Cut::Close | Cut::Reset => Ending::Fail(cut),
-            };
-            Ok(sse(
-                reply,
-                &model,
-                &message_id(n),
-                &spec,
-                send,
-                false,
-                ending,
-                rng,
-                reset,
-            ))
+            Ok(scripted.cut_after(frames, cut, &spec).await)
         }
+    }
+}
+
+/// One request of a known account, answered as its script says: one method per
+/// behaviour that sends a response.
+struct Scripted {
+    reply: Reply,
+    /// The request's number (message ids, the random draws' seed).
+    n: u64,
+    /// When its body was read.
+    arrived: std::time::Instant,
+    endpoint: Endpoint,
+    /// A Messages request with `"stream": true`.
+    stream: bool,
+    model: String,
+    rng: SmallRng,
+    reset: ResetFlag,
+}
+
+impl Scripted {
+    /// No response at all: the connection is reset.
+    fn reset_connection(mut self, kind: io::ErrorKind, why: &'static str) -> io::Error {
+        self.reset.store(true, Ordering::Relaxed);
+        self.reply.guard.finish();
+        io::Error::new(kind, why)
+    }
+
+    /// The `200` head, then nothing until the stall ends and the connection is reset.
+    fn stall_after_head(self, wait: Duration) -> Response<SimBody> {
+        let content_type = if self.stream {
+            wire::EVENT_STREAM
+        } else {
+            wire::JSON
+        };
+        let body = SimBody::stall(wait, self.reply.guard, self.reset);
+        head(
+            StatusCode::OK,
+            content_type,
+            &self.reply.request_id,
+            self.reply.headers.as_deref(),
+            body,
+            self.stream,
+        )
+    }
+
+    /// A successful answer: `count_tokens`, a JSON message, or a stream.
+    async fn ok(mut self, spec: &OkSpec) -> Response<SimBody> {
+        match (self.endpoint, self.stream) {
+            (Endpoint::CountTokens, _) => {
+                pause(spec.latency.sample(&mut self.rng)).await;
+                let body = wire::count_tokens_json(spec.usage.input_tokens);
+                json(self.reply, StatusCode::OK, body)
+            }
+            (Endpoint::Messages, false) => {
+                pause(spec.latency.sample(&mut self.rng)).await;
+                let body = wire::message_json(&message_id(self.n), &self.model, spec);
+                json(self.reply, StatusCode::OK, body)
+            }
+            (Endpoint::Messages, true) => {
+                pause(spec.ttft.sample(&mut self.rng)).await;
+                let mut id = message_id(self.n);
+                if spec.think_time_in_id {
+                    id = format!("{id}_think{}", self.arrived.elapsed().as_nanos());
+                }
+                let frames = spec.chunks as usize + 6;
+                self.sse(&id, spec, frames, false, Ending::Clean)
+            }
+        }
+    }
+
+    /// A stream with an in-band `overloaded_error` after `after_frames` frames (a
+    /// `529` when not streaming).
+    async fn in_band_error(mut self, after_frames: usize, spec: &OkSpec) -> Response<SimBody> {
+        if !self.stream {
+            return error(self.reply, &ErrorReply::new(overloaded()));
+        }
+        pause(spec.ttft.sample(&mut self.rng)).await;
+        let id = message_id(self.n);
+        self.sse(&id, spec, after_frames.max(1), true, Ending::Clean)
+    }
+
+    /// A stream cut after `frames` frames (never `message_stop`), ending as `cut`
+    /// says; not streaming, the head and then a failed body.
+    async fn cut_after(mut self, frames: usize, cut: Cut, spec: &OkSpec) -> Response<SimBody> {
+        if !self.stream {
+            // No frames to cut between: the head comes, then the body fails.
+            let body = SimBody::stall(Duration::ZERO, self.reply.guard, self.reset);
+            return head(
+                StatusCode::OK,
+                wire::JSON,
+                &self.reply.request_id,
+                self.reply.headers.as_deref(),
+                body,
+                false,
+            );
+        }
+        pause(spec.ttft.sample(&mut self.rng)).await;
+        let frames_total = spec.chunks as usize + 6;
+        let send = frames.min(frames_total - 1);
+        let ending = match cut {
+            Cut::EndOfBody => Ending::Clean,
+            Cut::Close | Cut::Reset => Ending::Fail(cut),
+        };
+        let id = message_id(self.n);
+        self.sse(&id, spec, send, false, ending)
+    }
+
+    /// An SSE answer of `spec`'s frames: the first `send`, then an error frame when
+    /// `error_frame`, then `ending`.
+    fn sse(
+        self,
+        id: &str,
+        spec: &OkSpec,
+        send: usize,
+        error_frame: bool,
+        ending: Ending,
+    ) -> Response<SimBody> {
+        let frames = wire::StreamFrames::new(id, &self.model, spec);
+        let cursor = StreamCursor::new(
+            frames,
+            send,
+            error_frame,
+            ending,
+            spec.chunk_interval,
+            self.rng,
+        );
+        let body = SimBody::stream(cursor, self.reply.guard, self.reset);
+        head(
+            StatusCode::OK,
+            wire::EVENT_STREAM,
+            &self.reply.request_id,
+            self.reply.headers.as_deref(),
+            body,
+            true,
+        )
     }
 }
 
@@ -656,31 +698,6 @@ fn overloaded() -> StatusCode {
 
 fn message_id(n: u64) -> String {
     format!("msg_sim{n:020}")
-}
-
-#[allow(clippy::too_many_arguments)]
-fn sse(
-    reply: Reply,
-    model: &str,
-    id: &str,
-    spec: &OkSpec,
-    send: usize,
-    error_frame: bool,
-    ending: Ending,
-    rng: SmallRng,
-    reset: ResetFlag,
-) -> Response<SimBody> {
-    let frames = wire::StreamFrames::new(id, model, spec);
-    let cursor = StreamCursor::new(frames, send, error_frame, ending, spec.chunk_interval, rng);
-    let body = SimBody::stream(cursor, reply.guard, reset);
-    head(
-        StatusCode::OK,
-        wire::EVENT_STREAM,
-        &reply.request_id,
-        reply.headers.as_deref(),
-        body,
-        true,
-    )
 }
 
 fn json(reply: Reply, status: StatusCode, bytes: Bytes) -> Response<SimBody> {
