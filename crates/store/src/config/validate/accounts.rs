@@ -1,0 +1,183 @@
+//! `[[accounts]]`: each raw account converted on its own ([`validate_account`]), every
+//! field checked before any is required, so that all of an account's problems are
+//! reported at once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use keypool_core::{AccountId, AuthType, Provider};
+
+use super::{Context, Issues, parse_named, resolve_secret, supported_auth_types};
+use crate::config::raw::RawAccount;
+use crate::config::{Account, Threshold, Weight};
+
+/// Validates the accounts; the valid ones are returned by id and recorded in their
+/// orgs (in file order) and in `ctx.account_orgs`.
+pub(super) fn validate(
+    accounts: &[(usize, RawAccount)],
+    ctx: &mut Context<'_>,
+    issues: &mut Issues,
+) -> HashMap<AccountId, Arc<Account>> {
+    let mut out: HashMap<AccountId, Arc<Account>> = HashMap::new();
+    let mut first: HashMap<String, usize> = HashMap::new();
+    let mut in_order: Vec<(Arc<str>, AccountId)> = Vec::new();
+    for (i, raw) in accounts {
+        let Some(account) = validate_account(*i, raw, &mut first, ctx, issues) else {
+            continue;
+        };
+        let id = account.id.clone();
+        ctx.account_orgs
+            .insert(id.clone(), (account.org.clone(), *i));
+        in_order.push((account.org.clone(), id.clone()));
+        out.insert(id, Arc::new(account));
+    }
+    for (org, id) in in_order {
+        if let Some(b) = ctx.orgs.get_mut(&org) {
+            b.accounts.push(id);
+        }
+    }
+    out
+}
+
+/// One `[[accounts]]` element (`accounts[i]`) → an [`Account`], or `None` with every
+/// problem it has in `issues`. `first` holds the ids seen so far.
+fn validate_account(
+    i: usize,
+    a: &RawAccount,
+    first: &mut HashMap<String, usize>,
+    ctx: &Context<'_>,
+    issues: &mut Issues,
+) -> Option<Account> {
+    let p = format!("accounts[{i}]");
+    let mut ok = true;
+    if a.id.trim().is_empty() {
+        issues.push(
+            format!("{p}.id"),
+            "account id is empty; give every account a unique id",
+        );
+        ok = false;
+    } else if let Some(j) = first.get(&a.id) {
+        issues.push(format!("{p}.id"), format!("duplicate account id `{}` (first at accounts[{j}]); ids must be unique in the whole file", a.id));
+        ok = false;
+    } else {
+        first.insert(a.id.clone(), i);
+    }
+    let org = ctx.org_ref(&a.org, format!("{p}.org"), issues);
+    let provider = parse_named::<Provider>(&a.provider, &format!("{p}.provider"), issues);
+    let auth = parse_named::<AuthType>(&a.auth, &format!("{p}.auth"), issues);
+    if let (Some(pr), Some(au)) = (provider, auth) {
+        if !pr.accepts(au) {
+            issues.push(
+                format!("{p}.auth"),
+                format!(
+                    "auth `{au}` is not supported by provider `{pr}` ({})",
+                    supported_auth_types()
+                ),
+            );
+            ok = false;
+        }
+        if !pr.has_default_base_url() && a.base_url.is_none() {
+            issues.push(format!("{p}.base_url"), "provider `anthropic_compatible` needs a base_url (where the third party serves the Messages API)");
+            ok = false;
+        }
+    }
+    let priority = i32::try_from(a.priority).ok();
+    if priority.is_none() {
+        issues.push(
+            format!("{p}.priority"),
+            format!(
+                "priority {} is out of range (a 32-bit integer; lower goes first)",
+                a.priority
+            ),
+        );
+    }
+    let secret = resolve_secret(&a.secret, false, &format!("{p}.secret"), ctx.env, issues);
+    if let Some(u) = &a.base_url
+        && !(u.starts_with("http://") || u.starts_with("https://"))
+    {
+        issues.push(
+            format!("{p}.base_url"),
+            "base_url must start with http:// or https://",
+        );
+        ok = false;
+    }
+    let weight = weight(a.weight, &p, issues);
+    let window_threshold = window_threshold(a.window_threshold, &p, issues);
+    let max_concurrent = max_concurrent(a.max_concurrent, &p, issues);
+    if let Some(m) = &a.model
+        && m.trim().is_empty()
+    {
+        issues.push(
+            format!("{p}.model"),
+            "model is empty; omit it to keep the request's model",
+        );
+        ok = false;
+    }
+    if !ok {
+        return None;
+    }
+    Some(Account {
+        id: AccountId::from(a.id.as_str()),
+        org: org?,
+        provider: provider?,
+        auth: auth?,
+        secret: secret?,
+        base_url: a.base_url.as_deref().map(Arc::from),
+        priority: priority?,
+        weight: weight?,
+        model: a.model.as_deref().map(Arc::from),
+        window_threshold: window_threshold?,
+        max_concurrent: max_concurrent?,
+        active: a.active.unwrap_or(true),
+    })
+}
+
+/// `weight`: 1–100, default 1; `None` when out of range.
+fn weight(w: Option<i64>, p: &str, issues: &mut Issues) -> Option<Weight> {
+    let Some(w) = w else {
+        return Weight::try_new(1);
+    };
+    let weight = Weight::try_new(w);
+    if weight.is_none() {
+        issues.push(
+            format!("{p}.weight"),
+            format!("weight {w} is outside 1–100"),
+        );
+    }
+    weight
+}
+
+/// `window_threshold`: a fraction in 0–1, or none (the default applies); the outer
+/// `None` when out of range.
+fn window_threshold(t: Option<f64>, p: &str, issues: &mut Issues) -> Option<Option<Threshold>> {
+    let Some(t) = t else {
+        return Some(None);
+    };
+    match Threshold::try_new(t) {
+        Some(t) => Some(Some(t)),
+        None => {
+            issues.push(
+                format!("{p}.window_threshold"),
+                format!("window_threshold {t} is outside 0–1 (a fraction, e.g. 0.95)"),
+            );
+            None
+        }
+    }
+}
+
+/// `max_concurrent`: at least 1, or none (no limit); the outer `None` when invalid.
+fn max_concurrent(m: Option<i64>, p: &str, issues: &mut Issues) -> Option<Option<u32>> {
+    let Some(m) = m else {
+        return Some(None);
+    };
+    match u32::try_from(m).ok().filter(|m| *m >= 1) {
+        Some(m) => Some(Some(m)),
+        None => {
+            issues.push(
+                format!("{p}.max_concurrent"),
+                format!("max_concurrent {m} must be at least 1 (omit it for no limit)"),
+            );
+            None
+        }
+    }
+}
