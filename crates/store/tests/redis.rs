@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use keypool_core::AccountId;
-use keypool_store::testing::RedisServer;
+use keypool_store::testing::{FakeRedis, FakeReply, RedisServer};
 use keypool_store::{BackendKind, BootState, Store, now_ms};
 
 fn redis_config(redis: &RedisServer, n: usize) -> keypool_store::config::Config {
@@ -318,5 +318,75 @@ async fn a_slot_request_given_up_while_redis_answers_leaves_no_local_count() {
         store.slots().in_use(&a0),
         0,
         "the reservation was not undone"
+    );
+}
+
+/// A store on `url` with `redis_timeout_ms = timeout_ms`.
+async fn open_on(url: &str, timeout_ms: u64) -> Store {
+    Store::open(config(&config_text(
+        2,
+        &format!("redis_url = {url:?}\nredis_timeout_ms = {timeout_ms}"),
+    )))
+    .await
+    .unwrap_or_else(|e| panic!("the store does not open: {e}"))
+}
+
+/// Levels of nesting the hostile fake answers with: far beyond any stack.
+const DEEP: usize = 1_000_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_answering_a_million_nested_arrays_at_boot_is_cut_off_and_the_store_serves_from_memory()
+ {
+    let fake = FakeRedis::start(FakeReply::Nested(DEEP)).unwrap();
+    let store = open_on(&fake.url(), 500).await;
+    assert!(matches!(
+        store.take_boot_state(),
+        Some(BootState::Redis { loaded: false })
+    ));
+    assert!(!store.ready(), "a Redis answering garbage is not ready");
+    assert!(fake.count("PING") >= 1, "the fake was asked and answered");
+    // the store answers from memory, and the process is still alive to say so
+    assert_eq!(store.next_counter("acme/g").await, 0);
+    assert_eq!(store.next_counter("acme/g").await, 1);
+    assert!(store.backend_status().redis_fallbacks >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_turns_to_nested_replies_at_runtime_is_cut_off_and_comes_back_when_sane() {
+    let fake = FakeRedis::start(FakeReply::Normal).unwrap();
+    let store = open_on(&fake.url(), 500).await;
+    assert!(store.ready(), "the fake answers like a Redis at first");
+    assert_eq!(store.next_counter("acme/g").await, 0);
+    assert_eq!(fake.count("INCR"), 1);
+
+    fake.set_mode(FakeReply::Nested(DEEP));
+    // this INCR gets the nested answer: cut off, the counter comes from memory
+    assert_eq!(store.next_counter("acme/g").await, 1);
+    assert!(fake.count("INCR") >= 2, "the INCR reached the fake");
+    assert!(!store.ready());
+
+    fake.set_mode(FakeReply::Normal);
+    assert!(
+        eventually(Duration::from_secs(10), || store.ready())
+            .await
+            .is_some(),
+        "not reconciled after the fake answered sanely again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_passes_auth_and_select_through_to_redis() {
+    let fake = FakeRedis::start(FakeReply::Normal).unwrap();
+    let url = format!("redis://:relay-pw-0x5e@127.0.0.1:{}/3", fake.port());
+    let store = open_on(&url, 500).await;
+    assert!(store.ready());
+    let commands = fake.commands();
+    assert!(
+        commands.contains(&vec!["AUTH".to_owned(), "relay-pw-0x5e".to_owned()]),
+        "{commands:?}"
+    );
+    assert!(
+        commands.contains(&vec!["SELECT".to_owned(), "3".to_owned()]),
+        "{commands:?}"
     );
 }

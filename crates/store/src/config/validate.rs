@@ -757,12 +757,12 @@ fn validate_server(
     };
     let redis_url = s.redis_url.as_deref().and_then(|u| {
         let secret = resolve_secret(u, s.redis_url_from_env, "server.redis_url", env, issues)?;
-        let e = secret.expose();
-        if e.starts_with("redis://") || e.starts_with("rediss://") || e.starts_with("redis+unix://") || e.starts_with("unix://") {
-            Some(secret)
-        } else {
-            issues.push("server.redis_url", "redis_url must start with redis:// or rediss:// (value not shown: it may hold a password)");
-            None
+        match crate::state::redis::redis_target(secret.expose()) {
+            Ok(_) => Some(secret),
+            Err(problem) => {
+                issues.push("server.redis_url", problem);
+                None
+            }
         }
     });
     let weight = |v: Option<f64>, name: &str, default: f64, issues: &mut Issues| -> f64 {

@@ -17,6 +17,11 @@
 //! Every operation is bounded by `redis_timeout_ms`; a failure or timeout marks the
 //! mirror not ready, counts a fallback and asks for a reconciliation, and the caller
 //! goes on with memory.
+//!
+//! `fred` never talks to Redis directly: it connects to a [`RespGuard`] on loopback,
+//! which relays to the one Redis server of `redis_url` and refuses replies that would
+//! crash `fred`'s decoder (see [`super::resp_guard`]). So only `redis://` URLs of one
+//! server are supported ([`redis_target`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -36,6 +41,7 @@ use keypool_selector::{AccountRatingState, RatingState};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use super::resp_guard::RespGuard;
 use crate::StoreError;
 
 const PREFIX: &str = "keypool:";
@@ -115,6 +121,8 @@ pub(crate) struct RedisMirror {
     writes: mpsc::Sender<StateEvent>,
     resubscriber: tokio::task::AbortHandle,
     connections: Mutex<(ConnectHandle, ConnectHandle)>,
+    /// The loopback relay both clients connect through; stops with the mirror.
+    _guard: RespGuard,
 }
 
 impl std::fmt::Debug for RedisMirror {
@@ -131,22 +139,80 @@ fn redis_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Redis(e.to_string())
 }
 
+/// The `redis_url` forms keypool supports, as said in its errors.
+pub(crate) const SUPPORTED_REDIS_URL: &str = "redis://[[user]:password@]host[:port][/db]";
+
+/// What a `redis_url` names: `fred`'s configuration (credentials, database) and the
+/// `host:port` of its one Redis server; or why keypool cannot use it. The reason never
+/// quotes the URL (it may hold a password).
+///
+/// Only a plain-TCP `redis://` URL of one server is supported: `fred` reaches Redis
+/// through keypool's reply guard, a relay that knows one address, so cluster and
+/// sentinel topologies (which hand out other addresses) cannot pass through it, and
+/// neither `fred`'s TLS (`rediss://`) nor its Unix sockets are compiled in.
+pub(crate) fn redis_target(url: &str) -> Result<(FredConfig, String), String> {
+    let scheme = url
+        .split_once("://")
+        .map_or("", |(scheme, _)| scheme)
+        .to_ascii_lowercase();
+    let problem = |what: &str| {
+        format!("{what}; use {SUPPORTED_REDIS_URL} (value not shown: it may hold a password)")
+    };
+    if scheme.starts_with("rediss") || scheme.starts_with("valkeys") {
+        return Err(problem(
+            "TLS (rediss://) is not supported: keypool's Redis client is built without TLS; \
+             reach Redis over a private network or through a local TLS tunnel (stunnel, spiped)",
+        ));
+    }
+    if scheme.ends_with("+unix") || scheme == "unix" {
+        return Err(problem(
+            "Unix sockets are not supported: reach Redis over TCP",
+        ));
+    }
+    let query = url
+        .rsplit_once('@')
+        .map_or(url, |(_, host)| host)
+        .contains('?');
+    if scheme.ends_with("-cluster") || scheme.ends_with("-sentinel") || query {
+        return Err(problem(
+            "Redis Cluster and Sentinel (a -cluster or -sentinel scheme, or ?node= and \
+             ?sentinelServiceName= parameters) are not supported: point redis_url at one Redis primary",
+        ));
+    }
+    if scheme != "redis" {
+        return Err(problem("redis_url must be a redis:// URL"));
+    }
+    let config = FredConfig::from_url(url)
+        .map_err(|_| problem("redis_url is not a valid Redis URL (host, port or /db)"))?;
+    match &config.server {
+        fred::types::config::ServerConfig::Centralized { server } => {
+            let target = format!("{}:{}", server.host, server.port);
+            Ok((config, target))
+        }
+        _ => Err(problem("redis_url must name one Redis server")),
+    }
+}
+
 impl RedisMirror {
-    /// Builds the clients and starts connecting in the background (with unlimited
-    /// reconnection). Waits at most `connect_wait` for the first connection; the mirror
-    /// is usable (not ready) if that does not happen. The URL is never logged.
+    /// Starts the reply guard, builds the clients (pointed at the guard) and starts
+    /// connecting in the background (with unlimited reconnection). Waits at most
+    /// `connect_wait` for the first connection; the mirror is usable (not ready) if that
+    /// does not happen. The URL is never logged.
     pub(crate) async fn connect(
         url: &str,
         timeout: Duration,
         connect_wait: Duration,
     ) -> Result<Connected, StoreError> {
-        let config = FredConfig::from_url(url)
-            .map_err(|_| StoreError::Redis("redis_url is not a valid Redis URL".into()))?;
+        let (mut config, target) = redis_target(url).map_err(StoreError::Redis)?;
+        let connect_timeout = timeout.max(Duration::from_millis(500));
+        let guard = RespGuard::start(target, connect_timeout).await?;
+        config.server =
+            fred::types::config::ServerConfig::new_centralized("127.0.0.1", guard.port());
         let mut builder = Builder::from_config(config);
         builder
             .with_connection_config(|c| {
-                c.connection_timeout = timeout.max(Duration::from_millis(500));
-                c.internal_command_timeout = timeout.max(Duration::from_millis(500));
+                c.connection_timeout = connect_timeout;
+                c.internal_command_timeout = connect_timeout;
                 c.max_command_attempts = 1;
             })
             .with_performance_config(|p| {
@@ -181,6 +247,7 @@ impl RedisMirror {
             writes,
             resubscriber,
             connections,
+            _guard: guard,
         };
         Ok(Connected {
             mirror,
