@@ -757,3 +757,109 @@ async fn a_corrupt_state_file_is_moved_aside_and_keypool_serves() {
     std::fs::remove_dir_all(&dir).unwrap();
     h.finish().await;
 }
+
+/// `text` (a binary config) with `redis_url = url` and `redis_timeout_ms` in its
+/// `[server]` table.
+fn with_redis_url(text: &str, url: &str, timeout_ms: u64) -> String {
+    text.replacen(
+        "[server]\n",
+        &format!("[server]\nredis_url = {url:?}\nredis_timeout_ms = {timeout_ms}\n"),
+        1,
+    )
+}
+
+/// `GET path` on the binary: status and body.
+async fn get(h: &Harness, k: &Keypool, path: &str) -> (u16, String) {
+    let r = h
+        .client()
+        .request(http::Method::GET, k.url(path))
+        .send()
+        .await;
+    (r.status.as_u16(), r.text())
+}
+
+/// Polls `GET path` every 50 ms (at most `within`) until it answers `status`.
+async fn wait_for_status(h: &Harness, k: &Keypool, path: &str, status: u16, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let (now, body) = get(h, k, path).await;
+        if now == status {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} still {now} ({body}) after {within:?}; log:\n{}",
+            k.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_answering_a_million_nested_arrays_never_kills_the_binary_and_requests_succeed() {
+    use keypool_store::testing::{FakeRedis, FakeReply};
+    let fake = FakeRedis::start(FakeReply::Normal).unwrap();
+    let port = free_port();
+    let h = builder_with(vec![
+        AccountSpec::new("a", Script::ok()),
+        AccountSpec::new("b", Script::ok()),
+    ])
+    .strategy("round_robin")
+    .start()
+    .await;
+    // a password and a database, which must never show in the log
+    let password = "nested-fake-pw-7f3a";
+    let url = format!("redis://:{password}@127.0.0.1:{}/2", fake.port());
+    let (dir, file) = config_file(
+        "nested",
+        &with_redis_url(&binary_config(&h, port, &[]), &url, 500),
+    );
+    let mut k = Keypool::start(&file, port).await;
+    wait_for_status(&h, &k, "/readyz", 200, Duration::from_secs(10)).await;
+    let messages = k.url("/acme/team/v1/messages");
+    let send = || {
+        h.client()
+            .post(messages.clone())
+            .api_key(&h.key(KEY))
+            .json(&message_body(MODEL, false))
+            .send()
+    };
+    assert_eq!(send().await.status, 200);
+    let incr_before = fake.count("INCR");
+    assert!(incr_before >= 1, "round_robin asked Redis for its counter");
+
+    // from now on every answer is a million arrays deep
+    fake.set_mode(FakeReply::Nested(1_000_000));
+    for i in 0..20 {
+        let r = send().await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert!(
+            k.child.try_wait().unwrap().is_none(),
+            "keypool died: {}",
+            k.logs()
+        );
+    }
+    assert!(
+        fake.count("INCR") > incr_before,
+        "the nested answers were sent to keypool"
+    );
+    wait_for_status(&h, &k, "/readyz", 503, Duration::from_secs(10)).await;
+    let logs = k.logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("ERROR") && l.contains("redis reply refused")),
+        "one error line says why: {logs}"
+    );
+    assert!(!logs.contains(password), "the Redis password in the log");
+    signal(&k.child, "TERM");
+    assert_eq!(
+        k.wait_exit(Duration::from_secs(10)).await,
+        Some(0),
+        "{}",
+        k.logs()
+    );
+    k.assert_logs_clean(&h, &["a", "b"]);
+    drop(k);
+    std::fs::remove_dir_all(&dir).unwrap();
+    h.finish().await;
+}
