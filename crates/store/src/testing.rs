@@ -108,6 +108,19 @@ impl RedisServer {
         self.wait_ready()
     }
 
+    /// How many times the server ran the command `name` (lower case) since it started,
+    /// from `INFO commandstats`.
+    pub fn calls(&self, name: &str) -> Result<u64, String> {
+        let stats = self.command("INFO commandstats")?;
+        let prefix = format!("cmdstat_{name}:calls=");
+        Ok(stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0))
+    }
+
     /// Sends one inline command and returns the raw reply (for assertions).
     pub fn command(&self, line: &str) -> Result<String, String> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).map_err(|e| e.to_string())?;
@@ -162,6 +175,98 @@ fn spawn(port: u16, dir: &Path) -> Result<Child, String> {
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot run redis-server: {e}"))
+}
+
+/// The commands keypool's request path sends to Redis: the rotation counter (`INCR`),
+/// session bindings (`GET`, `SET`), concurrency leases (`EVAL`, `ZREM`).
+pub const REQUEST_PATH_COMMANDS: [&str; 5] = ["INCR", "GET", "SET", "EVAL", "ZREM"];
+
+/// A Redis a test makes misbehave, then recover: a real server suspended with
+/// `SIGSTOP` ([`RedisServer::pause`]), or a [`FakeRedis`] that answers normally until it
+/// turns to another [`FakeReply`].
+#[derive(Debug)]
+pub enum FaultyRedis {
+    /// A real server; the fault is `SIGSTOP`, the recovery `SIGCONT`.
+    Stopped(RedisServer),
+    /// A fake answering normally; the fault is the reply kind given.
+    Fake(FakeRedis, FakeReply),
+}
+
+impl FaultyRedis {
+    /// A real server (`fault = None`; `None` back when redis-server is missing outside
+    /// CI, see [`RedisServer::start_or_skip`]) or a fake that will turn to `fault`.
+    ///
+    /// # Panics
+    /// When the fake cannot start.
+    pub fn start_or_skip(fault: Option<FakeReply>, test: &str) -> Option<Self> {
+        Some(match fault {
+            None => Self::Stopped(RedisServer::start_or_skip(test)?),
+            Some(reply) => match FakeRedis::start(FakeReply::Normal) {
+                Ok(fake) => Self::Fake(fake, reply),
+                Err(e) => panic!("{test}: the fake Redis does not start: {e}"),
+            },
+        })
+    }
+
+    /// Its `redis://` URL.
+    pub fn url(&self) -> String {
+        match self {
+            Self::Stopped(r) => r.url(),
+            Self::Fake(f, _) => f.url(),
+        }
+    }
+
+    /// Starts misbehaving.
+    ///
+    /// # Panics
+    /// When `kill -STOP` fails.
+    pub fn break_it(&self) {
+        match self {
+            Self::Stopped(r) => r.pause().unwrap_or_else(|e| panic!("{e}")),
+            Self::Fake(f, reply) => f.set_mode(*reply),
+        }
+    }
+
+    /// Behaves again (a fake answers what it held meanwhile, as a resumed server does).
+    ///
+    /// # Panics
+    /// When `kill -CONT` fails.
+    pub fn restore(&self) {
+        match self {
+            Self::Stopped(r) => r.resume().unwrap_or_else(|e| panic!("{e}")),
+            Self::Fake(f, _) => f.set_mode(FakeReply::Normal),
+        }
+    }
+
+    /// How many commands named `name` (upper case) it received so far; `None` while a
+    /// real server is stopped (it cannot say).
+    pub fn received(&self, name: &str) -> Option<u64> {
+        match self {
+            Self::Stopped(r) => r.calls(&name.to_ascii_lowercase()).ok(),
+            Self::Fake(f, _) => Some(f.count(name) as u64),
+        }
+    }
+
+    /// Concurrency leases of `account` held in it now (a fake grants every `EVAL`, so:
+    /// `EVAL`s not yet followed by a `ZREM`); `None` while a real server is stopped.
+    pub fn leases_held(&self, account: &str) -> Option<u64> {
+        match self {
+            Self::Stopped(r) => r
+                .command(&format!("ZCARD keypool:leases:{account}"))
+                .ok()?
+                .trim_start_matches(':')
+                .trim()
+                .parse()
+                .ok(),
+            Self::Fake(f, _) => Some(f.count("EVAL").saturating_sub(f.count("ZREM")) as u64),
+        }
+    }
+
+    /// How many [`REQUEST_PATH_COMMANDS`] it received so far (see
+    /// [`FaultyRedis::received`]).
+    pub fn request_path_commands(&self) -> Option<u64> {
+        REQUEST_PATH_COMMANDS.iter().map(|c| self.received(c)).sum()
+    }
 }
 
 /// What a [`FakeRedis`] answers to each command it reads.
@@ -233,7 +338,7 @@ impl FakeRedis {
                         .push(copy);
                 }
                 let shared = accepting.clone();
-                std::thread::spawn(move || fake_connection(stream, &shared));
+                std::thread::spawn(move || fake_connection(stream, shared));
             }
         });
         Ok(Self { addr, shared })
@@ -296,11 +401,33 @@ impl Drop for FakeRedis {
     }
 }
 
-/// Reads commands from one connection and answers each under the mode of the moment.
-fn fake_connection(stream: TcpStream, shared: &FakeShared) {
+/// Reads and records commands from one connection as they come; answers each, in
+/// order, under the mode of the moment (holding them while it is silent).
+fn fake_connection(stream: TcpStream, shared: Arc<FakeShared>) {
     let Ok(mut out) = stream.try_clone() else {
         return;
     };
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<String>>();
+    let answering = shared.clone();
+    std::thread::spawn(move || {
+        for command in rx {
+            let mode = loop {
+                if answering.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                match answering.mode() {
+                    FakeReply::Silent => std::thread::sleep(Duration::from_millis(5)),
+                    mode => break mode,
+                }
+            };
+            if out
+                .write_all(&fake_reply(mode, &command, &answering))
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
     let mut input = BufReader::new(stream);
     while let Some(command) = read_command(&mut input) {
         shared
@@ -308,17 +435,7 @@ fn fake_connection(stream: TcpStream, shared: &FakeShared) {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(command.clone());
-        let mode = loop {
-            if shared.stop.load(Ordering::SeqCst) {
-                return;
-            }
-            match shared.mode() {
-                FakeReply::Silent => std::thread::sleep(Duration::from_millis(5)),
-                mode => break mode,
-            }
-        };
-        let reply = fake_reply(mode, &command, shared);
-        if out.write_all(&reply).is_err() {
+        if tx.send(command).is_err() {
             return;
         }
     }
