@@ -158,7 +158,7 @@ impl Store {
                 let connected = RedisMirror::connect(url.expose(), timeout, wait).await?;
                 let mirror = connected.mirror;
                 let mut loaded = false;
-                if mirror.ready() {
+                if connected.connected {
                     loaded = reconcile(&mirror, &state, now).await.is_ok();
                 }
                 (
@@ -391,9 +391,11 @@ impl Store {
     }
 
     /// The next rotation counter of `pool`: Redis `INCR` (shared by replicas) when
-    /// configured and answering within `redis_timeout_ms`, else the local counter.
+    /// configured, ready and answering within `redis_timeout_ms`, else the local
+    /// counter (at once while Redis is known to be unhealthy).
     pub async fn next_counter(&self, pool: &str) -> u64 {
         if let Backend::Redis(mirror) = &self.inner.backend
+            && mirror.ready()
             && let Ok(v) = mirror.incr(pool).await
         {
             self.inner
@@ -406,11 +408,11 @@ impl Store {
     }
 
     /// The account `key`'s session is bound to (session affinity), if the binding has
-    /// not expired: from Redis when configured and answering (so replicas agree), else
-    /// from memory.
+    /// not expired: from Redis when configured, ready and answering (so replicas agree),
+    /// else from memory.
     pub async fn session_account(&self, key: &str, now: UnixMs) -> Option<AccountId> {
         if let Backend::Redis(mirror) = &self.inner.backend
-            && !mirror.needs_reconcile()
+            && mirror.ready()
             && let Ok(bound) = mirror.session(key).await
         {
             return bound;
@@ -419,11 +421,11 @@ impl Store {
     }
 
     /// Binds `key`'s session to `account` for `ttl_ms` from `now` (a new binding, a
-    /// re-bind or a refresh alike): in memory, and in Redis when configured.
+    /// re-bind or a refresh alike): in memory, and in Redis when configured and ready.
     pub async fn bind_session(&self, key: &str, account: &AccountId, ttl_ms: u64, now: UnixMs) {
         self.inner.sessions.bind(key, account, ttl_ms, now);
         if let Backend::Redis(mirror) = &self.inner.backend
-            && !mirror.needs_reconcile()
+            && mirror.ready()
             && let Err(e) = mirror.bind_session(key, account, ttl_ms).await
         {
             tracing::debug!(error = %e, "session binding kept in memory only");

@@ -18,6 +18,17 @@
 //! mirror not ready, counts a fallback and asks for a reconciliation, and the caller
 //! goes on with memory.
 //!
+//! Two flags keep a Redis that is known to be unhealthy off the request path:
+//! - `ready` ([`RedisMirror::ready`]): Redis answered and state is reconciled. Only a
+//!   completed reconciliation sets it, any failure clears it; the request path (the
+//!   rotation counter, session bindings, concurrency leases) uses Redis only while it
+//!   is set, so once one operation failed no request waits on Redis again until the
+//!   background probe (the store's maintenance task, every 200 ms) reconciled.
+//! - `needs_reconcile`: a reconciliation is due (after a failure, a reconnection or lost
+//!   pub/sub events). While it is set the writer task skips mirrored writes; a
+//!   reconciliation clears it when it starts, so that writes made while it runs are
+//!   mirrored (a failure sets it again).
+//!
 //! `fred` never talks to Redis directly: it connects to a [`RespGuard`] on loopback,
 //! which relays to the one Redis server of `redis_url` and refuses replies that would
 //! crash `fred`'s decoder (see [`super::resp_guard`]). So only `redis://` URLs of one
@@ -103,6 +114,8 @@ pub(crate) struct RemoteState {
 /// A new mirror and the receiving ends its background tasks consume.
 pub(crate) struct Connected {
     pub mirror: RedisMirror,
+    /// Whether the first connection was made within the connect wait.
+    pub connected: bool,
     /// Mirrored writes queued by the request path.
     pub writes: mpsc::Receiver<StateEvent>,
     /// Messages published on the events channel.
@@ -196,8 +209,8 @@ pub(crate) fn redis_target(url: &str) -> Result<(FredConfig, String), String> {
 impl RedisMirror {
     /// Starts the reply guard, builds the clients (pointed at the guard) and starts
     /// connecting in the background (with unlimited reconnection). Waits at most
-    /// `connect_wait` for the first connection; the mirror is usable (not ready) if that
-    /// does not happen. The URL is never logged.
+    /// `connect_wait` for the first connection; the mirror is usable if that does not
+    /// happen. It is not ready until a reconciliation succeeded. The URL is never logged.
     pub(crate) async fn connect(
         url: &str,
         timeout: Duration,
@@ -241,8 +254,8 @@ impl RedisMirror {
                 use rand::{Rng, SeedableRng};
                 format!("{:016x}", rand::rngs::StdRng::from_os_rng().random::<u64>())
             },
-            ready: AtomicBool::new(connected),
-            needs_reconcile: AtomicBool::new(!connected),
+            ready: AtomicBool::new(false),
+            needs_reconcile: AtomicBool::new(true),
             fallbacks: AtomicU64::new(u64::from(!connected)),
             writes,
             resubscriber,
@@ -251,12 +264,14 @@ impl RedisMirror {
         };
         Ok(Connected {
             mirror,
+            connected,
             writes: rx,
             messages,
         })
     }
 
-    /// Whether the last Redis operation succeeded (and state is reconciled).
+    /// Whether Redis answered the last operation and state is reconciled: only then may
+    /// the request path use Redis (and `/readyz` says ready).
     pub(crate) fn ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
@@ -482,13 +497,14 @@ impl RedisMirror {
         })
     }
 
-    /// Called when a reconciliation starts: writes from now on are mirrored again (a
-    /// failure sets the flag anew).
+    /// Called when a reconciliation starts: the writer task mirrors writes from now on
+    /// (a failure sets the flag anew). The request path still waits for
+    /// [`RedisMirror::mark_reconciled`].
     pub(crate) fn begin_reconcile(&self) {
         self.needs_reconcile.store(false, Ordering::Relaxed);
     }
 
-    /// Marks the mirror reconciled and ready.
+    /// Marks the mirror reconciled and ready: the request path uses Redis again.
     pub(crate) fn mark_reconciled(&self) {
         self.needs_reconcile.store(false, Ordering::Relaxed);
         self.ready.store(true, Ordering::Relaxed);
