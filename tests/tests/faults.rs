@@ -20,7 +20,7 @@ use keypool_core::{AccountId, Window};
 use keypool_sim::{Behaviour, Delay, ErrorReply, OkSpec, Script, UnifiedHeaders};
 use keypool_store::config::Config;
 use keypool_store::keys::LB_KEY_PREFIX;
-use keypool_store::testing::RedisServer;
+use keypool_store::testing::{FakeRedis, FakeReply, FaultyRedis, RedisServer};
 use keypool_store::{Store, now_ms};
 use keypool_tests::{
     AccountSpec, Client, Harness, HarnessBuilder, KEY, MODEL, admin_account, message_body,
@@ -797,7 +797,6 @@ async fn wait_for_status(h: &Harness, k: &Keypool, path: &str, status: u16, with
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_answering_a_million_nested_arrays_never_kills_the_binary_and_requests_succeed() {
-    use keypool_store::testing::{FakeRedis, FakeReply};
     let fake = FakeRedis::start(FakeReply::Normal).unwrap();
     let port = free_port();
     let h = builder_with(vec![
@@ -862,4 +861,140 @@ async fn a_redis_answering_a_million_nested_arrays_never_kills_the_binary_and_re
     drop(k);
     std::fs::remove_dir_all(&dir).unwrap();
     h.finish().await;
+}
+
+/// `redis_timeout_ms` of the hung-Redis tests: a request that waited on Redis would
+/// take this long, far beyond [`NO_WAIT`].
+const HUNG_TIMEOUT_MS: u64 = 10_000;
+
+/// The bound on 20 requests once Redis is known unhealthy: half of one Redis timeout.
+const NO_WAIT: Duration = Duration::from_secs(5);
+
+/// Polls `cond` every 20 ms until it holds; panics with `what` after `within`.
+async fn until(what: &str, within: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A round-robin pool on a Redis that then hangs (`SIGSTOP`, `fault = None`) or turns
+/// to a fake's `fault`: once the first failure marked it unhealthy, 20 requests are
+/// answered 200 from memory without waiting on Redis or sending it anything; when Redis
+/// behaves again keypool reconciles, `/readyz` is 200 and the counter is shared again.
+async fn requests_are_not_held_by_an_unhealthy_redis(fault: Option<FakeReply>, test: &str) {
+    let Some(redis) = FaultyRedis::start_or_skip(fault, test) else {
+        return;
+    };
+    let h = Harness::builder()
+        .strategy("round_robin")
+        .server("redis_url", &format!("{:?}", redis.url()))
+        .server("redis_timeout_ms", &HUNG_TIMEOUT_MS.to_string())
+        // no periodic rating sync: the background task's only Redis work is the probe
+        .server("state_snapshot_interval_secs", "3600")
+        .account(AccountSpec::new("a", Script::ok()))
+        .account(AccountSpec::new("b", Script::ok()))
+        .account(AccountSpec::new("c", Script::ok()))
+        .start()
+        .await;
+    let readyz = async || {
+        let r = h
+            .client()
+            .request(http::Method::GET, h.url("/readyz"))
+            .send()
+            .await;
+        (r.status.as_u16(), r.text())
+    };
+    assert_eq!(readyz().await.0, 200);
+    assert_eq!(h.send_message().await.status, 200);
+    let incrs = redis.received("INCR").unwrap();
+    assert!(incrs >= 1, "round_robin takes its counter from Redis");
+
+    redis.break_it();
+    // the first request finds out (a hung Redis: after redis_timeout_ms) and is served
+    let first = {
+        let (client, url, key) = (h.client().clone(), h.messages_url(), h.key(KEY));
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .api_key(&key)
+                .json(&message_body(MODEL, false))
+                .send()
+                .await
+                .status
+        })
+    };
+    let marked = Duration::from_millis(HUNG_TIMEOUT_MS * 2);
+    until("Redis marked unhealthy", marked, async || {
+        !h.store().ready()
+    })
+    .await;
+    let sent = redis.received("INCR");
+    // paced over ~1 s, several maintenance ticks: most requests run while the
+    // background probe waits on Redis
+    let served = tokio::time::timeout(NO_WAIT, async {
+        let mut pace = tokio::time::interval(Duration::from_millis(50));
+        for i in 0..20 {
+            pace.tick().await;
+            let r = h.send_message().await;
+            assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        }
+    })
+    .await;
+    assert!(served.is_ok(), "requests waited on the unhealthy Redis");
+    if sent.is_some() {
+        assert_eq!(
+            redis.received("INCR"),
+            sent,
+            "a request asked the unhealthy Redis"
+        );
+    }
+    let (status, body) = readyz().await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("serving from memory"), "{body}");
+    assert_eq!(
+        first.await.unwrap(),
+        200,
+        "the request that found out was served"
+    );
+
+    redis.restore();
+    until("/readyz 200 again", marked, async || {
+        readyz().await.0 == 200
+    })
+    .await;
+    assert_eq!(
+        redis.received("INCR"),
+        Some(incrs + 1),
+        "only the request that found out asked Redis"
+    );
+    assert_eq!(h.send_message().await.status, 200);
+    assert_eq!(
+        redis.received("INCR"),
+        Some(incrs + 2),
+        "the counter is shared through Redis again"
+    );
+    assert!(h.metrics().await.contains("keypool_redis_ready 1"));
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigstopped_redis_adds_nothing_to_requests_once_known_unhealthy_and_comes_back() {
+    requests_are_not_held_by_an_unhealthy_redis(None, "sigstopped_redis_requests").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_never_answers_adds_nothing_to_requests_once_known_unhealthy() {
+    requests_are_not_held_by_an_unhealthy_redis(Some(FakeReply::Silent), "silent").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_answering_garbage_adds_nothing_to_requests_once_known_unhealthy() {
+    requests_are_not_held_by_an_unhealthy_redis(Some(FakeReply::Garbage), "garbage").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_answering_err_adds_nothing_to_requests_once_known_unhealthy() {
+    requests_are_not_held_by_an_unhealthy_redis(Some(FakeReply::Error), "err").await;
 }
