@@ -63,6 +63,11 @@ pub struct BackendStatus {
     pub redis_ready: Option<bool>,
     /// With Redis: how many operations fell back to memory since boot.
     pub redis_fallbacks: u64,
+    /// With a state file: why its last write failed (path and OS error); `None` when
+    /// the last write succeeded (or none was made yet) and without a state file.
+    pub state_file_error: Option<String>,
+    /// With a state file: how many writes failed since boot.
+    pub state_file_write_failures: u64,
 }
 
 /// What the store found at boot.
@@ -100,9 +105,53 @@ struct Inner {
     boot: Mutex<Option<BootState>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     last_saved: AtomicU64,
+    state_file: StateFileHealth,
     sessions: SessionBook,
     slots: SlotBook,
     last_purged: AtomicU64,
+}
+
+/// How the state file's writes went: the last failure (cleared by a success) and the
+/// failures since boot.
+#[derive(Default)]
+struct StateFileHealth {
+    error: Mutex<Option<String>>,
+    failures: AtomicU64,
+}
+
+impl StateFileHealth {
+    /// Records a write's outcome; logs when writes start failing (or fail for another
+    /// reason) and when they succeed again, not at every failed snapshot.
+    fn record(&self, outcome: &Result<(), StoreError>) {
+        let mut error = self.error.lock().unwrap_or_else(PoisonError::into_inner);
+        match outcome {
+            Ok(()) => {
+                if error.take().is_some() {
+                    tracing::info!("state file written again");
+                }
+            }
+            Err(e) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                let message = e.to_string();
+                if error.as_deref() == Some(message.as_str()) {
+                    tracing::debug!(error = %message, "state file snapshot failed again");
+                } else {
+                    tracing::error!(
+                        error = %message,
+                        "state file snapshot failed; runtime state is kept in memory only until a write succeeds"
+                    );
+                    *error = Some(message);
+                }
+            }
+        }
+    }
+
+    fn error(&self) -> Option<String> {
+        self.error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 /// How often expired session bindings are dropped from memory.
@@ -209,7 +258,10 @@ impl Store {
             backend,
             boot: Mutex::new(Some(boot)),
             tasks: Mutex::new(Vec::new()),
-            last_saved: AtomicU64::new(now),
+            // 0: the state file is first written at the first maintenance tick, so that
+            // a file that cannot be written shows at once (metrics, /readyz)
+            last_saved: AtomicU64::new(0),
+            state_file: StateFileHealth::default(),
         });
         let store = Store { inner };
         store.spawn_tasks(writes);
@@ -596,22 +648,30 @@ impl Store {
                 kind: BackendKind::Memory,
                 redis_ready: None,
                 redis_fallbacks: 0,
+                state_file_error: None,
+                state_file_write_failures: 0,
             },
             Backend::Memory { file: Some(path) } => BackendStatus {
                 kind: BackendKind::StateFile(path.clone()),
                 redis_ready: None,
                 redis_fallbacks: 0,
+                state_file_error: self.inner.state_file.error(),
+                state_file_write_failures: self.inner.state_file.failures.load(Ordering::Relaxed),
             },
             Backend::Redis(m) => BackendStatus {
                 kind: BackendKind::Redis,
                 redis_ready: Some(m.ready()),
                 redis_fallbacks: m.fallbacks(),
+                state_file_error: None,
+                state_file_write_failures: 0,
             },
         }
     }
 
     /// Readiness for `/readyz`: config loaded (always, once opened) and, with Redis
-    /// configured, Redis answering.
+    /// configured, Redis answering. A state file that cannot be written does not make
+    /// keypool unready (it serves from memory); [`BackendStatus::state_file_error`]
+    /// says so.
     pub fn ready(&self) -> bool {
         match &self.inner.backend {
             Backend::Redis(m) => m.ready(),
@@ -638,8 +698,9 @@ impl Store {
         match &self.inner.backend {
             Backend::Memory { file: None } => {}
             Backend::Memory { file: Some(_) } => {
-                if due && let Err(e) = self.persist(now).await {
-                    tracing::error!(error = %e, "state file snapshot failed");
+                if due {
+                    // a failure is recorded and logged by persist
+                    let _ = self.persist(now).await;
                 }
             }
             Backend::Redis(mirror) => {
@@ -661,21 +722,32 @@ impl Store {
         }
     }
 
-    /// Persists now: writes the state file, or pushes ratings to Redis. Call at shutdown
-    /// (the background task also does it every `state_snapshot_interval`).
+    /// Persists now: writes the state file, or pushes the state to Redis. Call at
+    /// shutdown (the background task also does it every `state_snapshot_interval`).
+    /// The outcome of a state file write is recorded for [`Store::backend_status`].
+    ///
+    /// # Errors
+    /// [`StoreError::WriteState`] when the state file cannot be written (the state
+    /// since its last successful write would be lost at a restart);
+    /// [`StoreError::Redis`] when Redis does not take the push (every change was
+    /// mirrored as it happened: best-effort).
     pub async fn persist(&self, now: UnixMs) -> Result<(), StoreError> {
         self.inner.last_saved.store(now, Ordering::Relaxed);
         match &self.inner.backend {
             Backend::Memory { file: None } => Ok(()),
             Backend::Memory { file: Some(path) } => {
                 let export = self.inner.state.export(now);
-                let path = path.clone();
-                tokio::task::spawn_blocking(move || file::save(&path, &export))
+                let target = path.clone();
+                let outcome = tokio::task::spawn_blocking(move || file::save(&target, &export))
                     .await
-                    .map_err(|e| StoreError::WriteState {
-                        path: PathBuf::new(),
-                        source: std::io::Error::other(e),
-                    })?
+                    .unwrap_or_else(|e| {
+                        Err(StoreError::WriteState {
+                            path: path.clone(),
+                            source: std::io::Error::other(e),
+                        })
+                    });
+                self.inner.state_file.record(&outcome);
+                outcome
             }
             Backend::Redis(m) => {
                 let state = &self.inner.state;
