@@ -998,3 +998,95 @@ async fn a_redis_answering_garbage_adds_nothing_to_requests_once_known_unhealthy
 async fn a_redis_answering_err_adds_nothing_to_requests_once_known_unhealthy() {
     requests_are_not_held_by_an_unhealthy_redis(Some(FakeReply::Error), "err").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_file_that_cannot_be_written_shows_in_metrics_and_readyz_and_fails_the_exit() {
+    let port = free_port();
+    let h = builder_with(vec![AccountSpec::new("a", Script::ok())])
+        .server("state_snapshot_interval_secs", "1")
+        .start()
+        .await;
+    let (dir, file) = config_file(
+        "unwritable",
+        &binary_config(&h, port, &[("state_file", "\"state/state.json\"")]),
+    );
+    let folder = dir.join("state");
+    std::fs::create_dir(&folder).unwrap();
+    let path = folder.join("state.json");
+    let mut k = Keypool::start(&file, port).await;
+    let metric = async |k: &Keypool| {
+        let r = h
+            .client()
+            .request(http::Method::GET, k.url("/metrics"))
+            .send()
+            .await;
+        r.text()
+    };
+    // writable at first: the gauge says so and a file is written
+    until(
+        "the first state file write",
+        Duration::from_secs(10),
+        async || path.exists(),
+    )
+    .await;
+    let m = metric(&k).await;
+    assert!(m.contains("\nkeypool_state_file_writable 1\n"), "{m}");
+    assert!(
+        m.contains("\nkeypool_state_file_write_failures_total 0\n"),
+        "{m}"
+    );
+    assert_eq!(get(&h, &k, "/readyz").await, (200, "ready\n".to_owned()));
+
+    // the folder becomes a regular file: no write can succeed, not even as root
+    std::fs::remove_dir_all(&folder).unwrap();
+    std::fs::write(&folder, b"not a folder").unwrap();
+    until(
+        "a failed write counted",
+        Duration::from_secs(10),
+        async || {
+            metric(&k)
+                .await
+                .contains("\nkeypool_state_file_writable 0\n")
+        },
+    )
+    .await;
+    let m = metric(&k).await;
+    let failures: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("keypool_state_file_write_failures_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(failures >= 1, "{m}");
+    // still ready (keypool serves from memory), and the body says what is wrong
+    let (status, body) = get(&h, &k, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("state file"), "{body}");
+    assert!(
+        body.contains(&path.display().to_string()),
+        "names the path: {body}"
+    );
+    assert!(body.contains("Not a directory"), "the OS error: {body}");
+    let r = h
+        .client()
+        .post(k.url("/acme/team/v1/messages"))
+        .api_key(&h.key(KEY))
+        .json(&message_body(MODEL, false))
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "served from memory: {}", r.text());
+
+    // the final write fails too: the exit code says so, and the reason is printed
+    signal(&k.child, "TERM");
+    let code = k.wait_exit(Duration::from_secs(10)).await;
+    let logs = k.logs();
+    assert_eq!(code, Some(1), "exit code; log:\n{logs}");
+    assert!(
+        logs.contains("could not be saved at shutdown") && logs.contains("Not a directory"),
+        "{logs}"
+    );
+    k.assert_logs_clean(&h, &["a"]);
+    drop(k);
+    std::fs::remove_dir_all(&dir).unwrap();
+    h.finish().await;
+}
