@@ -23,7 +23,7 @@ use keypool_store::keys::LB_KEY_PREFIX;
 use keypool_store::testing::{FakeRedis, FakeReply, FaultyRedis, RedisServer};
 use keypool_store::{Store, now_ms};
 use keypool_tests::{
-    AccountSpec, Client, Harness, HarnessBuilder, KEY, MODEL, admin_account, message_body,
+    AccountSpec, Client, Harness, HarnessBuilder, KEY, MODEL, Reply, admin_account, message_body,
     secret_of,
 };
 use serde_json::Value;
@@ -138,6 +138,17 @@ impl Keypool {
 
     fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Sends one message (streamed or not) to the binary's `acme/team` URL config with
+    /// the harness's LB key, and reads the answer to its end.
+    async fn send_message(&self, h: &Harness, stream: bool) -> Reply {
+        h.client()
+            .post(self.url("/acme/team/v1/messages"))
+            .api_key(&h.key(KEY))
+            .json(&message_body(MODEL, stream))
+            .send()
+            .await
     }
 
     fn logs(&self) -> String {
@@ -608,13 +619,7 @@ async fn binary_restart_keeps_cooldowns_windows_and_disabled_flags_from_the_stat
         }
     };
     let mut k = Keypool::start(&file, port).await;
-    let r = h
-        .client()
-        .post(k.url("/acme/team/v1/messages"))
-        .api_key(&h.key(KEY))
-        .json(&message_body(MODEL, false))
-        .send()
-        .await;
+    let r = k.send_message(&h, false).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let before = admin(&k).await;
     let ids = ["revoked", "limited", "exhausted", "healthy"];
@@ -643,13 +648,7 @@ async fn binary_restart_keeps_cooldowns_windows_and_disabled_flags_from_the_stat
     }
     // and the restarted keypool acts on it: straight to the healthy account
     let upstream_before = h.sim().total_stats().requests;
-    let r = h
-        .client()
-        .post(k.url("/acme/team/v1/messages"))
-        .api_key(&h.key(KEY))
-        .json(&message_body(MODEL, false))
-        .send()
-        .await;
+    let r = k.send_message(&h, false).await;
     assert_eq!(r.status, 200);
     assert_eq!(h.sim().total_stats().requests, upstream_before + 1);
     assert_eq!(
@@ -727,13 +726,7 @@ async fn a_corrupt_state_file_is_moved_aside_and_keypool_serves() {
     // a half-written file from some other tool, and a crash
     std::fs::write(dir.join("state.json"), b"{\"version\": 1, \"cooldowns\": [").unwrap();
     let mut k = Keypool::start(&file, port).await;
-    let r = h
-        .client()
-        .post(k.url("/acme/team/v1/messages"))
-        .api_key(&h.key(KEY))
-        .json(&message_body(MODEL, true))
-        .send()
-        .await;
+    let r = k.send_message(&h, true).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let aside: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
@@ -778,23 +771,6 @@ async fn get(h: &Harness, k: &Keypool, path: &str) -> (u16, String) {
     (r.status.as_u16(), r.text())
 }
 
-/// Polls `GET path` every 50 ms (at most `within`) until it answers `status`.
-async fn wait_for_status(h: &Harness, k: &Keypool, path: &str, status: u16, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let (now, body) = get(h, k, path).await;
-        if now == status {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{path} still {now} ({body}) after {within:?}; log:\n{}",
-            k.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_answering_a_million_nested_arrays_never_kills_the_binary_and_requests_succeed() {
     let fake = FakeRedis::start(FakeReply::Normal).unwrap();
@@ -814,23 +790,22 @@ async fn a_redis_answering_a_million_nested_arrays_never_kills_the_binary_and_re
         &with_redis_url(&binary_config(&h, port, &[]), &url, 500),
     );
     let mut k = Keypool::start(&file, port).await;
-    wait_for_status(&h, &k, "/readyz", 200, Duration::from_secs(10)).await;
-    let messages = k.url("/acme/team/v1/messages");
-    let send = || {
-        h.client()
-            .post(messages.clone())
-            .api_key(&h.key(KEY))
-            .json(&message_body(MODEL, false))
-            .send()
+    let ready_within_10s = async |k: &Keypool, status: u16| {
+        let what = format!("/readyz {status}");
+        until(&what, Duration::from_secs(10), async || {
+            get(&h, k, "/readyz").await.0 == status
+        })
+        .await;
     };
-    assert_eq!(send().await.status, 200);
+    ready_within_10s(&k, 200).await;
+    assert_eq!(k.send_message(&h, false).await.status, 200);
     let incr_before = fake.count("INCR");
     assert!(incr_before >= 1, "round_robin asked Redis for its counter");
 
     // from now on every answer is a million arrays deep
     fake.set_mode(FakeReply::Nested(1_000_000));
     for i in 0..20 {
-        let r = send().await;
+        let r = k.send_message(&h, false).await;
         assert_eq!(r.status, 200, "request {i}: {}", r.text());
         assert!(
             k.child.try_wait().unwrap().is_none(),
@@ -842,7 +817,7 @@ async fn a_redis_answering_a_million_nested_arrays_never_kills_the_binary_and_re
         fake.count("INCR") > incr_before,
         "the nested answers were sent to keypool"
     );
-    wait_for_status(&h, &k, "/readyz", 503, Duration::from_secs(10)).await;
+    ready_within_10s(&k, 503).await;
     let logs = k.logs();
     assert!(
         logs.lines()
@@ -1067,13 +1042,7 @@ async fn a_state_file_that_cannot_be_written_shows_in_metrics_and_readyz_and_fai
         "names the path: {body}"
     );
     assert!(body.contains("Not a directory"), "the OS error: {body}");
-    let r = h
-        .client()
-        .post(k.url("/acme/team/v1/messages"))
-        .api_key(&h.key(KEY))
-        .json(&message_body(MODEL, false))
-        .send()
-        .await;
+    let r = k.send_message(&h, false).await;
     assert_eq!(r.status, 200, "served from memory: {}", r.text());
 
     // the final write fails too: the exit code says so, and the reason is printed
