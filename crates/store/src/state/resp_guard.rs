@@ -293,10 +293,15 @@ impl RespScanner {
                         b'\r' if digits > 0 => cr = true,
                         b'-' if digits == 0 && !negative => negative = true,
                         b'0'..=b'9' => {
-                            value = value * 10 + u64::from(byte - b'0');
-                            digits += 1;
-                            if digits > 19 || (negative && value > 1) {
-                                return Err((index, Violation::BadLength));
+                            let next = value
+                                .checked_mul(10)
+                                .and_then(|v| v.checked_add(u64::from(byte - b'0')));
+                            digits = digits.saturating_add(1);
+                            match next {
+                                Some(next) if digits <= 19 && !(negative && next > 1) => {
+                                    value = next;
+                                }
+                                _ => return Err((index, Violation::BadLength)),
                             }
                             match framing {
                                 _ if negative => {}
@@ -668,6 +673,22 @@ mod tests {
         );
         assert_eq!(check(b"hello\r\n").1, Some(Violation::NotResp(b'h')));
         assert_eq!(check(b"$-2\r\n").1, Some(Violation::BadLength));
+        assert_eq!(
+            check(b"*00000000000000000000001\r\n").1,
+            Some(Violation::BadLength)
+        );
+        // 20 digits never overflow, whatever the limits
+        let unbounded = Limits {
+            max_depth: MAX_DEPTH,
+            max_elements: u64::MAX,
+            max_reply_bytes: u64::MAX,
+        };
+        let (out, refused) = pass(
+            &mut RespScanner::new(unbounded),
+            b"$99999999999999999999\r\n",
+            &[64],
+        );
+        assert_eq!((out.len(), refused), (20, Some(Violation::BadLength)));
         assert_eq!(check(b"*-0\r\n").1, Some(Violation::BadLength));
         assert_eq!(
             check(b"$?\r\n").1,
