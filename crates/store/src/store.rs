@@ -243,6 +243,13 @@ impl Store {
                 None => (Backend::Memory { file: None }, BootState::Fresh, None),
             },
         };
+        // A state file is first written at the first maintenance tick, so that one that
+        // cannot be written shows at once (metrics, /readyz); the rest is due one
+        // interval after boot.
+        let first_save = match &backend {
+            Backend::Memory { file: Some(_) } => 0,
+            _ => now,
+        };
         let slots = SlotBook::new(match &backend {
             Backend::Redis(mirror) => Some(mirror.clone()),
             Backend::Memory { .. } => None,
@@ -258,9 +265,7 @@ impl Store {
             backend,
             boot: Mutex::new(Some(boot)),
             tasks: Mutex::new(Vec::new()),
-            // 0: the state file is first written at the first maintenance tick, so that
-            // a file that cannot be written shows at once (metrics, /readyz)
-            last_saved: AtomicU64::new(0),
+            last_saved: AtomicU64::new(first_save),
             state_file: StateFileHealth::default(),
         });
         let store = Store { inner };
