@@ -20,10 +20,10 @@ use keypool_core::{AccountId, Window};
 use keypool_sim::{Behaviour, Delay, ErrorReply, OkSpec, Script, UnifiedHeaders};
 use keypool_store::config::Config;
 use keypool_store::keys::LB_KEY_PREFIX;
-use keypool_store::testing::RedisServer;
+use keypool_store::testing::{FakeRedis, FakeReply, FaultyRedis, RedisServer};
 use keypool_store::{Store, now_ms};
 use keypool_tests::{
-    AccountSpec, Client, Harness, HarnessBuilder, KEY, MODEL, admin_account, message_body,
+    AccountSpec, Client, Harness, HarnessBuilder, KEY, MODEL, Reply, admin_account, message_body,
     secret_of,
 };
 use serde_json::Value;
@@ -138,6 +138,17 @@ impl Keypool {
 
     fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Sends one message (streamed or not) to the binary's `acme/team` URL config with
+    /// the harness's LB key, and reads the answer to its end.
+    async fn send_message(&self, h: &Harness, stream: bool) -> Reply {
+        h.client()
+            .post(self.url("/acme/team/v1/messages"))
+            .api_key(&h.key(KEY))
+            .json(&message_body(MODEL, stream))
+            .send()
+            .await
     }
 
     fn logs(&self) -> String {
@@ -608,13 +619,7 @@ async fn binary_restart_keeps_cooldowns_windows_and_disabled_flags_from_the_stat
         }
     };
     let mut k = Keypool::start(&file, port).await;
-    let r = h
-        .client()
-        .post(k.url("/acme/team/v1/messages"))
-        .api_key(&h.key(KEY))
-        .json(&message_body(MODEL, false))
-        .send()
-        .await;
+    let r = k.send_message(&h, false).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let before = admin(&k).await;
     let ids = ["revoked", "limited", "exhausted", "healthy"];
@@ -643,13 +648,7 @@ async fn binary_restart_keeps_cooldowns_windows_and_disabled_flags_from_the_stat
     }
     // and the restarted keypool acts on it: straight to the healthy account
     let upstream_before = h.sim().total_stats().requests;
-    let r = h
-        .client()
-        .post(k.url("/acme/team/v1/messages"))
-        .api_key(&h.key(KEY))
-        .json(&message_body(MODEL, false))
-        .send()
-        .await;
+    let r = k.send_message(&h, false).await;
     assert_eq!(r.status, 200);
     assert_eq!(h.sim().total_stats().requests, upstream_before + 1);
     assert_eq!(
@@ -727,13 +726,7 @@ async fn a_corrupt_state_file_is_moved_aside_and_keypool_serves() {
     // a half-written file from some other tool, and a crash
     std::fs::write(dir.join("state.json"), b"{\"version\": 1, \"cooldowns\": [").unwrap();
     let mut k = Keypool::start(&file, port).await;
-    let r = h
-        .client()
-        .post(k.url("/acme/team/v1/messages"))
-        .api_key(&h.key(KEY))
-        .json(&message_body(MODEL, true))
-        .send()
-        .await;
+    let r = k.send_message(&h, true).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let aside: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
@@ -753,6 +746,318 @@ async fn a_corrupt_state_file_is_moved_aside_and_keypool_serves() {
         "the move is logged: {}",
         k.logs()
     );
+    drop(k);
+    std::fs::remove_dir_all(&dir).unwrap();
+    h.finish().await;
+}
+
+/// `text` (a binary config) with `redis_url = url` and `redis_timeout_ms` in its
+/// `[server]` table, and no periodic rating sync (once an hour): the test's requests
+/// are the first to meet what Redis answers.
+fn with_redis_url(text: &str, url: &str, timeout_ms: u64) -> String {
+    text.replacen(
+        "[server]\n",
+        &format!(
+            "[server]\nredis_url = {url:?}\nredis_timeout_ms = {timeout_ms}\nstate_snapshot_interval_secs = 3600\n"
+        ),
+        1,
+    )
+}
+
+/// `GET path` on the binary: status and body.
+async fn get(h: &Harness, k: &Keypool, path: &str) -> (u16, String) {
+    let r = h
+        .client()
+        .request(http::Method::GET, k.url(path))
+        .send()
+        .await;
+    (r.status.as_u16(), r.text())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_answering_a_million_nested_arrays_never_kills_the_binary_and_requests_succeed() {
+    let fake = FakeRedis::start(FakeReply::Normal).unwrap();
+    let port = free_port();
+    let h = builder_with(vec![
+        AccountSpec::new("a", Script::ok()),
+        AccountSpec::new("b", Script::ok()),
+    ])
+    .strategy("round_robin")
+    .start()
+    .await;
+    // a password and a database, which must never show in the log
+    let password = "nested-fake-pw-7f3a";
+    let url = format!("redis://:{password}@127.0.0.1:{}/2", fake.port());
+    let (dir, file) = config_file(
+        "nested",
+        &with_redis_url(&binary_config(&h, port, &[]), &url, 500),
+    );
+    let mut k = Keypool::start(&file, port).await;
+    let ready_within_10s = async |k: &Keypool, status: u16| {
+        let what = format!("/readyz {status}");
+        until(&what, Duration::from_secs(10), async || {
+            get(&h, k, "/readyz").await.0 == status
+        })
+        .await;
+    };
+    ready_within_10s(&k, 200).await;
+    assert_eq!(k.send_message(&h, false).await.status, 200);
+    let incr_before = fake.count("INCR");
+    assert!(incr_before >= 1, "round_robin asked Redis for its counter");
+
+    // from now on every answer is a million arrays deep
+    fake.set_mode(FakeReply::Nested(1_000_000));
+    for i in 0..20 {
+        let r = k.send_message(&h, false).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert!(
+            k.child.try_wait().unwrap().is_none(),
+            "keypool died: {}",
+            k.logs()
+        );
+    }
+    assert!(
+        fake.count("INCR") > incr_before,
+        "the nested answers were sent to keypool"
+    );
+    ready_within_10s(&k, 503).await;
+    let logs = k.logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("ERROR") && l.contains("redis reply refused")),
+        "one error line says why: {logs}"
+    );
+    assert!(!logs.contains(password), "the Redis password in the log");
+    signal(&k.child, "TERM");
+    assert_eq!(
+        k.wait_exit(Duration::from_secs(10)).await,
+        Some(0),
+        "{}",
+        k.logs()
+    );
+    k.assert_logs_clean(&h, &["a", "b"]);
+    drop(k);
+    std::fs::remove_dir_all(&dir).unwrap();
+    h.finish().await;
+}
+
+/// `redis_timeout_ms` of the hung-Redis tests: a request that waited on Redis would
+/// take this long, far beyond [`NO_WAIT`].
+const HUNG_TIMEOUT_MS: u64 = 10_000;
+
+/// The bound on 20 requests once Redis is known unhealthy: half of one Redis timeout.
+const NO_WAIT: Duration = Duration::from_secs(5);
+
+/// Polls `cond` every 20 ms until it holds; panics with `what` after `within`.
+async fn until(what: &str, within: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A round-robin pool on a Redis that then hangs (`SIGSTOP`, `fault = None`) or turns
+/// to a fake's `fault`: once the first failure marked it unhealthy, 20 requests are
+/// answered 200 from memory without waiting on Redis or sending it anything; when Redis
+/// behaves again keypool reconciles, `/readyz` is 200 and the counter is shared again.
+async fn requests_are_not_held_by_an_unhealthy_redis(fault: Option<FakeReply>, test: &str) {
+    let Some(redis) = FaultyRedis::start_or_skip(fault, test) else {
+        return;
+    };
+    let h = Harness::builder()
+        .strategy("round_robin")
+        .server("redis_url", &format!("{:?}", redis.url()))
+        .server("redis_timeout_ms", &HUNG_TIMEOUT_MS.to_string())
+        // no periodic rating sync: the background task's only Redis work is the probe
+        .server("state_snapshot_interval_secs", "3600")
+        .account(AccountSpec::new("a", Script::ok()))
+        .account(AccountSpec::new("b", Script::ok()))
+        .account(AccountSpec::new("c", Script::ok()))
+        .start()
+        .await;
+    let readyz = async || {
+        let r = h
+            .client()
+            .request(http::Method::GET, h.url("/readyz"))
+            .send()
+            .await;
+        (r.status.as_u16(), r.text())
+    };
+    assert_eq!(readyz().await.0, 200);
+    assert_eq!(h.send_message().await.status, 200);
+    let incrs = redis.received("INCR").unwrap();
+    assert!(incrs >= 1, "round_robin takes its counter from Redis");
+
+    redis.break_it();
+    // the first request finds out (a hung Redis: after redis_timeout_ms) and is served
+    let first = {
+        let (client, url, key) = (h.client().clone(), h.messages_url(), h.key(KEY));
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .api_key(&key)
+                .json(&message_body(MODEL, false))
+                .send()
+                .await
+                .status
+        })
+    };
+    let marked = Duration::from_millis(HUNG_TIMEOUT_MS * 2);
+    until("Redis marked unhealthy", marked, async || {
+        !h.store().ready()
+    })
+    .await;
+    let sent = redis.received("INCR");
+    // paced over ~1 s, several maintenance ticks: most requests run while the
+    // background probe waits on Redis
+    let served = tokio::time::timeout(NO_WAIT, async {
+        let mut pace = tokio::time::interval(Duration::from_millis(50));
+        for i in 0..20 {
+            pace.tick().await;
+            let r = h.send_message().await;
+            assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        }
+    })
+    .await;
+    assert!(served.is_ok(), "requests waited on the unhealthy Redis");
+    if sent.is_some() {
+        assert_eq!(
+            redis.received("INCR"),
+            sent,
+            "a request asked the unhealthy Redis"
+        );
+    }
+    let (status, body) = readyz().await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("serving from memory"), "{body}");
+    assert_eq!(
+        first.await.unwrap(),
+        200,
+        "the request that found out was served"
+    );
+
+    redis.restore();
+    until("/readyz 200 again", marked, async || {
+        readyz().await.0 == 200
+    })
+    .await;
+    assert_eq!(
+        redis.received("INCR"),
+        Some(incrs + 1),
+        "only the request that found out asked Redis"
+    );
+    assert_eq!(h.send_message().await.status, 200);
+    assert_eq!(
+        redis.received("INCR"),
+        Some(incrs + 2),
+        "the counter is shared through Redis again"
+    );
+    assert!(h.metrics().await.contains("keypool_redis_ready 1"));
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigstopped_redis_adds_nothing_to_requests_once_known_unhealthy_and_comes_back() {
+    requests_are_not_held_by_an_unhealthy_redis(None, "sigstopped_redis_requests").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_never_answers_adds_nothing_to_requests_once_known_unhealthy() {
+    requests_are_not_held_by_an_unhealthy_redis(Some(FakeReply::Silent), "silent").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_answering_garbage_adds_nothing_to_requests_once_known_unhealthy() {
+    requests_are_not_held_by_an_unhealthy_redis(Some(FakeReply::Garbage), "garbage").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_answering_err_adds_nothing_to_requests_once_known_unhealthy() {
+    requests_are_not_held_by_an_unhealthy_redis(Some(FakeReply::Error), "err").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_file_that_cannot_be_written_shows_in_metrics_and_readyz_and_fails_the_exit() {
+    let port = free_port();
+    let h = builder_with(vec![AccountSpec::new("a", Script::ok())])
+        .server("state_snapshot_interval_secs", "1")
+        .start()
+        .await;
+    let (dir, file) = config_file(
+        "unwritable",
+        &binary_config(&h, port, &[("state_file", "\"state/state.json\"")]),
+    );
+    let folder = dir.join("state");
+    std::fs::create_dir(&folder).unwrap();
+    let path = folder.join("state.json");
+    let mut k = Keypool::start(&file, port).await;
+    let metric = async |k: &Keypool| {
+        let r = h
+            .client()
+            .request(http::Method::GET, k.url("/metrics"))
+            .send()
+            .await;
+        r.text()
+    };
+    // writable at first: the gauge says so and a file is written
+    until(
+        "the first state file write",
+        Duration::from_secs(10),
+        async || path.exists(),
+    )
+    .await;
+    let m = metric(&k).await;
+    assert!(m.contains("\nkeypool_state_file_writable 1\n"), "{m}");
+    assert!(
+        m.contains("\nkeypool_state_file_write_failures_total 0\n"),
+        "{m}"
+    );
+    assert_eq!(get(&h, &k, "/readyz").await, (200, "ready\n".to_owned()));
+
+    // the folder becomes a regular file: no write can succeed, not even as root
+    std::fs::remove_dir_all(&folder).unwrap();
+    std::fs::write(&folder, b"not a folder").unwrap();
+    until(
+        "a failed write counted",
+        Duration::from_secs(10),
+        async || {
+            metric(&k)
+                .await
+                .contains("\nkeypool_state_file_writable 0\n")
+        },
+    )
+    .await;
+    let m = metric(&k).await;
+    let failures: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("keypool_state_file_write_failures_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(failures >= 1, "{m}");
+    // still ready (keypool serves from memory), and the body says what is wrong
+    let (status, body) = get(&h, &k, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("state file"), "{body}");
+    assert!(
+        body.contains(&path.display().to_string()),
+        "names the path: {body}"
+    );
+    assert!(body.contains("Not a directory"), "the OS error: {body}");
+    let r = k.send_message(&h, false).await;
+    assert_eq!(r.status, 200, "served from memory: {}", r.text());
+
+    // the final write fails too: the exit code says so, and the reason is printed
+    signal(&k.child, "TERM");
+    let code = k.wait_exit(Duration::from_secs(10)).await;
+    let logs = k.logs();
+    assert_eq!(code, Some(1), "exit code; log:\n{logs}");
+    assert!(
+        logs.contains("could not be saved at shutdown") && logs.contains("Not a directory"),
+        "{logs}"
+    );
+    k.assert_logs_clean(&h, &["a"]);
     drop(k);
     std::fs::remove_dir_all(&dir).unwrap();
     h.finish().await;

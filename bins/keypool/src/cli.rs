@@ -12,7 +12,8 @@ use rand::SeedableRng;
 
 /// Success.
 pub const EXIT_OK: u8 = 0;
-/// The configuration is invalid or unreadable (every problem is printed).
+/// The configuration is invalid or unreadable (every problem is printed), or the state
+/// file it names could not be written at shutdown.
 pub const EXIT_CONFIG: u8 = 1;
 /// The server could not start or failed while running (e.g. the address is in use).
 pub const EXIT_RUNTIME: u8 = 3;
@@ -21,6 +22,7 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  success (serve: stopped by SIGTERM/SIGINT after draining; check-config: valid)
   1  the configuration file is invalid or unreadable; every problem is printed
+     (serve: or the state file it names could not be written at shutdown)
   2  command-line usage error
   3  the server could not start or failed (address in use, signal handlers, ...)";
 
@@ -59,7 +61,7 @@ pub enum Command {
     /// SIGHUP reloads the config file (an invalid file is rejected, its problems logged,
     /// and the old config keeps serving). SIGTERM or SIGINT stop accepting, let requests
     /// and streams in flight finish for up to `server.shutdown_grace_secs`, save the
-    /// runtime state and exit 0.
+    /// runtime state and exit 0 (1 when the state file cannot be written).
     #[command(after_help = EXIT_CODES)]
     Serve {
         /// The configuration file (TOML).
@@ -145,7 +147,16 @@ pub fn init_logging(format: LogFormat, default_level: &str) -> crate::logbuf::Fl
     guard
 }
 
-/// Runs a command; `Err` is a runtime failure (exit 3).
+/// The exit code of a failed command: [`EXIT_CONFIG`] when the state file could not be
+/// written at shutdown (the configured path is not writable), else [`EXIT_RUNTIME`].
+pub fn exit_code_of(error: &anyhow::Error) -> u8 {
+    match error.downcast_ref::<keypool_proxy::ProxyError>() {
+        Some(keypool_proxy::ProxyError::StateNotSaved(_)) => EXIT_CONFIG,
+        _ => EXIT_RUNTIME,
+    }
+}
+
+/// Runs a command; `Err` is a failure ([`exit_code_of`] says which exit code).
 pub fn execute(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::CheckConfig { file } => Ok(check_config(&file)),

@@ -19,7 +19,7 @@ fn main() -> ExitCode {
         Err(e) => {
             drop(logs);
             eprintln!("keypool: {e:#}");
-            return ExitCode::from(cli::EXIT_RUNTIME);
+            return ExitCode::from(cli::exit_code_of(&e));
         }
     };
     drop(logs);

@@ -286,6 +286,7 @@ fn overview(app: &App, config: &Config, now: UnixMs) -> Value {
             keypool_store::BackendKind::Redis => "redis",
         },
         "redis_ready": backend.redis_ready,
+        "state_file_error": backend.state_file_error,
         "orgs": orgs,
     })
 }

@@ -240,7 +240,17 @@ impl App {
 
     fn readyz(&self) -> Response<ProxyBody> {
         if self.store().ready() {
-            text(StatusCode::OK, "ready\n")
+            match self.store().backend_status().state_file_error {
+                // still ready: keypool serves from memory; the body says what is wrong
+                Some(error) => text(
+                    StatusCode::OK,
+                    format!(
+                        "ready, serving from memory; but the state file could not be written: {error}. \
+                         Runtime state changed since the last successful write would be lost at a restart\n"
+                    ),
+                ),
+                None => text(StatusCode::OK, "ready\n"),
+            }
         } else {
             text(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -16,6 +16,12 @@ pub enum ProxyError {
         "cannot start a worker thread: {0}; lower [server] workers or raise the process's thread limit"
     )]
     Worker(#[source] std::io::Error),
+    /// The state file could not be written at shutdown: the runtime state since its
+    /// last successful write is lost.
+    #[error(
+        "the runtime state could not be saved at shutdown: {0}; cooldowns, disabled accounts and usage windows since the last successful write are lost"
+    )]
+    StateNotSaved(keypool_store::StoreError),
     /// Installing a signal handler failed.
     #[error("cannot install the {signal} handler: {source}; is this a Unix system?")]
     Signal {

@@ -463,6 +463,18 @@ impl Metrics {
                 backend.redis_fallbacks
             );
         }
+        if let keypool_store::BackendKind::StateFile(_) = backend.kind {
+            let _ = writeln!(
+                out,
+                "# HELP keypool_state_file_writable Whether the last state file write succeeded (1) or failed (0: runtime state is kept in memory only).\n# TYPE keypool_state_file_writable gauge\nkeypool_state_file_writable {}",
+                u8::from(backend.state_file_error.is_none())
+            );
+            let _ = writeln!(
+                out,
+                "# HELP keypool_state_file_write_failures_total State file writes that failed.\n# TYPE keypool_state_file_write_failures_total counter\nkeypool_state_file_write_failures_total {}",
+                backend.state_file_write_failures
+            );
+        }
         out
     }
 }

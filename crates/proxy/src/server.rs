@@ -10,7 +10,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use keypool_store::now_ms;
+use keypool_store::{StoreError, now_ms};
 use tokio::net::TcpListener;
 
 use crate::{App, ProxyError};
@@ -29,8 +29,11 @@ use crate::{App, ProxyError};
 /// from the configuration at start.
 ///
 /// # Errors
-/// [`ProxyError::Listener`] when the listener's address cannot be read; accept errors
-/// (e.g. too many open files) are logged and retried, never fatal.
+/// [`ProxyError::Listener`] when the listener's address cannot be read;
+/// [`ProxyError::StateNotSaved`] when the state file cannot be written at the end
+/// (after the drain). Accept errors (e.g. too many open files) are logged and retried,
+/// never fatal; a failed final push to Redis is logged (every change was mirrored as
+/// it happened).
 pub async fn run(
     listener: TcpListener,
     app: impl Into<App>,
@@ -40,8 +43,7 @@ pub async fn run(
     let addr = listener.local_addr().map_err(ProxyError::Listener)?;
     tracing::info!(%addr, "keypool listening");
     serve(listener, &app, shutdown).await;
-    persist(&app).await;
-    Ok(())
+    persist(&app).await
 }
 
 /// [`run`] on `workers` threads: this task serves too, and `workers - 1` more threads
@@ -57,8 +59,9 @@ pub async fn run(
 /// `[server] workers` (0 there means one per CPU); `1` serves on this task alone.
 ///
 /// # Errors
-/// [`ProxyError::Listener`] when the listener cannot be shared, and
-/// [`ProxyError::Worker`] when a worker thread or its runtime cannot start.
+/// [`ProxyError::Listener`] when the listener cannot be shared,
+/// [`ProxyError::Worker`] when a worker thread or its runtime cannot start, and
+/// [`ProxyError::StateNotSaved`] as for [`run`].
 pub async fn run_workers(
     listener: TcpListener,
     app: impl Into<App>,
@@ -119,8 +122,7 @@ pub async fn run_workers(
     };
     serve(listener, &app, shutdown).await;
     join(threads).await;
-    persist(&app).await;
-    Ok(())
+    persist(&app).await
 }
 
 /// Waits for the worker threads without blocking the runtime; a worker's error is
@@ -135,9 +137,17 @@ async fn join(threads: Vec<std::thread::JoinHandle<Result<(), ProxyError>>>) {
     }
 }
 
-async fn persist(app: &App) {
-    if let Err(e) = app.store().persist(now_ms()).await {
-        tracing::error!(error = %e, "could not persist runtime state at shutdown");
+/// The final write of the runtime state. Only a state file that cannot be written is
+/// an error: it is the only copy. Redis got every change as it happened; its final push
+/// is best-effort.
+async fn persist(app: &App) -> Result<(), ProxyError> {
+    match app.store().persist(now_ms()).await {
+        Ok(()) => Ok(()),
+        Err(e @ StoreError::WriteState { .. }) => Err(ProxyError::StateNotSaved(e)),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not push the runtime state to Redis at shutdown");
+            Ok(())
+        }
     }
 }
 

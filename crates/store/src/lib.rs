@@ -58,12 +58,12 @@
 //!   store keeps them in Redis too when configured.
 //! - [`slots`]: per-account concurrency slots (`max_concurrent`), the FIFO queue for
 //!   them and, with Redis, the cross-replica leases ([`slots::SlotGuard`]).
-//! - [`state`]: the runtime state around the policy crates' books, the state file and
-//!   the Redis mirror.
+//! - [`state`]: the runtime state around the policy crates' books, the state file, the
+//!   Redis mirror and its reply guard ([`state::resp_guard`]).
 //! - [`store`]: [`Store`]: live config (`ArcSwap`), snapshots, state writes that are
 //!   mirrored, readiness.
-//! - [`testing`]: a per-test `redis-server` and temp folders, for this crate's tests and
-//!   the end-to-end suites.
+//! - [`testing`]: a per-test `redis-server`, a fake Redis that misbehaves on demand and
+//!   temp folders, for this crate's tests and the end-to-end suites.
 
 pub mod config;
 pub mod error;

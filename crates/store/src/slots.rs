@@ -11,7 +11,8 @@
 //! expired leases: caps hold across replicas, and the slots of a crashed replica come
 //! back when its leases expire ([`LEASE_TTL_MS`], renewed by the holder every
 //! [`LEASE_RENEW_MS`]). Slots freed by another replica are noticed by polling every
-//! [`WAIT_POLL`]. When Redis does not answer, the slot is counted locally only.
+//! [`WAIT_POLL`]. When Redis does not answer, or is known to be unhealthy (not ready),
+//! slots are counted locally only, and nothing is sent to Redis for them.
 //!
 //! The in-process state sits behind one std `Mutex` that is never held across an
 //! `.await`.
@@ -176,7 +177,10 @@ impl Shared {
             state.leases.remove(lease);
         }
         drop(state);
+        // While Redis is known to be unhealthy the lease is left to expire on its own
+        // (LEASE_TTL_MS) rather than sent to a Redis that may hang.
         if let (Some(lease), Some(mirror)) = (lease, self.mirror.clone())
+            && mirror.ready()
             && let Ok(handle) = tokio::runtime::Handle::try_current()
         {
             handle.spawn(async move {
@@ -209,7 +213,7 @@ impl Shared {
             account,
             kept: false,
         };
-        let Some(mirror) = self.mirror.as_ref().filter(|m| !m.needs_reconcile()) else {
+        let Some(mirror) = self.mirror.as_ref().filter(|m| m.ready()) else {
             return Some(reserved.keep(None));
         };
         let lease = format!(
@@ -286,7 +290,7 @@ impl SlotBook {
     }
 
     /// A slot of `account` (capped at `cap`) if one is free now and no earlier waiter
-    /// wants it; never waits for a slot (with Redis, waits for Redis, bounded by
+    /// wants it; never waits for a slot (with Redis ready, waits for Redis, bounded by
     /// `redis_timeout_ms`).
     pub async fn try_acquire(&self, account: &AccountId, cap: u32) -> Option<SlotGuard> {
         self.shared.try_take(account, cap, u64::MAX).await
@@ -367,7 +371,7 @@ impl SlotBook {
     /// Renews every Redis lease held here when [`LEASE_RENEW_MS`] passed since the last
     /// renewal (the store's background task calls this).
     pub(crate) async fn renew_due(&self, now: UnixMs) {
-        let Some(mirror) = &self.shared.mirror else {
+        let Some(mirror) = self.shared.mirror.as_ref().filter(|m| m.ready()) else {
             return;
         };
         let last = self.shared.last_renewed.load(Ordering::Relaxed);

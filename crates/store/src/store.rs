@@ -63,6 +63,11 @@ pub struct BackendStatus {
     pub redis_ready: Option<bool>,
     /// With Redis: how many operations fell back to memory since boot.
     pub redis_fallbacks: u64,
+    /// With a state file: why its last write failed (path and OS error); `None` when
+    /// the last write succeeded (or none was made yet) and without a state file.
+    pub state_file_error: Option<String>,
+    /// With a state file: how many writes failed since boot.
+    pub state_file_write_failures: u64,
 }
 
 /// What the store found at boot.
@@ -100,9 +105,53 @@ struct Inner {
     boot: Mutex<Option<BootState>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     last_saved: AtomicU64,
+    state_file: StateFileHealth,
     sessions: SessionBook,
     slots: SlotBook,
     last_purged: AtomicU64,
+}
+
+/// How the state file's writes went: the last failure (cleared by a success) and the
+/// failures since boot.
+#[derive(Default)]
+struct StateFileHealth {
+    error: Mutex<Option<String>>,
+    failures: AtomicU64,
+}
+
+impl StateFileHealth {
+    /// Records a write's outcome; logs when writes start failing (or fail for another
+    /// reason) and when they succeed again, not at every failed snapshot.
+    fn record(&self, outcome: &Result<(), StoreError>) {
+        let mut error = self.error.lock().unwrap_or_else(PoisonError::into_inner);
+        match outcome {
+            Ok(()) => {
+                if error.take().is_some() {
+                    tracing::info!("state file written again");
+                }
+            }
+            Err(e) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                let message = e.to_string();
+                if error.as_deref() == Some(message.as_str()) {
+                    tracing::debug!(error = %message, "state file snapshot failed again");
+                } else {
+                    tracing::error!(
+                        error = %message,
+                        "state file snapshot failed; runtime state is kept in memory only until a write succeeds"
+                    );
+                    *error = Some(message);
+                }
+            }
+        }
+    }
+
+    fn error(&self) -> Option<String> {
+        self.error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 /// How often expired session bindings are dropped from memory.
@@ -158,7 +207,7 @@ impl Store {
                 let connected = RedisMirror::connect(url.expose(), timeout, wait).await?;
                 let mirror = connected.mirror;
                 let mut loaded = false;
-                if mirror.ready() {
+                if connected.connected {
                     loaded = reconcile(&mirror, &state, now).await.is_ok();
                 }
                 (
@@ -199,6 +248,13 @@ impl Store {
                 None => (Backend::Memory { file: None }, BootState::Fresh, None),
             },
         };
+        // A state file is first written at the first maintenance tick, so that one that
+        // cannot be written shows at once (metrics, /readyz); the rest is due one
+        // interval after boot.
+        let first_save = match &backend {
+            Backend::Memory { file: Some(_) } => 0,
+            _ => now,
+        };
         let slots = SlotBook::new(match &backend {
             Backend::Redis(mirror) => Some(mirror.clone()),
             Backend::Memory { .. } => None,
@@ -214,7 +270,8 @@ impl Store {
             backend,
             boot: Mutex::new(Some(boot)),
             tasks: Mutex::new(Vec::new()),
-            last_saved: AtomicU64::new(now),
+            last_saved: AtomicU64::new(first_save),
+            state_file: StateFileHealth::default(),
         });
         let store = Store { inner };
         store.spawn_tasks(writes);
@@ -396,9 +453,11 @@ impl Store {
     }
 
     /// The next rotation counter of `pool`: Redis `INCR` (shared by replicas) when
-    /// configured and answering within `redis_timeout_ms`, else the local counter.
+    /// configured, ready and answering within `redis_timeout_ms`, else the local
+    /// counter (at once while Redis is known to be unhealthy).
     pub async fn next_counter(&self, pool: &str) -> u64 {
         if let Backend::Redis(mirror) = &self.inner.backend
+            && mirror.ready()
             && let Ok(v) = mirror.incr(pool).await
         {
             self.inner
@@ -411,11 +470,11 @@ impl Store {
     }
 
     /// The account `key`'s session is bound to (session affinity), if the binding has
-    /// not expired: from Redis when configured and answering (so replicas agree), else
-    /// from memory.
+    /// not expired: from Redis when configured, ready and answering (so replicas agree),
+    /// else from memory.
     pub async fn session_account(&self, key: &str, now: UnixMs) -> Option<AccountId> {
         if let Backend::Redis(mirror) = &self.inner.backend
-            && !mirror.needs_reconcile()
+            && mirror.ready()
             && let Ok(bound) = mirror.session(key).await
         {
             return bound;
@@ -424,11 +483,11 @@ impl Store {
     }
 
     /// Binds `key`'s session to `account` for `ttl_ms` from `now` (a new binding, a
-    /// re-bind or a refresh alike): in memory, and in Redis when configured.
+    /// re-bind or a refresh alike): in memory, and in Redis when configured and ready.
     pub async fn bind_session(&self, key: &str, account: &AccountId, ttl_ms: u64, now: UnixMs) {
         self.inner.sessions.bind(key, account, ttl_ms, now);
         if let Backend::Redis(mirror) = &self.inner.backend
-            && !mirror.needs_reconcile()
+            && mirror.ready()
             && let Err(e) = mirror.bind_session(key, account, ttl_ms).await
         {
             tracing::debug!(error = %e, "session binding kept in memory only");
@@ -624,22 +683,30 @@ impl Store {
                 kind: BackendKind::Memory,
                 redis_ready: None,
                 redis_fallbacks: 0,
+                state_file_error: None,
+                state_file_write_failures: 0,
             },
             Backend::Memory { file: Some(path) } => BackendStatus {
                 kind: BackendKind::StateFile(path.clone()),
                 redis_ready: None,
                 redis_fallbacks: 0,
+                state_file_error: self.inner.state_file.error(),
+                state_file_write_failures: self.inner.state_file.failures.load(Ordering::Relaxed),
             },
             Backend::Redis(m) => BackendStatus {
                 kind: BackendKind::Redis,
                 redis_ready: Some(m.ready()),
                 redis_fallbacks: m.fallbacks(),
+                state_file_error: None,
+                state_file_write_failures: 0,
             },
         }
     }
 
     /// Readiness for `/readyz`: config loaded (always, once opened) and, with Redis
-    /// configured, Redis answering.
+    /// configured, Redis answering. A state file that cannot be written does not make
+    /// keypool unready (it serves from memory); [`BackendStatus::state_file_error`]
+    /// says so.
     pub fn ready(&self) -> bool {
         match &self.inner.backend {
             Backend::Redis(m) => m.ready(),
@@ -666,8 +733,9 @@ impl Store {
         match &self.inner.backend {
             Backend::Memory { file: None } => {}
             Backend::Memory { file: Some(_) } => {
-                if due && let Err(e) = self.persist(now).await {
-                    tracing::error!(error = %e, "state file snapshot failed");
+                if due {
+                    // a failure is recorded and logged by persist
+                    let _ = self.persist(now).await;
                 }
             }
             Backend::Redis(mirror) => {
@@ -689,21 +757,32 @@ impl Store {
         }
     }
 
-    /// Persists now: writes the state file, or pushes ratings to Redis. Call at shutdown
-    /// (the background task also does it every `state_snapshot_interval`).
+    /// Persists now: writes the state file, or pushes the state to Redis. Call at
+    /// shutdown (the background task also does it every `state_snapshot_interval`).
+    /// The outcome of a state file write is recorded for [`Store::backend_status`].
+    ///
+    /// # Errors
+    /// [`StoreError::WriteState`] when the state file cannot be written (the state
+    /// since its last successful write would be lost at a restart);
+    /// [`StoreError::Redis`] when Redis does not take the push (every change was
+    /// mirrored as it happened: best-effort).
     pub async fn persist(&self, now: UnixMs) -> Result<(), StoreError> {
         self.inner.last_saved.store(now, Ordering::Relaxed);
         match &self.inner.backend {
             Backend::Memory { file: None } => Ok(()),
             Backend::Memory { file: Some(path) } => {
                 let export = self.inner.state.export(now);
-                let path = path.clone();
-                tokio::task::spawn_blocking(move || file::save(&path, &export))
+                let target = path.clone();
+                let outcome = tokio::task::spawn_blocking(move || file::save(&target, &export))
                     .await
-                    .map_err(|e| StoreError::WriteState {
-                        path: PathBuf::new(),
-                        source: std::io::Error::other(e),
-                    })?
+                    .unwrap_or_else(|e| {
+                        Err(StoreError::WriteState {
+                            path: path.clone(),
+                            source: std::io::Error::other(e),
+                        })
+                    });
+                self.inner.state_file.record(&outcome);
+                outcome
             }
             Backend::Redis(m) => {
                 let state = &self.inner.state;

@@ -538,6 +538,51 @@ fn redis_url_problems_never_show_the_url() {
 }
 
 #[test]
+fn redis_url_takes_one_plain_redis_server_and_says_what_is_supported_otherwise() {
+    let with = |url: &str| BASE.to_owned() + &format!("[server]\nredis_url = {url:?}\n");
+    for ok in [
+        "redis://127.0.0.1:6379/",
+        "redis://redis.internal",
+        "redis://:SECRET-VALUE@10.0.0.7:6380/3",
+        "redis://user:SECRET-VALUE@[::1]:6379/0",
+    ] {
+        let c = parse(&with(ok)).unwrap_or_else(|e| panic!("{ok} refused: {e}"));
+        assert!(c.server().redis_url.is_some());
+    }
+    // each refused form: the message names what is not supported and the form that is
+    for (url, names) in [
+        ("rediss://:SECRET-VALUE@redis.internal:6380/0", "TLS"),
+        ("valkeys://redis.internal:6380", "TLS"),
+        ("redis+unix:///run/redis.sock", "Unix sockets"),
+        ("unix:///run/redis.sock", "Unix sockets"),
+        (
+            "redis-cluster://:SECRET-VALUE@a:7000?node=b:7001",
+            "Cluster",
+        ),
+        (
+            "redis-sentinel://a:26379/0?sentinelServiceName=mymaster",
+            "Sentinel",
+        ),
+        (
+            "redis://:SECRET-VALUE@a:26379/0?sentinelServiceName=mymaster",
+            "Sentinel",
+        ),
+        ("http://user:SECRET-VALUE@host", "redis:// URL"),
+        ("redis://:SECRET-VALUE@host:notaport/0", "not a valid"),
+        ("redis://:SECRET-VALUE@host/a/b", "not a valid"),
+    ] {
+        let errs = errors(&with(url));
+        assert_eq!(locations(&errs), ["server.redis_url"], "{url}");
+        let message = errs.to_string();
+        assert!(message.contains(names), "{url}: {message}");
+        assert!(
+            message.contains("redis://[[user]:password@]host[:port][/db]"),
+            "{url}: {message}"
+        );
+    }
+}
+
+#[test]
 fn relative_state_file_is_anchored_at_the_config_folder() {
     let c = Config::from_toml_str(BASE, Some(std::path::Path::new("/etc/keypool")), &env).unwrap();
     assert_eq!(

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use keypool_core::AccountId;
-use keypool_store::testing::RedisServer;
+use keypool_store::testing::{FakeRedis, FakeReply, FaultyRedis, RedisServer};
 use keypool_store::{BackendKind, BootState, Store, now_ms};
 
 fn redis_config(redis: &RedisServer, n: usize) -> keypool_store::config::Config {
@@ -437,4 +437,193 @@ async fn a_slot_request_given_up_while_redis_answers_leaves_no_local_count() {
         0,
         "the reservation was not undone"
     );
+}
+
+/// A store on `url` with `redis_timeout_ms = timeout_ms`. The periodic rating sync is
+/// off (once an hour), so that the background task's only Redis work is the probe.
+async fn open_on(url: &str, timeout_ms: u64) -> Store {
+    Store::open(config(&config_text(
+        2,
+        &format!(
+            "redis_url = {url:?}\nredis_timeout_ms = {timeout_ms}\nstate_snapshot_interval_secs = 3600"
+        ),
+    )))
+    .await
+    .unwrap_or_else(|e| panic!("the store does not open: {e}"))
+}
+
+/// Levels of nesting the hostile fake answers with: far beyond any stack.
+const DEEP: usize = 1_000_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_answering_a_million_nested_arrays_at_boot_is_cut_off_and_the_store_serves_from_memory()
+ {
+    let fake = FakeRedis::start(FakeReply::Nested(DEEP)).unwrap();
+    let store = open_on(&fake.url(), 500).await;
+    assert!(matches!(
+        store.take_boot_state(),
+        Some(BootState::Redis { loaded: false })
+    ));
+    assert!(!store.ready(), "a Redis answering garbage is not ready");
+    assert!(fake.count("PING") >= 1, "the fake was asked and answered");
+    // the store answers from memory, and the process is still alive to say so
+    assert_eq!(store.next_counter("acme/g").await, 0);
+    assert_eq!(store.next_counter("acme/g").await, 1);
+    assert!(store.backend_status().redis_fallbacks >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_turns_to_nested_replies_at_runtime_is_cut_off_and_comes_back_when_sane() {
+    let fake = FakeRedis::start(FakeReply::Normal).unwrap();
+    let store = open_on(&fake.url(), 500).await;
+    assert!(store.ready(), "the fake answers like a Redis at first");
+    assert_eq!(store.next_counter("acme/g").await, 0);
+    assert_eq!(fake.count("INCR"), 1);
+
+    fake.set_mode(FakeReply::Nested(DEEP));
+    // this INCR gets the nested answer: cut off, the counter comes from memory
+    assert_eq!(store.next_counter("acme/g").await, 1);
+    assert!(fake.count("INCR") >= 2, "the INCR reached the fake");
+    assert!(!store.ready());
+
+    fake.set_mode(FakeReply::Normal);
+    assert!(
+        eventually(Duration::from_secs(10), || store.ready())
+            .await
+            .is_some(),
+        "not reconciled after the fake answered sanely again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_passes_auth_and_select_through_to_redis() {
+    let fake = FakeRedis::start(FakeReply::Normal).unwrap();
+    let url = format!("redis://:relay-pw-0x5e@127.0.0.1:{}/3", fake.port());
+    let store = open_on(&url, 500).await;
+    assert!(store.ready());
+    let commands = fake.commands();
+    assert!(
+        commands.contains(&vec!["AUTH".to_owned(), "relay-pw-0x5e".to_owned()]),
+        "{commands:?}"
+    );
+    assert!(
+        commands.contains(&vec!["SELECT".to_owned(), "3".to_owned()]),
+        "{commands:?}"
+    );
+}
+
+/// `redis_timeout_ms` of the hung-Redis tests: a request that waited on Redis would
+/// take this long, far beyond [`NO_WAIT`].
+const HUNG_TIMEOUT_MS: u64 = 10_000;
+
+/// The bound on 20 rounds of every request-path call once Redis is known unhealthy:
+/// half of one Redis timeout, so a single call that waited on Redis breaks it.
+const NO_WAIT: Duration = Duration::from_secs(5);
+
+/// Every Redis call one request can make: the rotation counter, the session lookup
+/// and binding, a capped slot taken and given back, and a slot waited for.
+async fn every_request_path_call(store: &Store) {
+    let a0 = AccountId::from("a0");
+    let now = now_ms();
+    store.next_counter("acme/g").await;
+    let _ = store.session_account("acme/team/s1", now).await;
+    store.bind_session("acme/team/s1", &a0, 60_000, now).await;
+    drop(store.slots().try_acquire(&a0, 1).await);
+    let waited = store
+        .slots()
+        .wait(&[(a0.clone(), 1)], Duration::from_secs(1), 0)
+        .await;
+    assert!(waited.is_ok(), "{waited:?}");
+}
+
+/// Once the first failure marked Redis unhealthy, no request-path call waits on it nor
+/// sends it anything (the background probe alone does) until it is reconciled.
+async fn unhealthy_redis_is_left_to_the_background_probe(fault: Option<FakeReply>, test: &str) {
+    let Some(redis) = FaultyRedis::start_or_skip(fault, test) else {
+        return;
+    };
+    let store = open_on(&redis.url(), HUNG_TIMEOUT_MS).await;
+    assert!(store.ready());
+    every_request_path_call(&store).await;
+    // leases are given back in the background: wait until both arrived
+    let released = eventually(Duration::from_secs(5), || {
+        redis.leases_held("a0") == Some(0)
+    })
+    .await;
+    assert!(released.is_some(), "the leases were not given back");
+    let before_fault = redis.request_path_commands().expect("the server can count");
+
+    redis.break_it();
+    // the first call after the fault finds out (a hung Redis: after its timeout)
+    store.next_counter("acme/g").await;
+    let marked = eventually(Duration::from_millis(HUNG_TIMEOUT_MS * 2), || {
+        !store.ready()
+    })
+    .await;
+    assert!(marked.is_some(), "never marked unhealthy");
+    // a fake can say at once what it received; a stopped server only once resumed
+    let sent = redis.request_path_commands();
+    // 20 rounds paced over ~1 s: several maintenance ticks (200 ms), so most rounds run
+    // while a background probe is in flight (it hangs for a hung Redis)
+    let rounds = tokio::time::timeout(NO_WAIT, async {
+        let mut pace = tokio::time::interval(Duration::from_millis(50));
+        for _ in 0..20 {
+            pace.tick().await;
+            every_request_path_call(&store).await;
+        }
+    })
+    .await;
+    assert!(
+        rounds.is_ok(),
+        "a request-path call waited on the unhealthy Redis"
+    );
+    if sent.is_some() {
+        assert_eq!(
+            redis.request_path_commands(),
+            sent,
+            "a request-path call was sent to the unhealthy Redis"
+        );
+    }
+    assert!(!store.ready());
+
+    redis.restore();
+    let back = eventually(Duration::from_millis(HUNG_TIMEOUT_MS * 2), || store.ready()).await;
+    assert!(back.is_some(), "not reconciled after Redis recovered");
+    let after = redis.request_path_commands().expect("the server can count");
+    assert_eq!(
+        after,
+        sent.unwrap_or(before_fault + 1),
+        "only the call that found the fault reached Redis"
+    );
+    let fallbacks = store.backend_status().redis_fallbacks;
+    every_request_path_call(&store).await;
+    assert_eq!(
+        store.backend_status().redis_fallbacks,
+        fallbacks,
+        "Redis answered again"
+    );
+    assert!(
+        redis.request_path_commands().expect("the server can count") >= after + 5,
+        "the calls use Redis again (INCR, GET, SET, EVAL at least)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigstopped_redis_is_not_waited_for_by_requests_once_known_unhealthy() {
+    unhealthy_redis_is_left_to_the_background_probe(None, "sigstopped_redis_requests").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_never_answers_is_not_asked_by_requests_once_known_unhealthy() {
+    unhealthy_redis_is_left_to_the_background_probe(Some(FakeReply::Silent), "silent").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_answering_garbage_is_not_asked_by_requests_once_known_unhealthy() {
+    unhealthy_redis_is_left_to_the_background_probe(Some(FakeReply::Garbage), "garbage").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_answering_err_to_everything_is_not_asked_by_requests_once_known_unhealthy() {
+    unhealthy_redis_is_left_to_the_background_probe(Some(FakeReply::Error), "err").await;
 }

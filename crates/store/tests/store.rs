@@ -324,7 +324,7 @@ async fn out_of_window_uses_the_accounts_own_threshold() {
 }
 
 #[tokio::test]
-async fn the_state_file_is_written_every_snapshot_interval() {
+async fn the_state_file_is_written_at_the_first_tick_then_every_snapshot_interval() {
     let dir = TempDir::new("interval").unwrap();
     let file = dir.path().join("state.json");
     let text = config_text(
@@ -336,6 +336,10 @@ async fn the_state_file_is_written_every_snapshot_interval() {
     );
     let store = Store::open(config(&text)).await.unwrap();
     let t0 = now_ms();
+    // at once: a file that cannot be written shows right after boot
+    store.maintain(t0).await;
+    assert!(file.exists(), "written at the first tick");
+    std::fs::remove_file(&file).unwrap();
     store.maintain(t0 + 1_000).await;
     assert!(!file.exists(), "not due yet");
     store.maintain(t0 + 3_600_000).await;
@@ -343,6 +347,51 @@ async fn the_state_file_is_written_every_snapshot_interval() {
     std::fs::remove_file(&file).unwrap();
     store.maintain(t0 + 3_600_001).await;
     assert!(!file.exists(), "next one is an interval later");
+}
+
+#[tokio::test]
+async fn a_state_file_that_cannot_be_written_is_reported_until_a_write_succeeds() {
+    let dir = TempDir::new("unwritable").unwrap();
+    let folder = dir.path().join("state");
+    let file = folder.join("state.json");
+    let text = config_text(
+        1,
+        &format!(
+            "state_file = {:?}\nstate_snapshot_interval_secs = 3600",
+            file.display().to_string()
+        ),
+    );
+    // the folder is a regular file: no write succeeds, not even as root. (The store's
+    // own maintenance task runs only while this single-threaded test awaits, after
+    // `persist` moved the snapshot clock: it writes nothing here.)
+    std::fs::write(&folder, b"not a folder").unwrap();
+    let store = Store::open(config(&text)).await.unwrap();
+    let status = store.backend_status();
+    assert_eq!(
+        (status.state_file_error, status.state_file_write_failures),
+        (None, 0)
+    );
+    let error = store.persist(now_ms()).await.unwrap_err();
+    assert!(
+        matches!(error, keypool_store::StoreError::WriteState { .. }),
+        "{error}"
+    );
+    let status = store.backend_status();
+    let reported = status.state_file_error.expect("the failure is reported");
+    assert!(reported.contains(&file.display().to_string()), "{reported}");
+    assert!(reported.contains("Not a directory"), "{reported}");
+    assert_eq!(status.state_file_write_failures, 1);
+    assert!(store.ready(), "keypool still serves (from memory)");
+    // fixed: the next write succeeds and clears the report (the count stays)
+    std::fs::remove_file(&folder).unwrap();
+    std::fs::create_dir(&folder).unwrap();
+    store.persist(now_ms()).await.unwrap();
+    let status = store.backend_status();
+    assert_eq!(
+        (status.state_file_error, status.state_file_write_failures),
+        (None, 1)
+    );
+    assert!(file.exists());
 }
 
 mod properties {

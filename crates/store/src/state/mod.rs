@@ -9,6 +9,7 @@
 
 pub(crate) mod file;
 pub(crate) mod redis;
+pub mod resp_guard;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

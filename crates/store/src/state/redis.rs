@@ -17,6 +17,22 @@
 //! Every operation is bounded by `redis_timeout_ms`; a failure or timeout marks the
 //! mirror not ready, counts a fallback and asks for a reconciliation, and the caller
 //! goes on with memory.
+//!
+//! Two flags keep a Redis that is known to be unhealthy off the request path:
+//! - `ready` ([`RedisMirror::ready`]): Redis answered and state is reconciled. Only a
+//!   completed reconciliation sets it, any failure clears it; the request path (the
+//!   rotation counter, session bindings, concurrency leases) uses Redis only while it
+//!   is set, so once one operation failed no request waits on Redis again until the
+//!   background probe (the store's maintenance task, every 200 ms) reconciled.
+//! - `needs_reconcile`: a reconciliation is due (after a failure, a reconnection or lost
+//!   pub/sub events). While it is set the writer task skips mirrored writes; a
+//!   reconciliation clears it when it starts, so that writes made while it runs are
+//!   mirrored (a failure sets it again).
+//!
+//! `fred` never talks to Redis directly: it connects to a [`RespGuard`] on loopback,
+//! which relays to the one Redis server of `redis_url` and refuses replies that would
+//! crash `fred`'s decoder (see [`super::resp_guard`]). So only `redis://` URLs of one
+//! server are supported ([`redis_target`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -36,6 +52,7 @@ use keypool_selector::{AccountRatingState, RatingState};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use super::resp_guard::RespGuard;
 use crate::StoreError;
 
 const PREFIX: &str = "keypool:";
@@ -103,6 +120,8 @@ pub(crate) struct RemoteState {
 /// A new mirror and the receiving ends its background tasks consume.
 pub(crate) struct Connected {
     pub mirror: RedisMirror,
+    /// Whether the first connection was made within the connect wait.
+    pub connected: bool,
     /// Mirrored writes queued by the request path.
     pub writes: mpsc::Receiver<StateEvent>,
     /// Messages published on the events channel.
@@ -121,6 +140,8 @@ pub(crate) struct RedisMirror {
     writes: mpsc::Sender<StateEvent>,
     resubscriber: tokio::task::AbortHandle,
     connections: Mutex<(ConnectHandle, ConnectHandle)>,
+    /// The loopback relay both clients connect through; stops with the mirror.
+    _guard: RespGuard,
 }
 
 impl std::fmt::Debug for RedisMirror {
@@ -137,22 +158,80 @@ fn redis_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Redis(e.to_string())
 }
 
+/// The `redis_url` forms keypool supports, as said in its errors.
+pub(crate) const SUPPORTED_REDIS_URL: &str = "redis://[[user]:password@]host[:port][/db]";
+
+/// What a `redis_url` names: `fred`'s configuration (credentials, database) and the
+/// `host:port` of its one Redis server; or why keypool cannot use it. The reason never
+/// quotes the URL (it may hold a password).
+///
+/// Only a plain-TCP `redis://` URL of one server is supported: `fred` reaches Redis
+/// through keypool's reply guard, a relay that knows one address, so cluster and
+/// sentinel topologies (which hand out other addresses) cannot pass through it, and
+/// neither `fred`'s TLS (`rediss://`) nor its Unix sockets are compiled in.
+pub(crate) fn redis_target(url: &str) -> Result<(FredConfig, String), String> {
+    let scheme = url
+        .split_once("://")
+        .map_or("", |(scheme, _)| scheme)
+        .to_ascii_lowercase();
+    let problem = |what: &str| {
+        format!("{what}; use {SUPPORTED_REDIS_URL} (value not shown: it may hold a password)")
+    };
+    if scheme.starts_with("rediss") || scheme.starts_with("valkeys") {
+        return Err(problem(
+            "TLS (rediss://) is not supported: keypool's Redis client is built without TLS; \
+             reach Redis over a private network or through a local TLS tunnel (stunnel, spiped)",
+        ));
+    }
+    if scheme.ends_with("+unix") || scheme == "unix" {
+        return Err(problem(
+            "Unix sockets are not supported: reach Redis over TCP",
+        ));
+    }
+    let query = url
+        .rsplit_once('@')
+        .map_or(url, |(_, host)| host)
+        .contains('?');
+    if scheme.ends_with("-cluster") || scheme.ends_with("-sentinel") || query {
+        return Err(problem(
+            "Redis Cluster and Sentinel (a -cluster or -sentinel scheme, or ?node= and \
+             ?sentinelServiceName= parameters) are not supported: point redis_url at one Redis primary",
+        ));
+    }
+    if scheme != "redis" {
+        return Err(problem("redis_url must be a redis:// URL"));
+    }
+    let config = FredConfig::from_url(url)
+        .map_err(|_| problem("redis_url is not a valid Redis URL (host, port or /db)"))?;
+    match &config.server {
+        fred::types::config::ServerConfig::Centralized { server } => {
+            let target = format!("{}:{}", server.host, server.port);
+            Ok((config, target))
+        }
+        _ => Err(problem("redis_url must name one Redis server")),
+    }
+}
+
 impl RedisMirror {
-    /// Builds the clients and starts connecting in the background (with unlimited
-    /// reconnection). Waits at most `connect_wait` for the first connection; the mirror
-    /// is usable (not ready) if that does not happen. The URL is never logged.
+    /// Starts the reply guard, builds the clients (pointed at the guard) and starts
+    /// connecting in the background (with unlimited reconnection). Waits at most
+    /// `connect_wait` for the first connection; the mirror is usable if that does not
+    /// happen. It is not ready until a reconciliation succeeded. The URL is never logged.
     pub(crate) async fn connect(
         url: &str,
         timeout: Duration,
         connect_wait: Duration,
     ) -> Result<Connected, StoreError> {
-        let config = FredConfig::from_url(url)
-            .map_err(|_| StoreError::Redis("redis_url is not a valid Redis URL".into()))?;
+        let (mut config, target) = redis_target(url).map_err(StoreError::Redis)?;
+        let connect_timeout = timeout.max(Duration::from_millis(500));
+        let guard = RespGuard::start(target, connect_timeout).await?;
+        config.server =
+            fred::types::config::ServerConfig::new_centralized("127.0.0.1", guard.port());
         let mut builder = Builder::from_config(config);
         builder
             .with_connection_config(|c| {
-                c.connection_timeout = timeout.max(Duration::from_millis(500));
-                c.internal_command_timeout = timeout.max(Duration::from_millis(500));
+                c.connection_timeout = connect_timeout;
+                c.internal_command_timeout = connect_timeout;
                 c.max_command_attempts = 1;
             })
             .with_performance_config(|p| {
@@ -181,21 +260,24 @@ impl RedisMirror {
                 use rand::{Rng, SeedableRng};
                 format!("{:016x}", rand::rngs::StdRng::from_os_rng().random::<u64>())
             },
-            ready: AtomicBool::new(connected),
-            needs_reconcile: AtomicBool::new(!connected),
+            ready: AtomicBool::new(false),
+            needs_reconcile: AtomicBool::new(true),
             fallbacks: AtomicU64::new(u64::from(!connected)),
             writes,
             resubscriber,
             connections,
+            _guard: guard,
         };
         Ok(Connected {
             mirror,
+            connected,
             writes: rx,
             messages,
         })
     }
 
-    /// Whether the last Redis operation succeeded (and state is reconciled).
+    /// Whether Redis answered the last operation and state is reconciled: only then may
+    /// the request path use Redis (and `/readyz` says ready).
     pub(crate) fn ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
@@ -424,13 +506,14 @@ impl RedisMirror {
         })
     }
 
-    /// Called when a reconciliation starts: writes from now on are mirrored again (a
-    /// failure sets the flag anew).
+    /// Called when a reconciliation starts: the writer task mirrors writes from now on
+    /// (a failure sets the flag anew). The request path still waits for
+    /// [`RedisMirror::mark_reconciled`].
     pub(crate) fn begin_reconcile(&self) {
         self.needs_reconcile.store(false, Ordering::Relaxed);
     }
 
-    /// Marks the mirror reconciled and ready.
+    /// Marks the mirror reconciled and ready: the request path uses Redis again.
     pub(crate) fn mark_reconciled(&self) {
         self.needs_reconcile.store(false, Ordering::Relaxed);
         self.ready.store(true, Ordering::Relaxed);

@@ -355,16 +355,12 @@ fn redis_url(
 ) -> Option<crate::config::Secret> {
     let u = s.redis_url.as_deref()?;
     let secret = resolve_secret(u, s.redis_url_from_env, "server.redis_url", env, issues)?;
-    let e = secret.expose();
-    if e.starts_with("redis://")
-        || e.starts_with("rediss://")
-        || e.starts_with("redis+unix://")
-        || e.starts_with("unix://")
-    {
-        Some(secret)
-    } else {
-        issues.push("server.redis_url", "redis_url must start with redis:// or rediss:// (value not shown: it may hold a password)");
-        None
+    match crate::state::redis::redis_target(secret.expose()) {
+        Ok(_) => Some(secret),
+        Err(problem) => {
+            issues.push("server.redis_url", problem);
+            None
+        }
     }
 }
 
