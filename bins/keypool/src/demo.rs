@@ -501,6 +501,20 @@ impl Report {
         );
         t.push('\n');
         t.push_str(&account_table(&self.accounts, false));
+        self.why_out_of_rotation(&mut t);
+        let _ = writeln!(
+            t,
+            "\nPoint Claude Code or an Anthropic SDK at keypool with these two variables (this\n\
+             demo's values, alive with --keep-running; for your own keypool use its address,\n\
+             /{{org}}/{{custom_url}} and a key from `keypool keygen`):\n\n  \
+             ANTHROPIC_BASE_URL={}\n  ANTHROPIC_API_KEY={}",
+            self.base_url, self.key
+        );
+        t
+    }
+
+    /// One line per account that is not active, saying why.
+    fn why_out_of_rotation(&self, t: &mut String) {
         let _ = writeln!(t, "\n  Why accounts are out of rotation:");
         for a in self.accounts.iter().filter(|a| a.state != "active") {
             let line = match a.state {
@@ -516,15 +530,6 @@ impl Report {
             };
             let _ = writeln!(t, "    - {line}");
         }
-        let _ = writeln!(
-            t,
-            "\nPoint Claude Code or an Anthropic SDK at keypool with these two variables (this\n\
-             demo's values, alive with --keep-running; for your own keypool use its address,\n\
-             /{{org}}/{{custom_url}} and a key from `keypool keygen`):\n\n  \
-             ANTHROPIC_BASE_URL={}\n  ANTHROPIC_API_KEY={}",
-            self.base_url, self.key
-        );
-        t
     }
 
     fn json(&self) -> serde_json::Value {

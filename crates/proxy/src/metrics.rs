@@ -309,6 +309,17 @@ impl Metrics {
     /// The Prometheus text exposition, with gauges read from `store` at `now`.
     pub fn render(&self, store: &Store, now: UnixMs) -> String {
         let mut out = String::with_capacity(4096);
+        self.render_requests(&mut out);
+        self.render_attempts(&mut out);
+        self.render_latencies(&mut out);
+        self.render_accounts(&mut out, store, now);
+        self.render_affinity_and_slots(&mut out, store);
+        render_backend(&mut out, store);
+        out
+    }
+
+    /// `keypool_requests_total`.
+    fn render_requests(&self, out: &mut String) {
         out.push_str("# HELP keypool_requests_total Requests answered, by org, URL config and status.\n# TYPE keypool_requests_total counter\n");
         let mut rows: Vec<_> = self
             .requests
@@ -324,11 +335,14 @@ impl Metrics {
                 escape(&url)
             );
         }
+    }
 
+    /// Attempts per request, failovers, stream failures and the hedge/race series.
+    fn render_attempts(&self, out: &mut String) {
         out.push_str("# HELP keypool_attempts_per_request Upstream attempts made per request.\n# TYPE keypool_attempts_per_request histogram\n");
         let bounds: Vec<String> = ATTEMPT_BUCKETS.iter().map(u64::to_string).collect();
         self.attempts
-            .render(&mut out, "keypool_attempts_per_request", "", &bounds);
+            .render(out, "keypool_attempts_per_request", "", &bounds);
 
         out.push_str("# HELP keypool_failovers_total Failed upstream attempts, by failure class and trigger.\n# TYPE keypool_failovers_total counter\n");
         let mut rows: Vec<_> = self
@@ -352,7 +366,7 @@ impl Metrics {
         );
 
         counter_family(
-            &mut out,
+            out,
             "keypool_hedge_gate_total",
             "Requests that took the single path, by the hedge/race gate reason.",
             "reason",
@@ -362,20 +376,23 @@ impl Metrics {
                 .zip(loads(&self.gate)),
         );
         counter_family(
-            &mut out,
+            out,
             "keypool_hedge_backups_total",
             "Backup attempts fired, by strategy.",
             "strategy",
             ["hedge", "race"].into_iter().zip(loads(&self.fired)),
         );
         counter_family(
-            &mut out,
+            out,
             "keypool_hedge_wins_total",
             "Requests whose primary and backup both ran, by the attempt that served them.",
             "winner",
             ["primary", "backup"].into_iter().zip(loads(&self.wins)),
         );
+    }
 
+    /// The TTFT and total latency histograms by account.
+    fn render_latencies(&self, out: &mut String) {
         let bounds: Vec<String> = LATENCY_BUCKETS_SECS.iter().map(f64::to_string).collect();
         for (name, help, map) in [
             (
@@ -395,11 +412,14 @@ impl Metrics {
             for account in accounts {
                 if let Some(h) = map.get(&account) {
                     let labels = format!("account=\"{}\"", escape(account.as_str()));
-                    h.render(&mut out, name, &labels, &bounds);
+                    h.render(out, name, &labels, &bounds);
                 }
             }
         }
+    }
 
+    /// The per-account gauges (cooldown, out of rotation, in flight) and their totals.
+    fn render_accounts(&self, out: &mut String, store: &Store, now: UnixMs) {
         let config = store.config();
         let health = store.health();
         let mut cooling = 0;
@@ -448,34 +468,35 @@ impl Metrics {
         out.push_str(&states);
         out.push_str("# HELP keypool_account_in_flight Upstream attempts and committed streams in flight, by account.\n# TYPE keypool_account_in_flight gauge\n");
         out.push_str(&in_flight);
-        self.render_affinity_and_slots(&mut out, store);
+    }
+}
 
-        let backend = store.backend_status();
-        if let Some(ready) = backend.redis_ready {
-            let _ = writeln!(
-                out,
-                "# HELP keypool_redis_ready Whether Redis answers (1) or keypool serves from memory (0).\n# TYPE keypool_redis_ready gauge\nkeypool_redis_ready {}",
-                u8::from(ready)
-            );
-            let _ = writeln!(
-                out,
-                "# HELP keypool_redis_fallbacks_total Redis operations that fell back to memory.\n# TYPE keypool_redis_fallbacks_total counter\nkeypool_redis_fallbacks_total {}",
-                backend.redis_fallbacks
-            );
-        }
-        if let keypool_store::BackendKind::StateFile(_) = backend.kind {
-            let _ = writeln!(
-                out,
-                "# HELP keypool_state_file_writable Whether the last state file write succeeded (1) or failed (0: runtime state is kept in memory only).\n# TYPE keypool_state_file_writable gauge\nkeypool_state_file_writable {}",
-                u8::from(backend.state_file_error.is_none())
-            );
-            let _ = writeln!(
-                out,
-                "# HELP keypool_state_file_write_failures_total State file writes that failed.\n# TYPE keypool_state_file_write_failures_total counter\nkeypool_state_file_write_failures_total {}",
-                backend.state_file_write_failures
-            );
-        }
-        out
+/// Redis readiness and fallbacks, or the state file's health, as the store's backend has.
+fn render_backend(out: &mut String, store: &Store) {
+    let backend = store.backend_status();
+    if let Some(ready) = backend.redis_ready {
+        let _ = writeln!(
+            out,
+            "# HELP keypool_redis_ready Whether Redis answers (1) or keypool serves from memory (0).\n# TYPE keypool_redis_ready gauge\nkeypool_redis_ready {}",
+            u8::from(ready)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP keypool_redis_fallbacks_total Redis operations that fell back to memory.\n# TYPE keypool_redis_fallbacks_total counter\nkeypool_redis_fallbacks_total {}",
+            backend.redis_fallbacks
+        );
+    }
+    if let keypool_store::BackendKind::StateFile(_) = backend.kind {
+        let _ = writeln!(
+            out,
+            "# HELP keypool_state_file_writable Whether the last state file write succeeded (1) or failed (0: runtime state is kept in memory only).\n# TYPE keypool_state_file_writable gauge\nkeypool_state_file_writable {}",
+            u8::from(backend.state_file_error.is_none())
+        );
+        let _ = writeln!(
+            out,
+            "# HELP keypool_state_file_write_failures_total State file writes that failed.\n# TYPE keypool_state_file_write_failures_total counter\nkeypool_state_file_write_failures_total {}",
+            backend.state_file_write_failures
+        );
     }
 }
 

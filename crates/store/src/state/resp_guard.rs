@@ -231,101 +231,15 @@ impl RespScanner {
     /// top-level reply ended with the last of them; or the index of a refused byte.
     fn step(&mut self, window: &[u8]) -> Result<(usize, bool), (usize, Violation)> {
         match self.state {
-            State::Type => {
-                let byte = window[0];
-                let length = |framing| State::Length {
-                    framing,
-                    value: 0,
-                    digits: 0,
-                    negative: false,
-                    cr: false,
-                };
-                let aggregate = |pairs, attribute| Framing::Aggregate { pairs, attribute };
-                self.state = match byte {
-                    b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => State::Line { cr: false },
-                    b'$' | b'=' | b'!' => length(Framing::Bulk),
-                    b'*' | b'~' | b'>' | b'%' | b'|' if self.depth >= self.limits.max_depth => {
-                        return Err((0, Violation::TooDeep));
-                    }
-                    b'*' | b'~' | b'>' => length(aggregate(false, false)),
-                    b'%' => length(aggregate(true, false)),
-                    b'|' => length(aggregate(true, true)),
-                    other => return Err((0, Violation::NotResp(other))),
-                };
-                Ok((1, false))
-            }
-            State::Line { cr } => match window.iter().position(|&b| b == b'\n') {
-                Some(newline) => {
-                    let ended = if newline == 0 {
-                        cr
-                    } else {
-                        window[newline - 1] == b'\r'
-                    };
-                    if ended {
-                        Ok((newline + 1, self.complete_value()))
-                    } else {
-                        self.state = State::Line { cr: false };
-                        Ok((newline + 1, false))
-                    }
-                }
-                None => {
-                    self.state = State::Line {
-                        cr: window.last() == Some(&b'\r'),
-                    };
-                    Ok((window.len(), false))
-                }
-            },
+            State::Type => self.step_type(window[0]),
+            State::Line { cr } => Ok(self.step_line(window, cr)),
             State::Length {
                 framing,
-                mut value,
-                mut digits,
-                mut negative,
-                mut cr,
-            } => {
-                for (index, &byte) in window.iter().enumerate() {
-                    if cr {
-                        if byte != b'\n' {
-                            return Err((index, Violation::BadLength));
-                        }
-                        return self.end_length(framing, value, negative, index);
-                    }
-                    match byte {
-                        b'\r' if digits > 0 => cr = true,
-                        b'-' if digits == 0 && !negative => negative = true,
-                        b'0'..=b'9' => {
-                            let next = value
-                                .checked_mul(10)
-                                .and_then(|v| v.checked_add(u64::from(byte - b'0')));
-                            digits = digits.saturating_add(1);
-                            match next {
-                                Some(next) if digits <= 19 && !(negative && next > 1) => {
-                                    value = next;
-                                }
-                                _ => return Err((index, Violation::BadLength)),
-                            }
-                            match framing {
-                                _ if negative => {}
-                                Framing::Bulk if value > self.limits.max_reply_bytes => {
-                                    return Err((index, Violation::BulkTooLong));
-                                }
-                                Framing::Aggregate { .. } if value > self.limits.max_elements => {
-                                    return Err((index, Violation::TooManyElements));
-                                }
-                                _ => {}
-                            }
-                        }
-                        _ => return Err((index, Violation::BadLength)),
-                    }
-                }
-                self.state = State::Length {
-                    framing,
-                    value,
-                    digits,
-                    negative,
-                    cr,
-                };
-                Ok((window.len(), false))
-            }
+                value,
+                digits,
+                negative,
+                cr,
+            } => self.step_length(window, framing, value, digits, negative, cr),
             State::Bulk { remaining } => {
                 let take = remaining.min(window.len() as u64);
                 self.state = match remaining - take {
@@ -342,6 +256,111 @@ impl RespScanner {
             State::BulkLf if window[0] == b'\n' => Ok((1, self.complete_value())),
             State::BulkCr | State::BulkLf => Err((0, Violation::BadBulkEnd)),
         }
+    }
+
+    /// A reply's first byte: its type.
+    fn step_type(&mut self, byte: u8) -> Result<(usize, bool), (usize, Violation)> {
+        let length = |framing| State::Length {
+            framing,
+            value: 0,
+            digits: 0,
+            negative: false,
+            cr: false,
+        };
+        let aggregate = |pairs, attribute| Framing::Aggregate { pairs, attribute };
+        self.state = match byte {
+            b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => State::Line { cr: false },
+            b'$' | b'=' | b'!' => length(Framing::Bulk),
+            b'*' | b'~' | b'>' | b'%' | b'|' if self.depth >= self.limits.max_depth => {
+                return Err((0, Violation::TooDeep));
+            }
+            b'*' | b'~' | b'>' => length(aggregate(false, false)),
+            b'%' => length(aggregate(true, false)),
+            b'|' => length(aggregate(true, true)),
+            other => return Err((0, Violation::NotResp(other))),
+        };
+        Ok((1, false))
+    }
+
+    /// Inside a line-framed value (simple string, error, integer, …), which was `cr`
+    /// right after its last byte so far.
+    fn step_line(&mut self, window: &[u8], cr: bool) -> (usize, bool) {
+        match window.iter().position(|&b| b == b'\n') {
+            Some(newline) => {
+                let ended = if newline == 0 {
+                    cr
+                } else {
+                    window[newline - 1] == b'\r'
+                };
+                if ended {
+                    (newline + 1, self.complete_value())
+                } else {
+                    self.state = State::Line { cr: false };
+                    (newline + 1, false)
+                }
+            }
+            None => {
+                self.state = State::Line {
+                    cr: window.last() == Some(&b'\r'),
+                };
+                (window.len(), false)
+            }
+        }
+    }
+
+    /// Inside the length of a bulk string or an aggregate.
+    fn step_length(
+        &mut self,
+        window: &[u8],
+        framing: Framing,
+        mut value: u64,
+        mut digits: u8,
+        mut negative: bool,
+        mut cr: bool,
+    ) -> Result<(usize, bool), (usize, Violation)> {
+        for (index, &byte) in window.iter().enumerate() {
+            if cr {
+                if byte != b'\n' {
+                    return Err((index, Violation::BadLength));
+                }
+                return self.end_length(framing, value, negative, index);
+            }
+            match byte {
+                b'\r' if digits > 0 => cr = true,
+                b'-' if digits == 0 && !negative => negative = true,
+                b'0'..=b'9' => {
+                    let next = value
+                        .checked_mul(10)
+                        .and_then(|v| v.checked_add(u64::from(byte - b'0')));
+                    digits = digits.saturating_add(1);
+                    match next {
+                        Some(next) if digits <= 19 && !(negative && next > 1) => {
+                            value = next;
+                        }
+                        _ => return Err((index, Violation::BadLength)),
+                    }
+                    match framing {
+                        _ if negative => {}
+                        Framing::Bulk if value > self.limits.max_reply_bytes => {
+                            return Err((index, Violation::BulkTooLong));
+                        }
+                        Framing::Aggregate { .. } if value > self.limits.max_elements => {
+                            return Err((index, Violation::TooManyElements));
+                        }
+                        _ => {}
+                    }
+                }
+                _ => return Err((index, Violation::BadLength)),
+            }
+        }
+        self.state = State::Length {
+            framing,
+            value,
+            digits,
+            negative,
+            cr,
+        };
+        Ok((window.len(), false))
     }
 
     /// The `\n` at `index` ended a length: what it announced starts.
