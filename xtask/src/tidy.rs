@@ -18,12 +18,13 @@ use std::process::Command;
 use serde::Deserialize;
 
 /// The crates that must stay pure (ARCHITECTURE: "Architecture invariant").
-const POLICY_CRATES: [&str; 5] = [
+const POLICY_CRATES: [&str; 6] = [
     "keypool-core",
     "keypool-selector",
     "keypool-cooldown",
     "keypool-sse",
     "keypool-providers",
+    "keypool-ledger",
 ];
 
 /// Crates that do I/O: none of them may be a dependency of a policy crate.

@@ -54,6 +54,18 @@ pub struct UtcDateTime {
 }
 
 impl UtcDateTime {
+    /// Days from 1970-01-01 to `year-month-day` (H. Hinnant's `days_from_civil`; negative
+    /// before the epoch): the inverse of the date part of [`UtcDateTime::from_unix_secs`].
+    pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+        let y = if month <= 2 { year - 1 } else { year };
+        let era = y.div_euclid(400);
+        let yoe = y - era * 400;
+        let m = i64::from(month);
+        let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(day) - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        era * 146_097 + doe - 719_468
+    }
+
     /// The UTC date and time `secs` seconds after the unix epoch (H. Hinnant's
     /// `civil_from_days`): the one calendar conversion of the workspace, for log
     /// timestamps and the dates in error messages.
@@ -93,6 +105,11 @@ impl AccountId {
 
     /// The id as a string slice.
     pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The shared string behind the id (cloning it is a reference-count increment).
+    pub fn as_arc(&self) -> &Arc<str> {
         &self.0
     }
 }
@@ -227,6 +244,30 @@ impl Provider {
     /// accounts of the others must name their `base_url`.
     pub const fn has_default_base_url(self) -> bool {
         matches!(self, Self::Anthropic)
+    }
+}
+
+/// The tokens one answer used, as the upstream reported them (SPEC 8, 11): the four
+/// kinds Anthropic bills separately.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Usage {
+    /// `input_tokens`: input not read from nor written to the prompt cache.
+    pub input_tokens: u64,
+    /// `output_tokens`.
+    pub output_tokens: u64,
+    /// `cache_creation_input_tokens`: input written to the prompt cache.
+    pub cache_creation_input_tokens: u64,
+    /// `cache_read_input_tokens`: input read from the prompt cache.
+    pub cache_read_input_tokens: u64,
+}
+
+impl Usage {
+    /// All four kinds summed (what token limits count).
+    pub const fn total(&self) -> u64 {
+        self.input_tokens
+            .saturating_add(self.output_tokens)
+            .saturating_add(self.cache_creation_input_tokens)
+            .saturating_add(self.cache_read_input_tokens)
     }
 }
 

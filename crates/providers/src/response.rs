@@ -13,18 +13,7 @@ use serde::{Deserialize, Serialize};
 /// Longest upstream error type or message kept, in bytes (cut at a character boundary).
 pub const MAX_UPSTREAM_ERROR_TEXT: usize = 1024;
 
-/// Token usage of one answer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Usage {
-    /// `input_tokens`.
-    pub input_tokens: u64,
-    /// `output_tokens`.
-    pub output_tokens: u64,
-    /// `cache_creation_input_tokens`.
-    pub cache_creation_input_tokens: u64,
-    /// `cache_read_input_tokens`.
-    pub cache_read_input_tokens: u64,
-}
+pub use keypool_core::Usage;
 
 /// The usage fields one JSON object carried; absent fields are `None`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -39,24 +28,25 @@ pub struct UsageUpdate {
     pub cache_read_input_tokens: Option<u64>,
 }
 
-impl Usage {
-    /// Overwrites the fields `update` carries. Anthropic's counts are cumulative (the
-    /// `output_tokens` of `message_delta` is the total so far), so the latest value wins.
-    pub fn apply(&mut self, update: &UsageUpdate) {
+impl UsageUpdate {
+    /// Writes the fields this update carries into `usage`. Anthropic's counts are
+    /// cumulative (the `output_tokens` of `message_delta` is the total so far), so the
+    /// latest value wins.
+    pub fn apply_to(&self, usage: &mut Usage) {
         let set = |field: &mut u64, value: Option<u64>| {
             if let Some(value) = value {
                 *field = value;
             }
         };
-        set(&mut self.input_tokens, update.input_tokens);
-        set(&mut self.output_tokens, update.output_tokens);
+        set(&mut usage.input_tokens, self.input_tokens);
+        set(&mut usage.output_tokens, self.output_tokens);
         set(
-            &mut self.cache_creation_input_tokens,
-            update.cache_creation_input_tokens,
+            &mut usage.cache_creation_input_tokens,
+            self.cache_creation_input_tokens,
         );
         set(
-            &mut self.cache_read_input_tokens,
-            update.cache_read_input_tokens,
+            &mut usage.cache_read_input_tokens,
+            self.cache_read_input_tokens,
         );
     }
 }
@@ -89,7 +79,7 @@ pub fn usage_from_json_body(body: &[u8]) -> Option<Usage> {
         (None, None) => return None,
     };
     let mut usage = Usage::default();
-    usage.apply(&update);
+    update.apply_to(&mut usage);
     Some(usage)
 }
 
@@ -194,7 +184,7 @@ pub fn check_answer_body(
     };
     Ok(update.map(|update| {
         let mut usage = Usage::default();
-        usage.apply(&update);
+        update.apply_to(&mut usage);
         usage
     }))
 }
@@ -244,7 +234,7 @@ impl StreamUsage {
     pub fn observe(&mut self, frame: &Frame) -> bool {
         match usage_from_frame(frame) {
             Some(update) => {
-                self.usage.apply(&update);
+                update.apply_to(&mut self.usage);
                 self.seen = true;
                 true
             }

@@ -651,17 +651,6 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
-/// Converts a `YYYY-MM-DD` civil date to unix days (proleptic Gregorian, UTC).
-pub(crate) fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(month);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 /// Unix milliseconds; helper for callers that keep time in `UnixMs`.
 pub(crate) fn secs_to_ms(secs: u64) -> UnixMs {
     secs.saturating_mul(1000)

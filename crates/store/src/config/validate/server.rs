@@ -7,9 +7,7 @@ use std::str::FromStr;
 
 use super::{Issues, parse_named, resolve_secret};
 use crate::config::raw::{RawRating, RawServer};
-use crate::config::{
-    RatingSettings, ServerSettings, StreamCommit, Threshold, days_from_civil, secs_to_ms,
-};
+use crate::config::{RatingSettings, ServerSettings, StreamCommit, Threshold, secs_to_ms};
 
 /// The most serving threads `[server] workers` accepts.
 const MAX_WORKERS: i64 = 1024;
@@ -392,5 +390,5 @@ fn parse_date_end(v: &toml::Value) -> Option<u64> {
     if !(1970..=9999).contains(&y) || d == 0 || d > days_in_month {
         return None;
     }
-    u64::try_from(days_from_civil(y, m, d) * 86_400 + 86_399).ok()
+    u64::try_from(keypool_core::UtcDateTime::days_from_civil(y, m, d) * 86_400 + 86_399).ok()
 }

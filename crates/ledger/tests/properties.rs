@@ -1,0 +1,163 @@
+//! Properties of the aggregates: every record is counted once in each of its
+//! aggregates, and the deltas a shared store takes add up to exactly what was recorded,
+//! whatever the store's failures.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use keypool_core::{AccountId, Usage};
+use keypool_ledger::*;
+use proptest::prelude::*;
+
+const T0: u64 = 1_796_126_400_000; // 2026-12-01T12:00:00Z
+
+fn record(
+    caller: u8,
+    account: Option<u8>,
+    model: u8,
+    tokens: u64,
+    cost: u64,
+    at: u64,
+) -> UsageRecord {
+    UsageRecord {
+        request_id: Arc::from("r"),
+        at,
+        org: Arc::from(if caller.is_multiple_of(2) { "acme" } else { "globex" }),
+        url: Arc::from("team"),
+        caller: CallerRef {
+            kind: CallerKind::User,
+            id: Arc::from(format!("k{caller}")),
+        },
+        endpoint: "messages".into(),
+        model: Some(Arc::from(format!("m{model}"))),
+        model_sent: Some(Arc::from(format!("m{model}"))),
+        stream: false,
+        status: if account.is_some() { 200 } else { 503 },
+        account: account.map(|a| AccountId::from(format!("a{a}"))),
+        attempts: Vec::new(),
+        usage: Usage {
+            input_tokens: tokens,
+            output_tokens: tokens / 2,
+            cache_creation_input_tokens: tokens / 3,
+            cache_read_input_tokens: tokens / 5,
+        },
+        cost_nano_usd: cost,
+        cost_basis: CostBasis::Api,
+        ttft_ms: None,
+        total_ms: 1,
+        stream_end: None,
+    }
+}
+
+fn records() -> impl Strategy<Value = Vec<UsageRecord>> {
+    proptest::collection::vec(
+        (
+            0u8..4,
+            proptest::option::of(0u8..3),
+            0u8..3,
+            0u64..10_000,
+            0u64..1_000_000,
+            0u64..3 * 86_400_000,
+        ),
+        0..60,
+    )
+    .prop_map(|rows| {
+        rows.into_iter()
+            .map(|(c, a, m, t, cost, dt)| record(c, a, m, t, cost, T0 + dt))
+            .collect()
+    })
+}
+
+fn sum<'a>(totals: impl IntoIterator<Item = &'a Totals>) -> Totals {
+    let mut all = Totals::default();
+    for t in totals {
+        all.add(t);
+    }
+    all
+}
+
+proptest! {
+    /// For every period and dimension, the rows add up to the records of that period
+    /// that have the dimension (every request has a caller and a model; only served
+    /// ones an account).
+    #[test]
+    fn rows_add_up_to_their_records(records in records()) {
+        let aggregates = Aggregates::new(false);
+        for r in &records {
+            aggregates.record(r);
+        }
+        let periods: Vec<Period> = records
+            .iter()
+            .flat_map(|r| [Period::Day(Day::of(r.at)), Period::Month(Month::of(r.at))])
+            .collect();
+        for period in periods {
+            for dimension in Dimension::ALL {
+                let rows = aggregates.rows(period, dimension);
+                let expected: Vec<Totals> = records
+                    .iter()
+                    .filter(|r| match period {
+                        Period::Day(d) => Day::of(r.at) == d,
+                        Period::Month(m) => Month::of(r.at) == m,
+                    })
+                    .filter(|r| dimension != Dimension::Account || r.account.is_some())
+                    .map(Totals::of)
+                    .collect();
+                prop_assert_eq!(sum(rows.iter().map(|r| &r.2)), sum(&expected));
+            }
+        }
+    }
+
+    /// A shared store that takes the deltas at random moments and fails some of its
+    /// writes (the deltas given back) ends with exactly the recorded totals, once the
+    /// last deltas are taken: nothing lost, nothing counted twice.
+    #[test]
+    fn deltas_add_up_to_exactly_what_was_recorded(
+        records in records(),
+        flushes in proptest::collection::vec((0usize..60, any::<bool>()), 0..20),
+    ) {
+        let aggregates = Aggregates::new(true);
+        let mut store: HashMap<AggregateKey, Totals> = HashMap::new();
+        let mut flush = |ok: bool, aggregates: &Aggregates| {
+            let deltas = aggregates.take_deltas();
+            if ok {
+                for (k, t) in deltas {
+                    store.entry(k).or_default().add(&t);
+                }
+            } else {
+                aggregates.restore_deltas(deltas);
+            }
+        };
+        for (i, r) in records.iter().enumerate() {
+            aggregates.record(r);
+            for (at, ok) in &flushes {
+                if *at == i {
+                    flush(*ok, &aggregates);
+                }
+            }
+        }
+        flush(true, &aggregates);
+        prop_assert_eq!(aggregates.pending(), 0);
+        let mut local: Vec<_> = aggregates.export();
+        local.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut shared: Vec<_> = store.into_iter().collect();
+        shared.sort_by(|a, b| a.0.cmp(&b.0));
+        prop_assert_eq!(local, shared);
+    }
+}
+
+#[test]
+fn old_periods_are_pruned_and_recent_ones_kept() {
+    let aggregates = Aggregates::new(false);
+    aggregates.record(&record(0, Some(0), 0, 10, 5, T0));
+    let later = T0 + 401 * 86_400_000;
+    aggregates.record(&record(0, Some(0), 0, 10, 5, later));
+    aggregates.prune(later, 400);
+    let periods: Vec<Period> = aggregates.export().iter().map(|(k, _)| k.period).collect();
+    assert!(
+        periods
+            .iter()
+            .all(|p| p.end() > Day::of(later).minus(400).start())
+    );
+    assert!(periods.contains(&Period::Day(Day::of(later))));
+    assert!(!periods.contains(&Period::Day(Day::of(T0))));
+}
