@@ -172,6 +172,18 @@ impl Aggregates {
         }
     }
 
+    /// The deltas waiting of `period` and `dimension`, left in place.
+    pub fn peek_deltas(&self, period: Period, dimension: Dimension) -> Vec<(AggregateKey, Totals)> {
+        self.deltas.as_ref().map_or_else(Vec::new, |d| {
+            d.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .filter(|(k, _)| k.period == period && k.dimension == dimension)
+                .map(|(k, t)| (k.clone(), *t))
+                .collect()
+        })
+    }
+
     /// How many aggregates have deltas waiting.
     pub fn pending(&self) -> usize {
         self.deltas.as_ref().map_or(0, |d| {

@@ -22,7 +22,11 @@ fn record(
     UsageRecord {
         request_id: Arc::from("r"),
         at,
-        org: Arc::from(if caller.is_multiple_of(2) { "acme" } else { "globex" }),
+        org: Arc::from(if caller.is_multiple_of(2) {
+            "acme"
+        } else {
+            "globex"
+        }),
         url: Arc::from("team"),
         caller: CallerRef {
             kind: CallerKind::User,

@@ -62,6 +62,8 @@
 //!   Redis mirror and its reply guard ([`state::resp_guard`]).
 //! - [`store`]: [`Store`]: live config (`ArcSwap`), snapshots, state writes that are
 //!   mirrored, readiness.
+//! - [`usage`]: the usage ledger's books ([`usage::UsageBook`]) and the store's usage
+//!   methods (record, totals, recent requests, lookup; Redis batches exactly once).
 //! - [`testing`]: a per-test `redis-server`, a fake Redis that misbehaves on demand and
 //!   temp folders, for this crate's tests and the end-to-end suites.
 
@@ -75,6 +77,7 @@ pub mod snapshot;
 pub mod state;
 pub mod store;
 pub mod testing;
+pub mod usage;
 
 pub use error::StoreError;
 pub use snapshot::{CandidateSignals, KeptSurvivors, Snapshot};

@@ -26,6 +26,7 @@ use crate::snapshot::Snapshot;
 use crate::state::file::{self, StateFileLoad};
 use crate::state::redis::{RedisMirror, StateEvent};
 use crate::state::{RuntimeState, StateExport};
+use crate::usage::UsageBook;
 
 type RedisReceivers = (
     tokio::sync::mpsc::Receiver<StateEvent>,
@@ -109,6 +110,7 @@ struct Inner {
     sessions: SessionBook,
     slots: SlotBook,
     last_purged: AtomicU64,
+    last_pruned: AtomicU64,
 }
 
 /// How the state file's writes went: the last failure (cleared by a success) and the
@@ -154,6 +156,9 @@ impl StateFileHealth {
     }
 }
 
+/// How often usage totals past their retention are dropped from memory.
+const USAGE_PRUNE_MS: u64 = 3_600_000;
+
 /// How often expired session bindings are dropped from memory.
 const SESSION_PURGE_MS: u64 = 10_000;
 
@@ -198,8 +203,9 @@ impl Store {
         let now = now_ms();
         let health = PoolHealth::new(config.cooldown().clone());
         let rating = RatingEngine::try_new(config.rating()).unwrap_or_default();
-        let state = RuntimeState::new(health, rating);
         let settings = config.server().clone();
+        let usage = UsageBook::new(config.usage().recent_requests, settings.redis_url.is_some());
+        let state = RuntimeState::new(health, rating, usage);
         let (backend, boot, writes) = match &settings.redis_url {
             Some(url) => {
                 let timeout = Duration::from_millis(settings.redis_timeout_ms);
@@ -263,6 +269,7 @@ impl Store {
             sessions: SessionBook::new(),
             slots,
             last_purged: AtomicU64::new(now),
+            last_pruned: AtomicU64::new(0),
             config: ArcSwap::from_pointee(config),
             state,
             snapshots: DashMap::new(),
@@ -439,6 +446,19 @@ impl Store {
     /// Records that `account` served a request at `now` (the snapshot's `last_used`).
     pub fn mark_used(&self, account: &AccountId, now: UnixMs) {
         self.inner.state.mark_used(account, now);
+    }
+
+    /// The runtime state (the books and the usage ledger).
+    pub(crate) fn runtime(&self) -> &RuntimeState {
+        &self.inner.state
+    }
+
+    /// The Redis mirror, when Redis is configured.
+    pub(crate) fn redis(&self) -> Option<&Arc<RedisMirror>> {
+        match &self.inner.backend {
+            Backend::Redis(mirror) => Some(mirror),
+            Backend::Memory { .. } => None,
+        }
     }
 
     /// The health books (cooldowns, disabled, windows, breakers) for synchronous reads.
@@ -721,9 +741,15 @@ impl Store {
 
     /// The periodic work due at `now` (the background task calls this every 200 ms):
     /// the state-file snapshot every `state_snapshot_interval`; with Redis, the
-    /// reconciliation when it is due, else the rating sync every interval.
+    /// reconciliation when it is due, else the usage flush (every tick) and the rating
+    /// sync every interval; once an hour, usage totals past their retention go.
     pub async fn maintain(&self, now: UnixMs) {
         self.inner.slots.renew_due(now).await;
+        if now.saturating_sub(self.inner.last_pruned.load(Ordering::Relaxed)) >= USAGE_PRUNE_MS {
+            self.inner.last_pruned.store(now, Ordering::Relaxed);
+            let retention = self.config().usage().retention_days;
+            self.inner.state.usage.aggregates.prune(now, retention);
+        }
         if now.saturating_sub(self.inner.last_purged.load(Ordering::Relaxed)) >= SESSION_PURGE_MS {
             self.inner.last_purged.store(now, Ordering::Relaxed);
             self.inner.sessions.purge(now);
@@ -744,13 +770,18 @@ impl Store {
                         Ok(()) => tracing::info!("redis answers; state reconciled"),
                         Err(e) => tracing::debug!(error = %e, "redis still unavailable"),
                     }
-                } else if due {
-                    self.inner.last_saved.store(now, Ordering::Relaxed);
-                    let rating = &self.inner.state.rating;
-                    if mirror.push_rating(&rating.export(now)).await.is_ok()
-                        && let Ok(remote) = mirror.pull_rating().await
-                    {
-                        rating.import(&remote);
+                } else {
+                    if mirror.ready() {
+                        self.flush_usage(mirror).await;
+                    }
+                    if due {
+                        self.inner.last_saved.store(now, Ordering::Relaxed);
+                        let rating = &self.inner.state.rating;
+                        if mirror.push_rating(&rating.export(now)).await.is_ok()
+                            && let Ok(remote) = mirror.pull_rating().await
+                        {
+                            rating.import(&remote);
+                        }
                     }
                 }
             }
@@ -785,6 +816,9 @@ impl Store {
                 outcome
             }
             Backend::Redis(m) => {
+                if m.ready() {
+                    self.flush_usage(m).await;
+                }
                 let state = &self.inner.state;
                 m.push(&state.health.export(now), &state.rating.export(now), now)
                     .await

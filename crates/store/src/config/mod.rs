@@ -534,6 +534,31 @@ pub struct Config {
     pub(crate) accounts: HashMap<AccountId, Arc<Account>>,
     pub(crate) keys_by_hash: HashMap<KeyHash, Arc<LbKey>>,
     pub(crate) legacy: HashMap<Arc<str>, LegacyEntry>,
+    pub(crate) prices: keypool_ledger::PriceTable,
+    pub(crate) usage: UsageSettings,
+}
+
+/// `[usage]`: how much of the usage ledger is kept (SPEC 11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageSettings {
+    /// Usage records kept for `GET /admin/requests` (`recent_requests`); `0` keeps
+    /// none.
+    pub recent_requests: usize,
+    /// Days the per-day and per-month totals are kept (`retention_days`).
+    pub retention_days: u32,
+    /// Whether keypool's default Claude prices follow the operator's `[[prices]]`
+    /// (`default_prices`).
+    pub default_prices: bool,
+}
+
+impl Default for UsageSettings {
+    fn default() -> Self {
+        Self {
+            recent_requests: 10_000,
+            retention_days: 400,
+            default_prices: true,
+        }
+    }
 }
 
 impl Config {
@@ -581,6 +606,15 @@ impl Config {
     /// The admin settings.
     pub fn admin(&self) -> &AdminSettings {
         &self.admin
+    }
+    /// The model prices (`[[prices]]`, then keypool's defaults unless
+    /// `[usage] default_prices = false`).
+    pub fn prices(&self) -> &keypool_ledger::PriceTable {
+        &self.prices
+    }
+    /// `[usage]`.
+    pub fn usage(&self) -> &UsageSettings {
+        &self.usage
     }
     /// An org by slug.
     pub fn org(&self, slug: &str) -> Option<&Arc<Org>> {

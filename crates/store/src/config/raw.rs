@@ -31,6 +31,30 @@ pub(crate) struct RawConfig {
     pub urls: Vec<RawUrl>,
     #[serde(default)]
     pub keys: Vec<RawKey>,
+    #[serde(default)]
+    pub prices: Vec<RawPrice>,
+    #[serde(default)]
+    pub usage: RawUsage,
+}
+
+/// One `[[prices]]` element: a model glob and USD per million tokens of each kind.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPrice {
+    pub model: String,
+    pub input: f64,
+    pub output: f64,
+    pub cache_write: Option<f64>,
+    pub cache_read: Option<f64>,
+}
+
+/// `[usage]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUsage {
+    pub recent_requests: Option<i64>,
+    pub retention_days: Option<i64>,
+    pub default_prices: Option<bool>,
 }
 
 /// `[server]`.

@@ -12,12 +12,16 @@ pub(crate) mod redis;
 pub mod resp_guard;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 use keypool_cooldown::{HealthExport, ImportCounts, PoolHealth};
 use keypool_core::{AccountId, UnixMs};
+use keypool_ledger::{AggregateKey, Totals, UsageRecord};
 use keypool_selector::{MemoryCounter, RatingEngine, RatingState};
+
+use crate::usage::UsageBook;
 use serde::{Deserialize, Serialize};
 
 pub use file::StateFileLoad;
@@ -41,6 +45,19 @@ pub struct StateExport {
     pub counters: BTreeMap<String, u64>,
     /// When each account last served, unix ms.
     pub last_used: BTreeMap<AccountId, UnixMs>,
+    /// The usage ledger: totals and recent records (absent in files of older versions).
+    #[serde(default)]
+    pub usage: UsageExport,
+}
+
+/// The usage ledger's persisted part.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageExport {
+    /// Totals per period, dimension, org and key.
+    pub aggregates: Vec<(AggregateKey, Totals)>,
+    /// The recent records, oldest first.
+    pub recent: Vec<Arc<UsageRecord>>,
 }
 
 /// The in-memory runtime state: the request path's source of truth.
@@ -52,16 +69,19 @@ pub struct RuntimeState {
     pub rating: RatingEngine,
     /// Local rotation counters by pool key (the fallback when Redis is configured).
     pub counters: MemoryCounter,
+    /// The usage ledger's books.
+    pub usage: UsageBook,
     last_used: DashMap<AccountId, AtomicU64>,
 }
 
 impl RuntimeState {
     /// Empty state with the given books.
-    pub fn new(health: PoolHealth, rating: RatingEngine) -> Self {
+    pub fn new(health: PoolHealth, rating: RatingEngine, usage: UsageBook) -> Self {
         Self {
             health,
             rating,
             counters: MemoryCounter::new(),
+            usage,
             last_used: DashMap::new(),
         }
     }
@@ -98,6 +118,10 @@ impl RuntimeState {
                 .iter()
                 .map(|e| (e.key().clone(), e.value().load(Ordering::Relaxed)))
                 .collect(),
+            usage: UsageExport {
+                aggregates: self.usage.aggregates.export(),
+                recent: self.usage.recent.export(),
+            },
         }
     }
 
@@ -111,6 +135,10 @@ impl RuntimeState {
         }
         for (id, at) in &export.last_used {
             self.mark_used(id, *at);
+        }
+        self.usage.aggregates.import(export.usage.aggregates);
+        for record in export.usage.recent {
+            self.usage.recent.push(record);
         }
         self.health.import(export.health, now)
     }

@@ -12,6 +12,10 @@
 //! | `keypool:counter:{org/group}` | integer | `INCR` rotation counter |
 //! | `keypool:session:{org/url/session}` | string, `PX` TTL | the bound account id (session affinity) |
 //! | `keypool:leases:{account}` | sorted set lease → expiry (unix ms) | concurrency slots held by every replica |
+//! | `keypool:{usage}:d:{day}:{dimension}`, `…:m:{month}:{dimension}` | hash `[org, key, field]` → count | usage totals of all replicas (`HINCRBY` by one script per batch); expires `retention_days` after its period |
+//! | `keypool:{usage}:batch:{replica}:{seq}` | string, 7 d | a usage batch already added (so a retry is not added twice) |
+//! | `keypool:{requests}:recent` | list of JSON `UsageRecord` | the newest records of all replicas, kept to `recent_requests` |
+//! | `keypool:request:{id}` | string, 7 d | one JSON `UsageRecord`, for lookup by request id |
 //! | channel `keypool:events` | pub/sub | JSON [`Envelope`] after every mirrored write |
 //!
 //! Every operation is bounded by `redis_timeout_ms`; a failure or timeout marks the
@@ -34,20 +38,21 @@
 //! crash `fred`'s decoder (see [`super::resp_guard`]). So only `redis://` URLs of one
 //! server are supported ([`redis_target`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use fred::clients::{Client, SubscriberClient};
 use fred::prelude::{
     ClientLike, Config as FredConfig, EventInterface, Expiration, HashesInterface, KeysInterface,
-    PubsubInterface, ReconnectPolicy, SortedSetsInterface,
+    ListInterface, PubsubInterface, ReconnectPolicy, SortedSetsInterface,
 };
 use fred::types::{Builder, ConnectHandle};
 use keypool_cooldown::{CooldownRecord, DisabledRecord, HealthExport, WindowRecord};
 use keypool_core::{AccountId, UnixMs};
+use keypool_ledger::{AggregateKey, Dimension, Period, Totals, UsageRecord};
 use keypool_selector::{AccountRatingState, RatingState};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -703,4 +708,177 @@ fn window_key(account: &AccountId) -> String {
 
 fn to_json<T: Serialize>(v: &T) -> Result<String, StoreError> {
     serde_json::to_string(v).map_err(|e| StoreError::Redis(format!("cannot encode state: {e}")))
+}
+
+/// Adds one batch of usage deltas exactly once. KEYS[1] = the batch's dedupe key,
+/// KEYS[2..] = the hashes; ARGV[1] = how long the dedupe key lives (s), then per hash
+/// its expiry (unix s) and its number of increments, then the (field, delta) pairs of
+/// every hash in order. Returns 1 when applied, 0 when this batch was applied already
+/// (a retry after a lost answer).
+const ADD_USAGE: &str = "if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end \
+local a = 2 \
+for k = 2, #KEYS do \
+  local expiry = ARGV[a] local n = tonumber(ARGV[a + 1]) a = a + 2 \
+  for i = 1, n do redis.call('HINCRBY', KEYS[k], ARGV[a], ARGV[a + 1]) a = a + 2 end \
+  redis.call('EXPIREAT', KEYS[k], expiry) \
+end \
+return 1";
+
+/// How long a usage batch's dedupe key lives: longer than any retry of that batch.
+const USAGE_BATCH_DEDUPE_SECS: u64 = 7 * 86_400;
+
+/// How long a request's record can be looked up by id in Redis.
+pub(crate) const REQUEST_RECORD_TTL_SECS: u64 = 7 * 86_400;
+
+/// The usage hash of a period and dimension. Every usage key carries the hash tag
+/// `{usage}`, so that one script can add a whole batch on a Redis Cluster.
+fn usage_key(period: Period, dimension: Dimension) -> String {
+    let p = match period {
+        Period::Day(d) => format!("d:{d}"),
+        Period::Month(m) => format!("m:{m}"),
+    };
+    format!("{PREFIX}{{usage}}:{p}:{}", dimension.as_str())
+}
+
+/// A usage hash field: the aggregate's org and key and one totals field, as a JSON
+/// array (any characters in a model name or key id stay unambiguous).
+fn usage_field(org: &str, key: &str, field: &str) -> String {
+    serde_json::json!([org, key, field]).to_string()
+}
+
+const RECENT_REQUESTS_KEY: &str = "keypool:{requests}:recent";
+
+fn request_key(id: &str) -> String {
+    format!("{PREFIX}request:{id}")
+}
+
+impl RedisMirror {
+    /// Adds a batch of usage deltas once (`seq` names it: a retry of the same batch is
+    /// not added again). Each hash expires `retention_days` after its period ends.
+    pub(crate) async fn add_usage(
+        &self,
+        seq: u64,
+        deltas: &HashMap<AggregateKey, Totals>,
+        retention_days: u32,
+    ) -> Result<(), StoreError> {
+        if deltas.is_empty() {
+            return Ok(());
+        }
+        let mut by_hash: BTreeMap<(Period, Dimension), Vec<(&AggregateKey, &Totals)>> =
+            BTreeMap::new();
+        for (key, totals) in deltas {
+            by_hash
+                .entry((key.period, key.dimension))
+                .or_default()
+                .push((key, totals));
+        }
+        let dedupe = format!("{PREFIX}{{usage}}:batch:{}:{seq}", self.origin);
+        let mut keys = vec![dedupe.clone()];
+        let mut args = vec![USAGE_BATCH_DEDUPE_SECS.to_string()];
+        for ((period, dimension), rows) in &by_hash {
+            keys.push(usage_key(*period, *dimension));
+            let expiry = period.end() / 1000 + u64::from(retention_days) * 86_400;
+            let increments: Vec<(String, u64)> = rows
+                .iter()
+                .flat_map(|(key, totals)| {
+                    Totals::FIELDS
+                        .iter()
+                        .zip(totals.fields())
+                        .filter(|(_, v)| *v > 0)
+                        .map(|(f, v)| (usage_field(&key.org, &key.key, f), v))
+                })
+                .collect();
+            args.push(expiry.to_string());
+            args.push(increments.len().to_string());
+            for (field, delta) in increments {
+                args.push(field);
+                args.push(delta.to_string());
+            }
+        }
+        let cmd = fred::types::CustomCommand::new_static("EVAL", dedupe.as_str(), false);
+        let mut all = vec![ADD_USAGE.to_owned(), keys.len().to_string()];
+        all.extend(keys);
+        all.extend(args);
+        let _: i64 = self.bounded(self.client.custom(cmd, all)).await?;
+        Ok(())
+    }
+
+    /// Every aggregate of `period` and `dimension` all replicas added.
+    pub(crate) async fn usage_rows(
+        &self,
+        period: Period,
+        dimension: Dimension,
+    ) -> Result<HashMap<(Arc<str>, Arc<str>), Totals>, StoreError> {
+        let hash: HashMap<String, u64> = self
+            .bounded(self.client.hgetall(usage_key(period, dimension)))
+            .await?;
+        let mut rows: HashMap<(Arc<str>, Arc<str>), Totals> = HashMap::new();
+        for (field, value) in hash {
+            let Ok((org, key, name)) = serde_json::from_str::<(String, String, String)>(&field)
+            else {
+                continue;
+            };
+            let one = Totals::from_fields([(name.as_str(), value)]);
+            rows.entry((Arc::from(org), Arc::from(key)))
+                .or_default()
+                .add(&one);
+        }
+        Ok(rows)
+    }
+
+    /// Writes usage records: each by id (for `GET /admin/requests/{id}` on any
+    /// replica) and at the head of the shared list of recent ones (kept to `keep`).
+    pub(crate) async fn push_records(
+        &self,
+        records: &[Arc<UsageRecord>],
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut jsons = Vec::with_capacity(records.len());
+        for record in records {
+            let json = to_json(record.as_ref())?;
+            let ttl = i64::try_from(REQUEST_RECORD_TTL_SECS).unwrap_or(i64::MAX);
+            let _: Option<String> = self
+                .bounded(self.client.set(
+                    request_key(&record.request_id),
+                    json.as_str(),
+                    Some(Expiration::EX(ttl)),
+                    None,
+                    false,
+                ))
+                .await?;
+            jsons.push(json);
+        }
+        let _: i64 = self
+            .bounded(self.client.lpush(RECENT_REQUESTS_KEY, jsons))
+            .await?;
+        let last = i64::try_from(keep.max(1)).unwrap_or(i64::MAX) - 1;
+        let _: String = self
+            .bounded(self.client.ltrim(RECENT_REQUESTS_KEY, 0, last))
+            .await?;
+        Ok(())
+    }
+
+    /// The newest `limit` records of every replica, newest first.
+    pub(crate) async fn recent_records(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<UsageRecord>, StoreError> {
+        let last = i64::try_from(limit.max(1)).unwrap_or(i64::MAX) - 1;
+        let list: Vec<String> = self
+            .bounded(self.client.lrange(RECENT_REQUESTS_KEY, 0, last))
+            .await?;
+        Ok(list
+            .iter()
+            .filter_map(|json| serde_json::from_str(json).ok())
+            .collect())
+    }
+
+    /// The record of request `id`, when any replica wrote it.
+    pub(crate) async fn record(&self, id: &str) -> Result<Option<UsageRecord>, StoreError> {
+        let json: Option<String> = self.bounded(self.client.get(request_key(id))).await?;
+        Ok(json.and_then(|j| serde_json::from_str(&j).ok()))
+    }
 }

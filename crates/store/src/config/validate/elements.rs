@@ -6,8 +6,8 @@ use serde::de::DeserializeOwned;
 
 use super::Issues;
 use crate::config::raw::{
-    RawAccount, RawAdmin, RawConfig, RawGroup, RawKey, RawOrg, RawRating, RawServer, RawUrl,
-    field_names,
+    RawAccount, RawAdmin, RawConfig, RawGroup, RawKey, RawOrg, RawPrice, RawRating, RawServer,
+    RawUrl, RawUsage, field_names,
 };
 
 /// The document's sections as written, each element deserialised on its own with its
@@ -20,6 +20,8 @@ pub(super) struct Sections {
     pub groups: Vec<(usize, RawGroup)>,
     pub urls: Vec<(usize, RawUrl)>,
     pub keys: Vec<(usize, RawKey)>,
+    pub prices: Vec<(usize, RawPrice)>,
+    pub usage: RawUsage,
 }
 
 /// Reads every section of `table`, reporting unknown and mistyped keys.
@@ -38,6 +40,10 @@ pub(super) fn read_sections(table: &toml::Table, issues: &mut Issues) -> Section
     {
         raw.admin = a;
     }
+    let usage = table
+        .get("usage")
+        .and_then(|v| check_element::<RawUsage>(v, "usage", issues))
+        .unwrap_or_default();
     Sections {
         raw,
         cooldown,
@@ -46,6 +52,8 @@ pub(super) fn read_sections(table: &toml::Table, issues: &mut Issues) -> Section
         groups: elements::<RawGroup>(table, "groups", issues),
         urls: elements::<RawUrl>(table, "urls", issues),
         keys: elements::<RawKey>(table, "keys", issues),
+        prices: elements::<RawPrice>(table, "prices", issues),
+        usage,
     }
 }
 

@@ -10,6 +10,7 @@
 //!   mistyped keys, syntax errors).
 //! - `server`: `[server]` and `[server.rating]`.
 //! - `orgs`, `accounts`, `groups`, `urls`, `keys`: the array sections.
+//! - `prices`: `[[prices]]` and `[usage]`.
 //! - here: the orchestration, the shared [`Context`], and the value checks more than
 //!   one section uses (route segments, names, secrets).
 
@@ -18,6 +19,7 @@ mod elements;
 mod groups;
 mod keys;
 mod orgs;
+mod prices;
 mod server;
 mod urls;
 
@@ -151,6 +153,8 @@ pub(super) fn parse_and_validate(
     groups::validate(&sections.groups, &mut ctx, &mut issues);
     let orphan_urls = urls::validate(&sections.urls, &mut ctx, &mut issues);
     let keys_by_hash = keys::validate(&sections.keys, &ctx, &mut issues);
+    let usage = prices::validate_usage(&sections.usage, &mut issues);
+    let price_table = prices::validate_prices(&sections.prices, &usage, &mut issues);
 
     let Some(server) = server else {
         return Err(ConfigErrors(issues.0));
@@ -188,6 +192,8 @@ pub(super) fn parse_and_validate(
         accounts,
         keys_by_hash,
         legacy,
+        prices: price_table,
+        usage,
     })
 }
 
