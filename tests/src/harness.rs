@@ -11,6 +11,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
 use keypool_core::AccountId;
 use keypool_proxy::{App, ProxyError};
 use keypool_sim::{Script, Sim, SimConfig, SimHandle};
@@ -459,6 +461,19 @@ impl Harness {
     /// Sends a default streaming message through the pool and reads it to the end.
     pub async fn send_stream(&self) -> Reply {
         self.messages(&message_body(MODEL, true)).send().await
+    }
+
+    /// Answers `request` in process with [`App::handle`] (no socket, no HTTP client):
+    /// for property tests that send many inputs, some of which an HTTP client would
+    /// refuse to write. `request`'s URI is a path (`/acme/team/v1/messages`).
+    pub async fn handle(&self, request: http::Request<Full<Bytes>>) -> Reply {
+        let (parts, body) = self.app.handle(request).await.into_parts();
+        let Ok(body) = body.collect().await;
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.to_bytes(),
+        }
     }
 
     /// How many requests the simulator received, per account id, in the order given.
