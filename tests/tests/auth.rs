@@ -567,7 +567,8 @@ async fn legacy_route_after_its_removal_date_is_410_naming_the_new_form() {
         .send()
         .await;
     let message = r.assert_keypool_error(410, "invalid_request_error");
-    assert!(message.contains("/team/v1/messages"), "{message}");
+    assert!(message.contains("/{org}/team/v1/messages"), "{message}");
+    assert_eq!(r.header("deprecation"), Some("true"));
     assert_eq!(r.header("sunset"), Some("Wed, 01 Jan 2020 23:59:59 GMT"));
     // the org-scoped route keeps working
     assert_eq!(h.send_message().await.status, 200);
@@ -586,13 +587,33 @@ async fn health_and_readiness() {
             .await;
         assert_eq!(r.status, 200, "GET {path}: {}", r.text());
     }
+    // one answered request and one unknown route, then what the scraper sees
+    assert_eq!(h.send_message().await.status, 200);
+    let r = h
+        .client()
+        .post(h.url("/nosuchorg/team/v1/messages"))
+        .api_key(&h.key("alice"))
+        .json(&body())
+        .send()
+        .await;
+    assert_eq!(r.status, 404);
     let r = h
         .client()
         .request(http::Method::GET, h.url("/metrics"))
         .send()
         .await;
     assert_eq!(r.status, 200);
-    assert!(r.text().contains("keypool_requests_total"));
+    let metrics = r.text();
+    for series in [
+        r#"keypool_requests_total{org="acme",url="team",status="200"} 1"#,
+        r#"keypool_requests_total{org="-",url="-",status="404"} 1"#,
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
+    assert!(
+        !metrics.contains("sk-lb-") && !metrics.contains("sk-ant-"),
+        "{metrics}"
+    );
     h.finish().await;
 }
 

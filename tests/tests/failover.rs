@@ -61,6 +61,15 @@ async fn failover_429_529_200_one_attempt_each_in_plan_order_with_spec6_cooldown
     let r = h.send_message().await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["type"], "message");
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert!(
+        r.header("x-request-id")
+            .is_some_and(|id| id.starts_with("req_kp_")),
+        "keypool's own request id: {:?}",
+        r.header("x-request-id")
+    );
+    // nothing of the upstream's own identifiers reaches the client
+    assert_eq!(r.header("request-id"), None);
     assert_eq!(h.upstream_order(), ["a", "b", "c"]);
     let a = h.cooldown("a").expect("a cools down after a plain 429");
     assert_eq!(a.trigger, Trigger::PlainRateLimit);
@@ -163,6 +172,21 @@ async fn one_bad_request_then_success_on_the_next_account() {
     .await;
     let r = h.send_message().await;
     assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(h.upstream_order(), ["a", "b"]);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn one_request_error_then_one_more_account() {
+    let h = Harness::with_accounts([
+        ("a", Script::new(Behaviour::status(400))),
+        ("b", Script::new(Behaviour::status(529))),
+        ("c", Script::ok()),
+    ])
+    .await;
+    // a: a request error; b: the one more account, fails; c is never tried
+    let r = h.send_message().await;
+    assert_generic_503(&r, 15);
     assert_eq!(h.upstream_order(), ["a", "b"]);
     h.finish().await;
 }
@@ -338,6 +362,47 @@ async fn terminal_402_carries_only_the_upstream_message() {
     h.finish().await;
 }
 
+#[tokio::test]
+async fn terminal_429_and_402_carry_only_the_upstream_message() {
+    let h = Harness::with_accounts([(
+        "a",
+        Script::new(
+            ErrorReply::rate_limited()
+                .message("Number of request tokens has exceeded your per-minute rate limit")
+                .retry_after_secs(90)
+                .header("anthropic-organization-id", "upstream-org"),
+        ),
+    )])
+    .await;
+    let r = h.send_message().await;
+    let message = r.assert_keypool_error(429, "rate_limit_error");
+    assert_eq!(
+        message,
+        "Number of request tokens has exceeded your per-minute rate limit"
+    );
+    assert_eq!(r.header("retry-after"), Some("90"));
+    assert_eq!(r.header("x-should-retry"), Some("false"), "90 s > 60 s");
+    assert_eq!(r.header("anthropic-organization-id"), None);
+    // the same account, out of its cooldown, now out of credit
+    h.sim()
+        .set_default("a", error(402, "credit balance too low"))
+        .unwrap();
+    h.store().clear_cooldown(&AccountId::from("a"));
+    let r = h.send_message().await;
+    let message = r.assert_keypool_error(402, "billing_error");
+    assert_eq!(message, "credit balance too low");
+    assert_eq!(r.header("retry-after"), None);
+    // 402 is a key error: the account is disabled (then the pool has nobody: 503)
+    assert!(
+        h.store()
+            .health()
+            .disabled
+            .is_disabled(&AccountId::from("a"))
+    );
+    assert_eq!(h.send_message().await.status, 503);
+    h.finish().await;
+}
+
 /// Serves one request per account so that each reports its window, then expects the
 /// immediate 429.
 async fn all_out_of_window(window: Window, name: &str) {
@@ -359,7 +424,10 @@ async fn all_out_of_window(window: Window, name: &str) {
     let r = h.send_message().await;
     let after = now_ms();
     let message = r.assert_keypool_error(429, "rate_limit_error");
-    assert!(message.contains(name), "names the {name} window: {message}");
+    assert!(
+        message.contains(&format!("{name} usage window")),
+        "names the {name} window: {message}"
+    );
     assert!(
         message.contains(&format_utc(reset_b * 1000)),
         "names the UTC time b returns: {message}"

@@ -177,6 +177,29 @@ async fn race_fires_both_at_once_and_the_first_to_commit_wins() {
     h.finish().await;
 }
 
+/// A race of two non-streaming answers: the first complete one wins, the other is
+/// aborted. b's `base_url` is p's with a trailing slash: another string (so a partner)
+/// for the same upstream, and served there.
+#[tokio::test]
+async fn race_fires_both_and_the_first_to_commit_wins() {
+    let h = warmed_pair("race", "p/").await;
+    h.sim()
+        .set_default("p", OkSpec::default().latency(Delay::ms(3_000)))
+        .unwrap();
+    h.sim()
+        .set_default("b", OkSpec::default().text("from-b"))
+        .unwrap();
+    let r = h.send_message().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("from-b"), "{}", r.text());
+    assert_eq!(h.requests_per_account(&["p", "b"]), [2, 1]);
+    h.wait_until("p's attempt is aborted", Duration::from_secs(5), |s| {
+        s.stats("p").unwrap().cancelled == 1
+    })
+    .await;
+    h.finish().await;
+}
+
 #[tokio::test]
 async fn race_never_runs_two_accounts_of_the_same_base_url_together() {
     // p and b share one base_url: no partner, the single path, one at a time.

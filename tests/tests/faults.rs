@@ -1,7 +1,8 @@
 //! Faults around keypool (SPEC 6, 9, 10): Redis killed and restarted during load, config
 //! reloads under load (in process and by `SIGHUP` on the real binary), `SIGTERM` under
 //! load on the real `keypool` binary, and restarts that keep cooldowns, windows and
-//! disabled flags with their absolute expiry (state file and Redis).
+//! disabled flags with their absolute expiry (state file and Redis); readiness with an
+//! unreachable Redis.
 //!
 //! The binary tests build `keypool` once (`cargo build -p keypool`, a no-op when it is
 //! up to date) and run it as a child process on a free loopback port, in front of an
@@ -554,6 +555,28 @@ async fn redis_killed_and_restarted_during_load_fails_no_request_and_reconciles(
     let metrics = h.metrics().await;
     assert!(metrics.contains("keypool_redis_ready 1"), "{metrics}");
     eprintln!("redis fault: {sent} requests, none failed");
+    h.finish().await;
+}
+
+/// Readiness follows Redis from the first request: a configured Redis that never
+/// answers is `/readyz` 503 (naming Redis) and `keypool_redis_ready 0`, while liveness
+/// does not depend on it. No `redis-server` needed: nothing listens on port 1.
+#[tokio::test]
+async fn readyz_is_503_while_the_configured_redis_is_unreachable() {
+    let h = Harness::builder()
+        .server("redis_url", "\"redis://127.0.0.1:1/\"")
+        .server("redis_timeout_ms", "50")
+        .account(AccountSpec::new("a", Script::ok()))
+        .start()
+        .await;
+    let get = |path: &str| h.client().request(http::Method::GET, h.url(path)).send();
+    let ready = get("/readyz").await;
+    assert_eq!(ready.status, 503, "{}", ready.text());
+    assert!(ready.header("x-request-id").is_some());
+    assert!(ready.text().contains("redis"), "{}", ready.text());
+    assert_eq!(get("/healthz").await.status, 200);
+    let metrics = get("/metrics").await.text();
+    assert!(metrics.contains("keypool_redis_ready 0"), "{metrics}");
     h.finish().await;
 }
 

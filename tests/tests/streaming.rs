@@ -133,9 +133,12 @@ async fn no_first_frame_within_first_frame_timeout_fails_over() {
     );
     assert_eq!(h.upstream_order(), ["a", "b"]);
     h.wait_until(
-        "a's stalled attempt is cancelled",
+        "a's stalled attempt is cancelled and closed",
         Duration::from_secs(5),
-        |s| s.stats("a").unwrap().cancelled == 1,
+        |s| {
+            let a = s.stats("a").unwrap();
+            a.cancelled == 1 && a.in_flight == 0
+        },
     )
     .await;
     h.finish().await;
@@ -312,6 +315,12 @@ async fn a_stall_inside_a_committed_stream_ends_with_the_generic_error_frame() {
         |s| s.stats("a").unwrap().cancelled == 1,
     )
     .await;
+    // a failure after the head is the serving account's, counted as a stream failure
+    let metrics = h.metrics().await;
+    assert!(
+        metrics.contains("keypool_stream_failures_total 1"),
+        "{metrics}"
+    );
     h.finish().await;
 }
 

@@ -104,7 +104,17 @@ async fn window_headers_of_a_stream_count_too() {
     let reset = now_ms() / 1000 + 3600;
     let h =
         Harness::with_accounts([("a", at(Window::Weekly, 0.99, reset)), ("b", Script::ok())]).await;
-    assert_eq!(h.send_stream().await.status, 200);
+    let first = h.send_stream().await;
+    assert_eq!(first.status, 200);
+    // the account's window is not the client's business: not forwarded
+    assert!(
+        first
+            .headers
+            .keys()
+            .all(|k| !k.as_str().starts_with("anthropic-ratelimit")),
+        "{:?}",
+        first.header_names()
+    );
     assert_eq!(h.send_stream().await.status, 200);
     assert_eq!(h.upstream_order(), ["a", "b"]);
     h.finish().await;
