@@ -436,13 +436,15 @@ impl Harness {
         &self.client
     }
 
+    /// `GET path` (which starts with `/`), not yet sent (add `.bearer(…)` for the admin
+    /// API).
+    pub fn get(&self, path: &str) -> RequestBuilder {
+        self.client.request(http::Method::GET, self.url(path))
+    }
+
     /// The text of `GET /metrics`.
     pub async fn metrics(&self) -> String {
-        self.client
-            .request(http::Method::GET, self.url("/metrics"))
-            .send()
-            .await
-            .text()
+        self.get("/metrics").send().await.text()
     }
 
     /// `POST /acme/team/v1/messages` with key `alice` and `body`, not yet sent.
@@ -451,6 +453,15 @@ impl Harness {
             .post(self.messages_url())
             .api_key(&self.key(KEY))
             .json(body)
+    }
+
+    /// `POST path` (which starts with `/`) with the default non-streaming message body
+    /// and no key, not yet sent: for other routes and keys than [`Harness::messages`]'
+    /// (add `.api_key(…)` or `.bearer(…)`).
+    pub fn post_message(&self, path: &str) -> RequestBuilder {
+        self.client
+            .post(self.url(path))
+            .json(&message_body(MODEL, false))
     }
 
     /// Sends a default non-streaming message through the pool.

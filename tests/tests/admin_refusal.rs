@@ -177,22 +177,13 @@ async fn every_admin_route_refuses_a_missing_or_wrong_token_and_changes_nothing(
         "the configuration was not reloaded"
     );
     // The status page answers without a token and holds no data.
-    let page = h
-        .client()
-        .request(http::Method::GET, h.url("/admin/ui"))
-        .send()
-        .await;
+    let page = h.get("/admin/ui").send().await;
     assert_eq!(page.status, 200);
     for id in [DISABLED, COOLING, OUT, HEALTHY] {
         assert!(!page.text().contains(id), "the page names {id}");
     }
     // And the right token works (the refusals were not for another reason).
-    let r = h
-        .client()
-        .request(http::Method::GET, h.url("/admin/accounts"))
-        .bearer(TOKEN)
-        .send()
-        .await;
+    let r = h.get("/admin/accounts").bearer(TOKEN).send().await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.text().contains(HEALTHY));
     eprintln!("admin refusal: {checked} refused calls");
@@ -252,12 +243,18 @@ fn no_data_without_the_token() {
                 }
                 builder = builder.header("authorization", value.as_str());
             }
-            let r = h.handle(builder.body(Full::new(Bytes::new())).unwrap()).await;
+            let r = h
+                .handle(builder.body(Full::new(Bytes::new())).unwrap())
+                .await;
             let status = r.status.as_u16();
             assert!(r.header("x-request-id").is_some());
             let authorized = auth.as_deref() == Some(&format!("Bearer {PROP_TOKEN}"));
             let page = method == "GET"
-                && segments.iter().filter(|s| !s.is_empty()).collect::<Vec<_>>() == ["ui"];
+                && segments
+                    .iter()
+                    .filter(|s| !s.is_empty())
+                    .collect::<Vec<_>>()
+                    == ["ui"];
             if method == "HEAD" {
                 // HEAD answers 200 with no body before any lookup (SPEC 2).
                 assert_eq!(status, 200);
@@ -282,7 +279,10 @@ fn no_data_without_the_token() {
                 assert!(json["request_id"].is_string());
             }
             if !authorized {
-                assert!([401, 404, 405].contains(&status), "{status} {path} {auth:?}");
+                assert!(
+                    [401, 404, 405].contains(&status),
+                    "{status} {path} {auth:?}"
+                );
                 assert!(!r.text().contains("\"accounts\""));
             } else {
                 assert!([200, 404, 405, 409].contains(&status), "{status} {path}");

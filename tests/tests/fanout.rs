@@ -14,11 +14,7 @@ use keypool_tests::{AccountSpec, Harness};
 
 /// `GET /metrics`, one series' value.
 async fn metric(h: &Harness, series: &str) -> u64 {
-    let r = h
-        .client()
-        .request(http::Method::GET, h.url("/metrics"))
-        .send()
-        .await;
+    let r = h.get("/metrics").send().await;
     assert_eq!(r.status, 200);
     let text = r.text();
     text.lines()

@@ -569,13 +569,12 @@ async fn readyz_is_503_while_the_configured_redis_is_unreachable() {
         .account(AccountSpec::new("a", Script::ok()))
         .start()
         .await;
-    let get = |path: &str| h.client().request(http::Method::GET, h.url(path)).send();
-    let ready = get("/readyz").await;
+    let ready = h.get("/readyz").send().await;
     assert_eq!(ready.status, 503, "{}", ready.text());
     assert!(ready.header("x-request-id").is_some());
     assert!(ready.text().contains("redis"), "{}", ready.text());
-    assert_eq!(get("/healthz").await.status, 200);
-    let metrics = get("/metrics").await.text();
+    assert_eq!(h.get("/healthz").send().await.status, 200);
+    let metrics = h.metrics().await;
     assert!(metrics.contains("keypool_redis_ready 0"), "{metrics}");
     h.finish().await;
 }

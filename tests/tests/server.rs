@@ -137,7 +137,10 @@ async fn shutdown_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
         "{events:?}"
     );
     assert_eq!(
-        events.iter().filter(|e| *e == "content_block_delta").count(),
+        events
+            .iter()
+            .filter(|e| *e == "content_block_delta")
+            .count(),
         CHUNKS as usize,
         "{events:?}"
     );
@@ -198,20 +201,28 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
         .start()
         .await;
     // nothing at all, and a head that never ends
-    for sent in [&b""[..], b"POST /acme/team/v1/messages HTTP/1.1\r\nhost: keypool\r\n"] {
+    for sent in [
+        &b""[..],
+        b"POST /acme/team/v1/messages HTTP/1.1\r\nhost: keypool\r\n",
+    ] {
         let shown = String::from_utf8_lossy(sent);
-        let mut socket =
-            tokio::net::TcpStream::connect(h.base_url().trim_start_matches("http://"))
-                .await
-                .unwrap();
+        let mut socket = tokio::net::TcpStream::connect(h.base_url().trim_start_matches("http://"))
+            .await
+            .unwrap();
         socket.write_all(sent).await.unwrap();
         let started = std::time::Instant::now();
         let mut answer = Vec::new();
         let read =
             tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer)).await;
-        assert!(read.is_ok(), "{shown:?}: the connection is still open after 5 s");
+        assert!(
+            read.is_ok(),
+            "{shown:?}: the connection is still open after 5 s"
+        );
         let took = started.elapsed();
-        assert!(took >= Duration::from_millis(900), "{shown:?}: cut after {took:?}");
+        assert!(
+            took >= Duration::from_millis(900),
+            "{shown:?}: cut after {took:?}"
+        );
         let answer = String::from_utf8_lossy(&answer);
         assert!(
             answer.is_empty() || answer.starts_with("HTTP/1.1 408"),

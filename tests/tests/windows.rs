@@ -229,8 +229,7 @@ async fn a_far_future_reset_keeps_an_account_out_for_at_most_a_week_and_clear_wi
     assert_eq!(h.store().out_of_window(&id, now_ms()), None);
     assert_eq!(h.cooldown("far-acct"), None);
     let overview = h
-        .client()
-        .request(http::Method::GET, h.url("/admin/accounts"))
+        .get("/admin/accounts")
         .bearer(ADMIN_TOKEN)
         .send()
         .await
