@@ -161,6 +161,16 @@ impl HarnessBuilder {
         self
     }
 
+    /// Adds `accounts` in plan order: priorities 0, 1, 2, … in the order given (with
+    /// the default `priority` strategy each is tried after the one before).
+    pub fn accounts<'a>(mut self, accounts: impl IntoIterator<Item = (&'a str, Script)>) -> Self {
+        for (i, (id, script)) in accounts.into_iter().enumerate() {
+            let priority = i32::try_from(i).expect("fewer than 2^31 accounts");
+            self = self.account(AccountSpec::new(id, script).priority(priority));
+        }
+        self
+    }
+
     /// Sets a `[server]` option (raw TOML value), replacing the harness default.
     pub fn server(mut self, option: &str, value: &str) -> Self {
         self.server.insert(option.to_owned(), value.to_owned());
@@ -372,11 +382,7 @@ impl Harness {
 
     /// A harness with `accounts` (priorities in the given order: 0, 1, 2, …).
     pub async fn with_accounts(accounts: impl IntoIterator<Item = (&str, Script)>) -> Self {
-        let mut b = Self::builder();
-        for (i, (id, script)) in accounts.into_iter().enumerate() {
-            b = b.account(AccountSpec::new(id, script).priority(i as i32));
-        }
-        b.start().await
+        Self::builder().accounts(accounts).start().await
     }
 
     /// The simulator.

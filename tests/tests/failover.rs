@@ -191,38 +191,19 @@ async fn one_request_error_then_one_more_account() {
     h.finish().await;
 }
 
+/// A request error's upstream message (passed through when 400 is a pass-through status).
+const TOO_LONG: &str = "prompt is too long: 300000 tokens > 200000 maximum";
+
 #[tokio::test]
 async fn passthrough_statuses_can_add_400() {
     let h = Harness::builder()
         .server("passthrough_statuses", "[429, 402, 400]")
-        .account(
-            AccountSpec::new(
-                "a",
-                Script::new(error(
-                    400,
-                    "prompt is too long: 300000 tokens > 200000 maximum",
-                )),
-            )
-            .priority(0),
-        )
-        .account(
-            AccountSpec::new(
-                "b",
-                Script::new(error(
-                    400,
-                    "prompt is too long: 300000 tokens > 200000 maximum",
-                )),
-            )
-            .priority(1),
-        )
+        .accounts(["a", "b"].map(|id| (id, Script::new(error(400, TOO_LONG)))))
         .start()
         .await;
     let r = h.send_message().await;
     let message = r.assert_keypool_error(400, "invalid_request_error");
-    assert_eq!(
-        message,
-        "prompt is too long: 300000 tokens > 200000 maximum"
-    );
+    assert_eq!(message, TOO_LONG);
     assert_eq!(r.header("x-upstream-only"), None);
     assert_eq!(r.header("retry-after"), None);
     h.finish().await;
@@ -580,14 +561,13 @@ async fn the_query_string_is_forwarded_on_messages() {
 async fn an_attempt_without_headers_in_upstream_timeout_fails_over() {
     let h = Harness::builder()
         .server("upstream_timeout_secs", "1")
-        .account(
-            AccountSpec::new(
+        .accounts([
+            (
                 "a",
                 Script::new(Behaviour::StallBeforeHeaders(Duration::from_secs(30))),
-            )
-            .priority(0),
-        )
-        .account(AccountSpec::new("b", Script::ok()).priority(1))
+            ),
+            ("b", Script::ok()),
+        ])
         .start()
         .await;
     let started = Instant::now();
@@ -650,8 +630,10 @@ async fn a_plain_429_in_a_pool_of_more_than_100_accounts_cools_10_s() {
 async fn without_auto_disable_a_key_error_keeps_the_account_in_rotation() {
     let h = Harness::builder()
         .server("auto_disable_on_error", "false")
-        .account(AccountSpec::new("a", Script::new(error(401, "UPSTREAM-MSG-a"))).priority(0))
-        .account(AccountSpec::new("b", Script::ok()).priority(1))
+        .accounts([
+            ("a", Script::new(error(401, "UPSTREAM-MSG-a"))),
+            ("b", Script::ok()),
+        ])
         .start()
         .await;
     assert_eq!(h.send_message().await.status, 200);
@@ -688,9 +670,11 @@ async fn the_body_decides_streaming_not_accept() {
 async fn a_cached_snapshot_still_honours_new_cooldowns_and_disabling() {
     let h = Harness::builder()
         .server("snapshot_ttl_secs", "15")
-        .account(AccountSpec::new("a", Script::ok().then(Behaviour::status(401))).priority(0))
-        .account(AccountSpec::new("b", Script::ok().then(Behaviour::status(529))).priority(1))
-        .account(AccountSpec::new("c", Script::ok()).priority(2))
+        .accounts([
+            ("a", Script::ok().then(Behaviour::status(401))),
+            ("b", Script::ok().then(Behaviour::status(529))),
+            ("c", Script::ok()),
+        ])
         .start()
         .await;
     // a disabled, b cooling, c serves; then c again (a and b out of rotation)
@@ -722,14 +706,13 @@ async fn a_non_streaming_body_that_stalls_after_the_head_fails_over_in_bounded_t
     let h = Harness::builder()
         .server("upstream_timeout_secs", "1")
         .server("stream_idle_timeout_secs", "1")
-        .account(
-            AccountSpec::new(
+        .accounts([
+            (
                 "a",
                 Script::new(Behaviour::StallBeforeFirstFrame(Duration::from_secs(20))),
-            )
-            .priority(0),
-        )
-        .account(AccountSpec::new("b", Script::ok()).priority(1))
+            ),
+            ("b", Script::ok()),
+        ])
         .start()
         .await;
     let started = Instant::now();
