@@ -161,6 +161,15 @@ impl HarnessBuilder {
         self
     }
 
+    /// Adds a healthy account (`Script::ok()`) for each of `ids`, all at priority 0
+    /// (their order is the strategy's).
+    pub fn healthy_accounts(mut self, ids: &[&str]) -> Self {
+        for id in ids {
+            self = self.account(AccountSpec::new(id, Script::ok()));
+        }
+        self
+    }
+
     /// Adds `accounts` in plan order: priorities 0, 1, 2, … in the order given (with
     /// the default `priority` strategy each is tried after the one before).
     pub fn accounts<'a>(mut self, accounts: impl IntoIterator<Item = (&'a str, Script)>) -> Self {

@@ -42,6 +42,28 @@ fn assert_generic_503(r: &Reply, retry_after: u64) {
     assert_eq!(r.header_names(), expected, "headers of the generic 503");
 }
 
+/// Whether `id` is disabled (after a key error).
+fn is_disabled(h: &Harness, id: &str) -> bool {
+    h.store()
+        .health()
+        .disabled
+        .is_disabled(&AccountId::from(id))
+}
+
+/// The upstream message of a per-minute rate limit.
+const PER_MINUTE: &str = "Number of request tokens has exceeded your per-minute rate limit";
+
+/// A per-minute `429` with `retry-after: secs` and headers only the upstream may see.
+fn per_minute_limit(secs: u64) -> Script {
+    Script::new(
+        ErrorReply::rate_limited()
+            .message(PER_MINUTE)
+            .retry_after_secs(secs)
+            .header("x-upstream-only", "upstream-header-value")
+            .header("anthropic-organization-id", "upstream-org"),
+    )
+}
+
 fn error(status: u16, message: &'static str) -> Behaviour {
     let status = http::StatusCode::from_u16(status).unwrap();
     ErrorReply::new(status)
@@ -129,12 +151,7 @@ async fn key_error_disables_the_account_and_fails_over() {
     .await;
     let r = h.send_message().await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(
-        h.store()
-            .health()
-            .disabled
-            .is_disabled(&AccountId::from("a"))
-    );
+    assert!(is_disabled(&h, "a"));
     let r = h.send_message().await;
     assert_eq!(r.status, 200);
     assert_eq!(
@@ -250,23 +267,12 @@ async fn a_generic_503_with_a_long_wait_says_do_not_retry() {
 async fn terminal_429_carries_only_the_upstream_message_and_retry_after() {
     let h = Harness::with_accounts([
         ("a", Script::new(error(529, "UPSTREAM-MSG-a"))),
-        (
-            "b",
-            Script::new(
-                ErrorReply::rate_limited()
-                    .message("Number of request tokens has exceeded your per-minute rate limit")
-                    .retry_after_secs(30)
-                    .header("x-upstream-only", "upstream-header-value"),
-            ),
-        ),
+        ("b", per_minute_limit(30)),
     ])
     .await;
     let r = h.send_message().await;
     let message = r.assert_keypool_error(429, "rate_limit_error");
-    assert_eq!(
-        message,
-        "Number of request tokens has exceeded your per-minute rate limit"
-    );
+    assert_eq!(message, PER_MINUTE);
     assert_eq!(r.header("retry-after"), Some("30"));
     assert_eq!(r.header("x-should-retry"), None);
     assert_eq!(
@@ -334,33 +340,15 @@ async fn terminal_402_carries_only_the_upstream_message() {
         ["content-length", "content-type", "date", "x-request-id"]
     );
     // 402 is a key error: b is disabled
-    assert!(
-        h.store()
-            .health()
-            .disabled
-            .is_disabled(&AccountId::from("b"))
-    );
+    assert!(is_disabled(&h, "b"));
     h.finish().await;
 }
 
 #[tokio::test]
 async fn terminal_429_and_402_carry_only_the_upstream_message() {
-    let h = Harness::with_accounts([(
-        "a",
-        Script::new(
-            ErrorReply::rate_limited()
-                .message("Number of request tokens has exceeded your per-minute rate limit")
-                .retry_after_secs(90)
-                .header("anthropic-organization-id", "upstream-org"),
-        ),
-    )])
-    .await;
+    let h = Harness::with_accounts([("a", per_minute_limit(90))]).await;
     let r = h.send_message().await;
-    let message = r.assert_keypool_error(429, "rate_limit_error");
-    assert_eq!(
-        message,
-        "Number of request tokens has exceeded your per-minute rate limit"
-    );
+    assert_eq!(r.assert_keypool_error(429, "rate_limit_error"), PER_MINUTE);
     assert_eq!(r.header("retry-after"), Some("90"));
     assert_eq!(r.header("x-should-retry"), Some("false"), "90 s > 60 s");
     assert_eq!(r.header("anthropic-organization-id"), None);
@@ -374,12 +362,7 @@ async fn terminal_429_and_402_carry_only_the_upstream_message() {
     assert_eq!(message, "credit balance too low");
     assert_eq!(r.header("retry-after"), None);
     // 402 is a key error: the account is disabled (then the pool has nobody: 503)
-    assert!(
-        h.store()
-            .health()
-            .disabled
-            .is_disabled(&AccountId::from("a"))
-    );
+    assert!(is_disabled(&h, "a"));
     assert_eq!(h.send_message().await.status, 503);
     h.finish().await;
 }
@@ -637,12 +620,7 @@ async fn without_auto_disable_a_key_error_keeps_the_account_in_rotation() {
         .start()
         .await;
     assert_eq!(h.send_message().await.status, 200);
-    assert!(
-        !h.store()
-            .health()
-            .disabled
-            .is_disabled(&AccountId::from("a"))
-    );
+    assert!(!is_disabled(&h, "a"));
     assert_eq!(h.send_message().await.status, 200);
     assert_eq!(
         h.upstream_order(),

@@ -24,7 +24,7 @@ use keypool_store::keys::LB_KEY_PREFIX;
 use keypool_store::testing::RedisServer;
 use keypool_store::{Store, now_ms};
 use keypool_tests::{
-    AccountSpec, Client, Harness, HarnessBuilder, KEY, MODEL, admin_account, message_body,
+    AccountSpec, Client, Harness, HarnessBuilder, KEY, MODEL, Reply, admin_account, message_body,
     secret_of,
 };
 use serde_json::Value;
@@ -139,6 +139,17 @@ impl Keypool {
 
     fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Sends a default message (streaming or not) to the binary's default pool with
+    /// `h`'s key.
+    async fn send_message(&self, h: &Harness, stream: bool) -> Reply {
+        h.client()
+            .post(self.url("/acme/team/v1/messages"))
+            .api_key(&h.key(KEY))
+            .json(&message_body(MODEL, stream))
+            .send()
+            .await
     }
 
     fn logs(&self) -> String {
@@ -429,8 +440,7 @@ async fn sighup_reload_under_load_swaps_valid_files_and_keeps_serving_on_invalid
 async fn reload_under_load_fails_no_request_and_an_invalid_file_changes_nothing() {
     let h = Harness::builder()
         .strategy("round_robin")
-        .account(AccountSpec::new("a", Script::ok()))
-        .account(AccountSpec::new("b", Script::ok()))
+        .healthy_accounts(&["a", "b"])
         .start()
         .await;
     let dir = temp_dir("reload");
@@ -487,9 +497,7 @@ async fn redis_killed_and_restarted_during_load_fails_no_request_and_reconciles(
         .server("redis_url", &format!("{:?}", redis.url()))
         .server("redis_timeout_ms", "100")
         .server("state_snapshot_interval_secs", "1")
-        .account(AccountSpec::new("a", Script::ok()))
-        .account(AccountSpec::new("b", Script::ok()))
-        .account(AccountSpec::new("c", Script::ok()))
+        .healthy_accounts(&["a", "b", "c"])
         .start()
         .await;
     let ready = |h: &Harness| {
@@ -630,13 +638,7 @@ async fn binary_restart_keeps_cooldowns_windows_and_disabled_flags_from_the_stat
         }
     };
     let mut k = Keypool::start(&file, port).await;
-    let r = h
-        .client()
-        .post(k.url("/acme/team/v1/messages"))
-        .api_key(&h.key(KEY))
-        .json(&message_body(MODEL, false))
-        .send()
-        .await;
+    let r = k.send_message(&h, false).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let before = admin(&k).await;
     let ids = ["revoked", "limited", "exhausted", "healthy"];
@@ -665,13 +667,7 @@ async fn binary_restart_keeps_cooldowns_windows_and_disabled_flags_from_the_stat
     }
     // and the restarted keypool acts on it: straight to the healthy account
     let upstream_before = h.sim().total_stats().requests;
-    let r = h
-        .client()
-        .post(k.url("/acme/team/v1/messages"))
-        .api_key(&h.key(KEY))
-        .json(&message_body(MODEL, false))
-        .send()
-        .await;
+    let r = k.send_message(&h, false).await;
     assert_eq!(r.status, 200);
     assert_eq!(h.sim().total_stats().requests, upstream_before + 1);
     assert_eq!(
@@ -749,13 +745,7 @@ async fn a_corrupt_state_file_is_moved_aside_and_keypool_serves() {
     // a half-written file from some other tool, and a crash
     std::fs::write(dir.join("state.json"), b"{\"version\": 1, \"cooldowns\": [").unwrap();
     let mut k = Keypool::start(&file, port).await;
-    let r = h
-        .client()
-        .post(k.url("/acme/team/v1/messages"))
-        .api_key(&h.key(KEY))
-        .json(&message_body(MODEL, true))
-        .send()
-        .await;
+    let r = k.send_message(&h, true).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let aside: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
