@@ -11,6 +11,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
 use keypool_core::AccountId;
 use keypool_proxy::{App, ProxyError};
 use keypool_sim::{Script, Sim, SimConfig, SimHandle};
@@ -156,6 +158,25 @@ impl HarnessBuilder {
     /// Adds an account.
     pub fn account(mut self, spec: AccountSpec) -> Self {
         self.accounts.push(spec);
+        self
+    }
+
+    /// Adds a healthy account (`Script::ok()`) for each of `ids`, all at priority 0
+    /// (their order is the strategy's).
+    pub fn healthy_accounts(mut self, ids: &[&str]) -> Self {
+        for id in ids {
+            self = self.account(AccountSpec::new(id, Script::ok()));
+        }
+        self
+    }
+
+    /// Adds `accounts` in plan order: priorities 0, 1, 2, … in the order given (with
+    /// the default `priority` strategy each is tried after the one before).
+    pub fn accounts<'a>(mut self, accounts: impl IntoIterator<Item = (&'a str, Script)>) -> Self {
+        for (i, (id, script)) in accounts.into_iter().enumerate() {
+            let priority = i32::try_from(i).expect("fewer than 2^31 accounts");
+            self = self.account(AccountSpec::new(id, script).priority(priority));
+        }
         self
     }
 
@@ -370,11 +391,7 @@ impl Harness {
 
     /// A harness with `accounts` (priorities in the given order: 0, 1, 2, …).
     pub async fn with_accounts(accounts: impl IntoIterator<Item = (&str, Script)>) -> Self {
-        let mut b = Self::builder();
-        for (i, (id, script)) in accounts.into_iter().enumerate() {
-            b = b.account(AccountSpec::new(id, script).priority(i as i32));
-        }
-        b.start().await
+        Self::builder().accounts(accounts).start().await
     }
 
     /// The simulator.
@@ -434,13 +451,15 @@ impl Harness {
         &self.client
     }
 
+    /// `GET path` (which starts with `/`), not yet sent (add `.bearer(…)` for the admin
+    /// API).
+    pub fn get(&self, path: &str) -> RequestBuilder {
+        self.client.request(http::Method::GET, self.url(path))
+    }
+
     /// The text of `GET /metrics`.
     pub async fn metrics(&self) -> String {
-        self.client
-            .request(http::Method::GET, self.url("/metrics"))
-            .send()
-            .await
-            .text()
+        self.get("/metrics").send().await.text()
     }
 
     /// `POST /acme/team/v1/messages` with key `alice` and `body`, not yet sent.
@@ -451,6 +470,15 @@ impl Harness {
             .json(body)
     }
 
+    /// `POST path` (which starts with `/`) with the default non-streaming message body
+    /// and no key, not yet sent: for other routes and keys than [`Harness::messages`]'
+    /// (add `.api_key(…)` or `.bearer(…)`).
+    pub fn post_message(&self, path: &str) -> RequestBuilder {
+        self.client
+            .post(self.url(path))
+            .json(&message_body(MODEL, false))
+    }
+
     /// Sends a default non-streaming message through the pool.
     pub async fn send_message(&self) -> Reply {
         self.messages(&message_body(MODEL, false)).send().await
@@ -459,6 +487,19 @@ impl Harness {
     /// Sends a default streaming message through the pool and reads it to the end.
     pub async fn send_stream(&self) -> Reply {
         self.messages(&message_body(MODEL, true)).send().await
+    }
+
+    /// Answers `request` in process with [`App::handle`] (no socket, no HTTP client):
+    /// for property tests that send many inputs, some of which an HTTP client would
+    /// refuse to write. `request`'s URI is a path (`/acme/team/v1/messages`).
+    pub async fn handle(&self, request: http::Request<Full<Bytes>>) -> Reply {
+        let (parts, body) = self.app.handle(request).await.into_parts();
+        let Ok(body) = body.collect().await;
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.to_bytes(),
+        }
     }
 
     /// How many requests the simulator received, per account id, in the order given.

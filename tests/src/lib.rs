@@ -23,6 +23,7 @@
 //!   the bytes a test scripts (careless and hostile upstreams).
 //! - [`client`]: the HTTP client of the suites, [`Reply`] and SSE frames.
 //! - [`logs`]: [`LogLines`], log lines captured in memory.
+//! - [`property`]: [`check_property`], a proptest property against one harness.
 //! - [`raw`]: raw HTTP/1.1 over TCP for hostile-input tests.
 //! - [`venv`]: the Python venv with the Anthropic SDK (shared with `xtask`), and
 //!   [`sdk_python`], the policy when it cannot be created.
@@ -31,6 +32,7 @@ pub mod client;
 pub mod fake_upstream;
 pub mod harness;
 pub mod logs;
+pub mod property;
 pub mod raw;
 pub mod venv;
 
@@ -39,6 +41,7 @@ use std::path::{Path, PathBuf};
 pub use client::{Client, Reply, SseFrame, StreamingReply, admin_account, message_body};
 pub use harness::{AccountSpec, Harness, HarnessBuilder, KEY, MODEL, ORG, URL, secret_of};
 pub use logs::LogLines;
+pub use property::check_property;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {

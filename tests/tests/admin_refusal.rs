@@ -3,14 +3,20 @@
 //! authentication_error`, and a refused call changes nothing (a disabled account stays
 //! disabled, a cooldown keeps running, an account out of its window stays out, the
 //! configuration is not reloaded). The status
-//! page is the one exception: it answers without a token and holds no data.
+//! page is the one exception: it answers without a token and holds no data. As a
+//! property: whatever the method, path under `/admin` and `Authorization` header,
+//! keypool answers well-formed, and nothing but the status page is ever answered `2xx`
+//! without the exact token.
 
 // Test code may unwrap (helpers outside #[test] functions too).
 #![allow(clippy::unwrap_used)]
 
+use bytes::Bytes;
+use http_body_util::Full;
 use keypool_core::AccountId;
 use keypool_sim::{Behaviour, ErrorReply, Script, UnifiedHeaders};
-use keypool_tests::{AccountSpec, Harness, KEY};
+use keypool_tests::{AccountSpec, Harness, KEY, check_property};
+use proptest::prelude::*;
 
 const TOKEN: &str = "admin-refusal-token-9f8e7d6c5b4a";
 const DISABLED: &str = "acct-disabled-zeta";
@@ -171,25 +177,116 @@ async fn every_admin_route_refuses_a_missing_or_wrong_token_and_changes_nothing(
         "the configuration was not reloaded"
     );
     // The status page answers without a token and holds no data.
-    let page = h
-        .client()
-        .request(http::Method::GET, h.url("/admin/ui"))
-        .send()
-        .await;
+    let page = h.get("/admin/ui").send().await;
     assert_eq!(page.status, 200);
     for id in [DISABLED, COOLING, OUT, HEALTHY] {
         assert!(!page.text().contains(id), "the page names {id}");
     }
     // And the right token works (the refusals were not for another reason).
-    let r = h
-        .client()
-        .request(http::Method::GET, h.url("/admin/accounts"))
-        .bearer(TOKEN)
-        .send()
-        .await;
+    let r = h.get("/admin/accounts").bearer(TOKEN).send().await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.text().contains(HEALTHY));
     eprintln!("admin refusal: {checked} refused calls");
     std::fs::remove_dir_all(&dir).unwrap();
     h.finish().await;
+}
+
+const PROP_TOKEN: &str = "admin-prop-token-5f1c";
+
+fn segment() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("accounts".to_owned()),
+        Just("a".to_owned()),
+        Just("enable".to_owned()),
+        Just("clear-cooldown".to_owned()),
+        Just("reload".to_owned()),
+        Just("ui".to_owned()),
+        "[a-z0-9_%.-]{0,6}",
+    ]
+}
+
+#[test]
+fn no_data_without_the_token() {
+    let inputs = (
+        prop::sample::select(vec!["GET", "POST", "PUT", "DELETE", "HEAD"]),
+        prop_oneof![
+            3 => prop::sample::select(vec![
+                vec!["accounts"], vec!["accounts", "a"], vec!["accounts", "a", "enable"],
+                vec!["accounts", "a", "clear-cooldown"], vec!["reload"], vec!["ui"],
+                vec!["accounts", "nobody"],
+            ]).prop_map(|v| v.into_iter().map(str::to_owned).collect::<Vec<_>>()),
+            1 => prop::collection::vec(segment(), 0..4),
+        ],
+        prop_oneof![
+            1 => Just(None),
+            3 => Just(Some(format!("Bearer {PROP_TOKEN}"))),
+            1 => Just(Some(PROP_TOKEN.to_owned())),
+            1 => Just(Some(format!("Basic {PROP_TOKEN}"))),
+            1 => Just(Some(format!("Bearer {PROP_TOKEN}x"))),
+            1 => "[ -~]{0,40}".prop_map(Some),
+        ],
+    );
+    let builder = Harness::builder()
+        .extra_toml(&format!("[admin]\ntoken = \"{PROP_TOKEN}\""))
+        .account(AccountSpec::new("a", Script::ok()));
+    check_property(
+        builder,
+        256,
+        file!(),
+        inputs,
+        async |h, (method, segments, auth)| {
+            let path = format!("/admin/{}", segments.join("/"));
+            let mut builder = http::Request::builder().method(method).uri(&path);
+            if let Some(value) = &auth {
+                if http::HeaderValue::from_str(value).is_err() {
+                    return;
+                }
+                builder = builder.header("authorization", value.as_str());
+            }
+            let r = h
+                .handle(builder.body(Full::new(Bytes::new())).unwrap())
+                .await;
+            let status = r.status.as_u16();
+            assert!(r.header("x-request-id").is_some());
+            let authorized = auth.as_deref() == Some(&format!("Bearer {PROP_TOKEN}"));
+            let page = method == "GET"
+                && segments
+                    .iter()
+                    .filter(|s| !s.is_empty())
+                    .collect::<Vec<_>>()
+                    == ["ui"];
+            if method == "HEAD" {
+                // HEAD answers 200 with no body before any lookup (SPEC 2).
+                assert_eq!(status, 200);
+                assert!(r.body.is_empty());
+                return;
+            }
+            if page {
+                assert_eq!(status, 200);
+                assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
+                return;
+            }
+            assert_eq!(
+                r.header("content-type"),
+                Some("application/json"),
+                "{status} {path}"
+            );
+            let json = r.json();
+            if (200..300).contains(&status) {
+                assert!(authorized, "{status} for {path} with {auth:?}");
+            } else {
+                assert_eq!(json["type"], "error");
+                assert!(json["request_id"].is_string());
+            }
+            if !authorized {
+                assert!(
+                    [401, 404, 405].contains(&status),
+                    "{status} {path} {auth:?}"
+                );
+                assert!(!r.text().contains("\"accounts\""));
+            } else {
+                assert!([200, 404, 405, 409].contains(&status), "{status} {path}");
+            }
+        },
+    );
 }

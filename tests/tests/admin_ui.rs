@@ -65,7 +65,7 @@ async fn pool(admin: bool) -> Harness {
 }
 
 async fn admin_get(h: &Harness, path: &str, token: Option<&str>) -> Reply {
-    let mut r = h.client().request(http::Method::GET, h.url(path));
+    let mut r = h.get(path);
     if let Some(t) = token {
         r = r.bearer(t);
     }

@@ -5,8 +5,8 @@
 #![allow(clippy::unwrap_used)]
 
 use keypool_proxy::metrics::AffinityOutcome;
-use keypool_sim::{Behaviour, ErrorReply, Script};
-use keypool_tests::{AccountSpec, Harness, MODEL, message_body};
+use keypool_sim::{Behaviour, ErrorReply};
+use keypool_tests::{Harness, MODEL, message_body};
 
 const SESSION: &str = "x-claude-code-session-id";
 
@@ -15,9 +15,7 @@ async fn round_robin_pool() -> Harness {
         .strategy("round_robin")
         // a fixed snapshot order, so that round_robin visibly rotates
         .server("snapshot_ttl_secs", "15")
-        .account(AccountSpec::new("a", Script::ok()))
-        .account(AccountSpec::new("b", Script::ok()))
-        .account(AccountSpec::new("c", Script::ok()))
+        .healthy_accounts(&["a", "b", "c"])
         .start()
         .await
 }
@@ -136,8 +134,7 @@ async fn a_disabled_or_removed_account_releases_its_sessions_and_ttl_zero_turns_
         .strategy("round_robin")
         .server("snapshot_ttl_secs", "15")
         .server("session_affinity_ttl_secs", "0")
-        .account(AccountSpec::new("a", Script::ok()))
-        .account(AccountSpec::new("b", Script::ok()))
+        .healthy_accounts(&["a", "b"])
         .start()
         .await;
     let served = [

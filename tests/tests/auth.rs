@@ -65,6 +65,14 @@ custom_url = "orphan"
         .await
 }
 
+/// The default pool's Messages path.
+const TEAM: &str = "/acme/team/v1/messages";
+
+/// Sends the default message to `path` with LB key `key` (a key id of [`harness`]).
+async fn post_with(h: &Harness, path: &str, key: &str) -> Reply {
+    h.post_message(path).api_key(&h.key(key)).send().await
+}
+
 fn body() -> serde_json::Value {
     message_body(MODEL, false)
 }
@@ -82,7 +90,7 @@ fn assert_401(h: &Harness, reply: &Reply, case: &str) {
 #[tokio::test]
 async fn missing_key_is_401() {
     let h = harness().await;
-    let r = h.client().post(h.messages_url()).json(&body()).send().await;
+    let r = h.post_message(TEAM).send().await;
     assert_401(&h, &r, "no key");
     h.finish().await;
 }
@@ -92,24 +100,9 @@ async fn unknown_key_is_401() {
     let h = harness().await;
     let unknown = "sk-lb-0000000000000000000000000000000000000000";
     for r in [
-        h.client()
-            .post(h.messages_url())
-            .api_key(unknown)
-            .json(&body())
-            .send()
-            .await,
-        h.client()
-            .post(h.messages_url())
-            .bearer(unknown)
-            .json(&body())
-            .send()
-            .await,
-        h.client()
-            .post(h.messages_url())
-            .api_key("not-a-key")
-            .json(&body())
-            .send()
-            .await,
+        h.post_message(TEAM).api_key(unknown).send().await,
+        h.post_message(TEAM).bearer(unknown).send().await,
+        h.post_message(TEAM).api_key("not-a-key").send().await,
     ] {
         assert_401(&h, &r, "unknown key");
     }
@@ -119,13 +112,7 @@ async fn unknown_key_is_401() {
 #[tokio::test]
 async fn revoked_key_is_401() {
     let h = harness().await;
-    let r = h
-        .client()
-        .post(h.messages_url())
-        .api_key(&h.key("old"))
-        .json(&body())
-        .send()
-        .await;
+    let r = post_with(&h, TEAM, "old").await;
     assert_401(&h, &r, "revoked key");
     h.finish().await;
 }
@@ -133,22 +120,10 @@ async fn revoked_key_is_401() {
 #[tokio::test]
 async fn key_of_another_org_is_401() {
     let h = harness().await;
-    let r = h
-        .client()
-        .post(h.messages_url())
-        .api_key(&h.key("bob"))
-        .json(&body())
-        .send()
-        .await;
+    let r = post_with(&h, TEAM, "bob").await;
     assert_401(&h, &r, "globex key on acme");
     // and the other way round: acme's key on globex's URL
-    let r = h
-        .client()
-        .post(h.url("/globex/tools/v1/messages"))
-        .api_key(&h.key("alice"))
-        .json(&body())
-        .send()
-        .await;
+    let r = post_with(&h, "/globex/tools/v1/messages", "alice").await;
     assert_401(&h, &r, "acme key on globex");
     h.finish().await;
 }
@@ -156,22 +131,10 @@ async fn key_of_another_org_is_401() {
 #[tokio::test]
 async fn url_not_in_the_keys_list_is_401_and_a_listed_one_works() {
     let h = harness().await;
-    let r = h
-        .client()
-        .post(h.messages_url())
-        .api_key(&h.key("ci-bot"))
-        .json(&body())
-        .send()
-        .await;
+    let r = post_with(&h, TEAM, "ci-bot").await;
     assert_401(&h, &r, "ci-bot on team");
     // control: the URL it lists is served
-    let r = h
-        .client()
-        .post(h.url("/acme/other/v1/messages"))
-        .api_key(&h.key("ci-bot"))
-        .json(&body())
-        .send()
-        .await;
+    let r = post_with(&h, "/acme/other/v1/messages", "ci-bot").await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(h.requests_per_account(&["a1"]), [1]);
     h.finish().await;
@@ -180,26 +143,14 @@ async fn url_not_in_the_keys_list_is_401_and_a_listed_one_works() {
 #[tokio::test]
 async fn suspended_org_is_403_org_suspended_only_after_a_valid_key() {
     let h = harness().await;
-    let url = h.url("/initech/ops/v1/messages");
-    let r = h
-        .client()
-        .post(url.as_str())
-        .api_key(&h.key("carol"))
-        .json(&body())
-        .send()
-        .await;
+    let url = "/initech/ops/v1/messages";
+    let r = post_with(&h, url, "carol").await;
     let message = r.assert_keypool_error(403, "permission_error");
     assert!(message.contains("ORG_SUSPENDED"), "message: {message}");
     // without a valid key for it, the suspension is not revealed
-    let r = h.client().post(url.as_str()).json(&body()).send().await;
+    let r = h.post_message(url).send().await;
     assert_401(&h, &r, "no key on a suspended org");
-    let r = h
-        .client()
-        .post(url.as_str())
-        .api_key(&h.key("alice"))
-        .json(&body())
-        .send()
-        .await;
+    let r = post_with(&h, url, "alice").await;
     assert_401(&h, &r, "another org's key on a suspended org");
     assert_eq!(h.sim().total_stats().requests, 0);
     h.finish().await;
@@ -211,32 +162,18 @@ async fn client_oauth_bearer_is_ignored_and_never_forwarded() {
     let own = "sk-ant-oat01-the-clients-own-token";
     // the LB key in x-api-key, the client's own OAuth token as bearer: served
     let r = h
-        .client()
-        .post(h.messages_url())
+        .post_message(TEAM)
         .api_key(&h.key("alice"))
         .bearer(own)
-        .json(&body())
         .send()
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
     // the LB key as bearer works too
-    let r = h
-        .client()
-        .post(h.messages_url())
-        .bearer(&h.key("alice"))
-        .json(&body())
-        .send()
-        .await;
+    let r = h.post_message(TEAM).bearer(&h.key("alice")).send().await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(h.requests_per_account(&["a1"]), [2]);
     // the OAuth bearer alone is no LB key
-    let r = h
-        .client()
-        .post(h.messages_url())
-        .bearer(own)
-        .json(&body())
-        .send()
-        .await;
+    let r = h.post_message(TEAM).bearer(own).send().await;
     r.assert_keypool_error(401, "authentication_error");
     assert_eq!(h.sim().total_stats().requests, 2);
     assert!(
@@ -249,33 +186,15 @@ async fn client_oauth_bearer_is_ignored_and_never_forwarded() {
 #[tokio::test]
 async fn every_401_is_byte_identical_except_the_request_id() {
     let h = harness().await;
-    let url = h.messages_url();
     let replies = [
-        h.client().post(url.as_str()).json(&body()).send().await,
-        h.client()
-            .post(url.as_str())
+        h.post_message(TEAM).send().await,
+        h.post_message(TEAM)
             .api_key("sk-lb-unknownunknownunknownunknownunknown00")
-            .json(&body())
             .send()
             .await,
-        h.client()
-            .post(url.as_str())
-            .api_key(&h.key("old"))
-            .json(&body())
-            .send()
-            .await,
-        h.client()
-            .post(url.as_str())
-            .api_key(&h.key("bob"))
-            .json(&body())
-            .send()
-            .await,
-        h.client()
-            .post(url.as_str())
-            .api_key(&h.key("ci-bot"))
-            .json(&body())
-            .send()
-            .await,
+        post_with(&h, TEAM, "old").await,
+        post_with(&h, TEAM, "bob").await,
+        post_with(&h, TEAM, "ci-bot").await,
     ];
     let first = replies[0].without_request_id();
     assert_eq!(first.status, 401);
@@ -293,21 +212,8 @@ async fn every_401_is_byte_identical_except_the_request_id() {
 #[tokio::test]
 async fn unknown_org_and_unknown_url_are_byte_identical_404s() {
     let h = harness().await;
-    let key = h.key("alice");
-    let unknown_org = h
-        .client()
-        .post(h.url("/nosuchorg/team/v1/messages"))
-        .api_key(&key)
-        .json(&body())
-        .send()
-        .await;
-    let unknown_url = h
-        .client()
-        .post(h.url("/acme/nosuchurl/v1/messages"))
-        .api_key(&key)
-        .json(&body())
-        .send()
-        .await;
+    let unknown_org = post_with(&h, "/nosuchorg/team/v1/messages", "alice").await;
+    let unknown_url = post_with(&h, "/acme/nosuchurl/v1/messages", "alice").await;
     let message = unknown_org.assert_keypool_error(404, "not_found_error");
     assert_eq!(message, "Custom URL config not found");
     assert_eq!(
@@ -319,12 +225,7 @@ async fn unknown_org_and_unknown_url_are_byte_identical_404s() {
         unknown_url.header("x-request-id")
     );
     // without any key the answer is the same too: resolution comes first
-    let no_key = h
-        .client()
-        .post(h.url("/nosuchorg/team/v1/messages"))
-        .json(&body())
-        .send()
-        .await;
+    let no_key = h.post_message("/nosuchorg/team/v1/messages").send().await;
     assert_eq!(
         no_key.without_request_id(),
         unknown_org.without_request_id()
@@ -507,45 +408,20 @@ async fn successful_answers_carry_only_safe_headers_and_a_request_id() {
 #[tokio::test]
 async fn legacy_route_serves_a_unique_url_with_deprecation_headers() {
     let h = harness().await;
-    let key = h.key("alice");
-    let r = h
-        .client()
-        .post(h.url("/team/v1/messages"))
-        .api_key(&key)
-        .json(&body())
-        .send()
-        .await;
+    let r = post_with(&h, "/team/v1/messages", "alice").await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("deprecation"), Some("true"));
     assert_eq!(r.header("sunset"), Some("Thu, 31 Dec 2026 23:59:59 GMT"));
     assert_eq!(h.requests_per_account(&["a1"]), [1]);
     // ambiguous (acme and globex): 409, with the deprecation headers too
-    let r = h
-        .client()
-        .post(h.url("/shared/v1/messages"))
-        .api_key(&key)
-        .json(&body())
-        .send()
-        .await;
+    let r = post_with(&h, "/shared/v1/messages", "alice").await;
     r.assert_keypool_error(409, "invalid_request_error");
     assert_eq!(r.header("deprecation"), Some("true"));
     // a URL config of no org: 403, there is no global pool
-    let r = h
-        .client()
-        .post(h.url("/orphan/v1/messages"))
-        .api_key(&key)
-        .json(&body())
-        .send()
-        .await;
+    let r = post_with(&h, "/orphan/v1/messages", "alice").await;
     r.assert_keypool_error(403, "permission_error");
     // unknown: the same 404 as the org-scoped routes
-    let r = h
-        .client()
-        .post(h.url("/nosuchurl/v1/messages"))
-        .api_key(&key)
-        .json(&body())
-        .send()
-        .await;
+    let r = post_with(&h, "/nosuchurl/v1/messages", "alice").await;
     let message = r.assert_keypool_error(404, "not_found_error");
     assert_eq!(message, "Custom URL config not found");
     assert_eq!(h.sim().total_stats().requests, 1);
@@ -559,15 +435,10 @@ async fn legacy_route_after_its_removal_date_is_410_naming_the_new_form() {
         .server("legacy_routes_until", "2020-01-01")
         .start()
         .await;
-    let r = h
-        .client()
-        .post(h.url("/team/v1/messages"))
-        .api_key(&h.key("alice"))
-        .json(&body())
-        .send()
-        .await;
+    let r = post_with(&h, "/team/v1/messages", "alice").await;
     let message = r.assert_keypool_error(410, "invalid_request_error");
-    assert!(message.contains("/team/v1/messages"), "{message}");
+    assert!(message.contains("/{org}/team/v1/messages"), "{message}");
+    assert_eq!(r.header("deprecation"), Some("true"));
     assert_eq!(r.header("sunset"), Some("Wed, 01 Jan 2020 23:59:59 GMT"));
     // the org-scoped route keeps working
     assert_eq!(h.send_message().await.status, 200);
@@ -579,20 +450,26 @@ async fn legacy_route_after_its_removal_date_is_410_naming_the_new_form() {
 async fn health_and_readiness() {
     let h = harness().await;
     for path in ["/healthz", "/readyz"] {
-        let r = h
-            .client()
-            .request(http::Method::GET, h.url(path))
-            .send()
-            .await;
+        let r = h.get(path).send().await;
         assert_eq!(r.status, 200, "GET {path}: {}", r.text());
     }
-    let r = h
-        .client()
-        .request(http::Method::GET, h.url("/metrics"))
-        .send()
-        .await;
+    // one answered request and one unknown route, then what the scraper sees
+    assert_eq!(h.send_message().await.status, 200);
+    let r = post_with(&h, "/nosuchorg/team/v1/messages", "alice").await;
+    assert_eq!(r.status, 404);
+    let r = h.get("/metrics").send().await;
     assert_eq!(r.status, 200);
-    assert!(r.text().contains("keypool_requests_total"));
+    let metrics = r.text();
+    for series in [
+        r#"keypool_requests_total{org="acme",url="team",status="200"} 1"#,
+        r#"keypool_requests_total{org="-",url="-",status="404"} 1"#,
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
+    assert!(
+        !metrics.contains("sk-lb-") && !metrics.contains("sk-ant-"),
+        "{metrics}"
+    );
     h.finish().await;
 }
 

@@ -42,6 +42,28 @@ fn assert_generic_503(r: &Reply, retry_after: u64) {
     assert_eq!(r.header_names(), expected, "headers of the generic 503");
 }
 
+/// Whether `id` is disabled (after a key error).
+fn is_disabled(h: &Harness, id: &str) -> bool {
+    h.store()
+        .health()
+        .disabled
+        .is_disabled(&AccountId::from(id))
+}
+
+/// The upstream message of a per-minute rate limit.
+const PER_MINUTE: &str = "Number of request tokens has exceeded your per-minute rate limit";
+
+/// A per-minute `429` with `retry-after: secs` and headers only the upstream may see.
+fn per_minute_limit(secs: u64) -> Script {
+    Script::new(
+        ErrorReply::rate_limited()
+            .message(PER_MINUTE)
+            .retry_after_secs(secs)
+            .header("x-upstream-only", "upstream-header-value")
+            .header("anthropic-organization-id", "upstream-org"),
+    )
+}
+
 fn error(status: u16, message: &'static str) -> Behaviour {
     let status = http::StatusCode::from_u16(status).unwrap();
     ErrorReply::new(status)
@@ -61,6 +83,15 @@ async fn failover_429_529_200_one_attempt_each_in_plan_order_with_spec6_cooldown
     let r = h.send_message().await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["type"], "message");
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert!(
+        r.header("x-request-id")
+            .is_some_and(|id| id.starts_with("req_kp_")),
+        "keypool's own request id: {:?}",
+        r.header("x-request-id")
+    );
+    // nothing of the upstream's own identifiers reaches the client
+    assert_eq!(r.header("request-id"), None);
     assert_eq!(h.upstream_order(), ["a", "b", "c"]);
     let a = h.cooldown("a").expect("a cools down after a plain 429");
     assert_eq!(a.trigger, Trigger::PlainRateLimit);
@@ -120,12 +151,7 @@ async fn key_error_disables_the_account_and_fails_over() {
     .await;
     let r = h.send_message().await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(
-        h.store()
-            .health()
-            .disabled
-            .is_disabled(&AccountId::from("a"))
-    );
+    assert!(is_disabled(&h, "a"));
     let r = h.send_message().await;
     assert_eq!(r.status, 200);
     assert_eq!(
@@ -168,37 +194,33 @@ async fn one_bad_request_then_success_on_the_next_account() {
 }
 
 #[tokio::test]
+async fn one_request_error_then_one_more_account() {
+    let h = Harness::with_accounts([
+        ("a", Script::new(Behaviour::status(400))),
+        ("b", Script::new(Behaviour::status(529))),
+        ("c", Script::ok()),
+    ])
+    .await;
+    // a: a request error; b: the one more account, fails; c is never tried
+    let r = h.send_message().await;
+    assert_generic_503(&r, 15);
+    assert_eq!(h.upstream_order(), ["a", "b"]);
+    h.finish().await;
+}
+
+/// A request error's upstream message (passed through when 400 is a pass-through status).
+const TOO_LONG: &str = "prompt is too long: 300000 tokens > 200000 maximum";
+
+#[tokio::test]
 async fn passthrough_statuses_can_add_400() {
     let h = Harness::builder()
         .server("passthrough_statuses", "[429, 402, 400]")
-        .account(
-            AccountSpec::new(
-                "a",
-                Script::new(error(
-                    400,
-                    "prompt is too long: 300000 tokens > 200000 maximum",
-                )),
-            )
-            .priority(0),
-        )
-        .account(
-            AccountSpec::new(
-                "b",
-                Script::new(error(
-                    400,
-                    "prompt is too long: 300000 tokens > 200000 maximum",
-                )),
-            )
-            .priority(1),
-        )
+        .accounts(["a", "b"].map(|id| (id, Script::new(error(400, TOO_LONG)))))
         .start()
         .await;
     let r = h.send_message().await;
     let message = r.assert_keypool_error(400, "invalid_request_error");
-    assert_eq!(
-        message,
-        "prompt is too long: 300000 tokens > 200000 maximum"
-    );
+    assert_eq!(message, TOO_LONG);
     assert_eq!(r.header("x-upstream-only"), None);
     assert_eq!(r.header("retry-after"), None);
     h.finish().await;
@@ -245,23 +267,12 @@ async fn a_generic_503_with_a_long_wait_says_do_not_retry() {
 async fn terminal_429_carries_only_the_upstream_message_and_retry_after() {
     let h = Harness::with_accounts([
         ("a", Script::new(error(529, "UPSTREAM-MSG-a"))),
-        (
-            "b",
-            Script::new(
-                ErrorReply::rate_limited()
-                    .message("Number of request tokens has exceeded your per-minute rate limit")
-                    .retry_after_secs(30)
-                    .header("x-upstream-only", "upstream-header-value"),
-            ),
-        ),
+        ("b", per_minute_limit(30)),
     ])
     .await;
     let r = h.send_message().await;
     let message = r.assert_keypool_error(429, "rate_limit_error");
-    assert_eq!(
-        message,
-        "Number of request tokens has exceeded your per-minute rate limit"
-    );
+    assert_eq!(message, PER_MINUTE);
     assert_eq!(r.header("retry-after"), Some("30"));
     assert_eq!(r.header("x-should-retry"), None);
     assert_eq!(
@@ -329,12 +340,30 @@ async fn terminal_402_carries_only_the_upstream_message() {
         ["content-length", "content-type", "date", "x-request-id"]
     );
     // 402 is a key error: b is disabled
-    assert!(
-        h.store()
-            .health()
-            .disabled
-            .is_disabled(&AccountId::from("b"))
-    );
+    assert!(is_disabled(&h, "b"));
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn terminal_429_and_402_carry_only_the_upstream_message() {
+    let h = Harness::with_accounts([("a", per_minute_limit(90))]).await;
+    let r = h.send_message().await;
+    assert_eq!(r.assert_keypool_error(429, "rate_limit_error"), PER_MINUTE);
+    assert_eq!(r.header("retry-after"), Some("90"));
+    assert_eq!(r.header("x-should-retry"), Some("false"), "90 s > 60 s");
+    assert_eq!(r.header("anthropic-organization-id"), None);
+    // the same account, out of its cooldown, now out of credit
+    h.sim()
+        .set_default("a", error(402, "credit balance too low"))
+        .unwrap();
+    h.store().clear_cooldown(&AccountId::from("a"));
+    let r = h.send_message().await;
+    let message = r.assert_keypool_error(402, "billing_error");
+    assert_eq!(message, "credit balance too low");
+    assert_eq!(r.header("retry-after"), None);
+    // 402 is a key error: the account is disabled (then the pool has nobody: 503)
+    assert!(is_disabled(&h, "a"));
+    assert_eq!(h.send_message().await.status, 503);
     h.finish().await;
 }
 
@@ -359,7 +388,10 @@ async fn all_out_of_window(window: Window, name: &str) {
     let r = h.send_message().await;
     let after = now_ms();
     let message = r.assert_keypool_error(429, "rate_limit_error");
-    assert!(message.contains(name), "names the {name} window: {message}");
+    assert!(
+        message.contains(&format!("{name} usage window")),
+        "names the {name} window: {message}"
+    );
     assert!(
         message.contains(&format_utc(reset_b * 1000)),
         "names the UTC time b returns: {message}"
@@ -512,14 +544,13 @@ async fn the_query_string_is_forwarded_on_messages() {
 async fn an_attempt_without_headers_in_upstream_timeout_fails_over() {
     let h = Harness::builder()
         .server("upstream_timeout_secs", "1")
-        .account(
-            AccountSpec::new(
+        .accounts([
+            (
                 "a",
                 Script::new(Behaviour::StallBeforeHeaders(Duration::from_secs(30))),
-            )
-            .priority(0),
-        )
-        .account(AccountSpec::new("b", Script::ok()).priority(1))
+            ),
+            ("b", Script::ok()),
+        ])
         .start()
         .await;
     let started = Instant::now();
@@ -582,17 +613,14 @@ async fn a_plain_429_in_a_pool_of_more_than_100_accounts_cools_10_s() {
 async fn without_auto_disable_a_key_error_keeps_the_account_in_rotation() {
     let h = Harness::builder()
         .server("auto_disable_on_error", "false")
-        .account(AccountSpec::new("a", Script::new(error(401, "UPSTREAM-MSG-a"))).priority(0))
-        .account(AccountSpec::new("b", Script::ok()).priority(1))
+        .accounts([
+            ("a", Script::new(error(401, "UPSTREAM-MSG-a"))),
+            ("b", Script::ok()),
+        ])
         .start()
         .await;
     assert_eq!(h.send_message().await.status, 200);
-    assert!(
-        !h.store()
-            .health()
-            .disabled
-            .is_disabled(&AccountId::from("a"))
-    );
+    assert!(!is_disabled(&h, "a"));
     assert_eq!(h.send_message().await.status, 200);
     assert_eq!(
         h.upstream_order(),
@@ -620,9 +648,11 @@ async fn the_body_decides_streaming_not_accept() {
 async fn a_cached_snapshot_still_honours_new_cooldowns_and_disabling() {
     let h = Harness::builder()
         .server("snapshot_ttl_secs", "15")
-        .account(AccountSpec::new("a", Script::ok().then(Behaviour::status(401))).priority(0))
-        .account(AccountSpec::new("b", Script::ok().then(Behaviour::status(529))).priority(1))
-        .account(AccountSpec::new("c", Script::ok()).priority(2))
+        .accounts([
+            ("a", Script::ok().then(Behaviour::status(401))),
+            ("b", Script::ok().then(Behaviour::status(529))),
+            ("c", Script::ok()),
+        ])
         .start()
         .await;
     // a disabled, b cooling, c serves; then c again (a and b out of rotation)
@@ -654,14 +684,13 @@ async fn a_non_streaming_body_that_stalls_after_the_head_fails_over_in_bounded_t
     let h = Harness::builder()
         .server("upstream_timeout_secs", "1")
         .server("stream_idle_timeout_secs", "1")
-        .account(
-            AccountSpec::new(
+        .accounts([
+            (
                 "a",
                 Script::new(Behaviour::StallBeforeFirstFrame(Duration::from_secs(20))),
-            )
-            .priority(0),
-        )
-        .account(AccountSpec::new("b", Script::ok()).priority(1))
+            ),
+            ("b", Script::ok()),
+        ])
         .start()
         .await;
     let started = Instant::now();

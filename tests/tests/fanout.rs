@@ -12,18 +12,32 @@ use keypool_sim::{Behaviour, Delay, OkSpec, Script};
 use keypool_store::now_ms;
 use keypool_tests::{AccountSpec, Harness};
 
-/// `GET /metrics`, one series' value.
-async fn metric(h: &Harness, series: &str) -> u64 {
-    let r = h
-        .client()
-        .request(http::Method::GET, h.url("/metrics"))
-        .send()
-        .await;
+/// `GET /metrics`: the value of the series `name{label="value"}`.
+async fn metric(h: &Harness, name: &str, label: &str, value: &str) -> u64 {
+    let series = format!("{name}{{{label}=\"{value}\"}}");
+    let r = h.get("/metrics").send().await;
     assert_eq!(r.status, 200);
     let text = r.text();
     text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .find_map(|l| l.strip_prefix(series.as_str())?.trim().parse().ok())
         .unwrap_or_else(|| panic!("no series {series} in /metrics:\n{text}"))
+}
+
+/// `keypool_hedge_backups_total` of `strategy`.
+async fn backups(h: &Harness, strategy: &str) -> u64 {
+    metric(h, "keypool_hedge_backups_total", "strategy", strategy).await
+}
+
+/// `keypool_hedge_gate_total` of `reason`.
+async fn gate(h: &Harness, reason: &str) -> u64 {
+    metric(h, "keypool_hedge_gate_total", "reason", reason).await
+}
+
+/// Account `id` (healthy) on the simulator's base URL `<sim>/<label>`, at `priority`.
+fn on(id: &str, label: &str, priority: i32) -> AccountSpec {
+    AccountSpec::new(id, Script::ok())
+        .url_label(label)
+        .priority(priority)
 }
 
 fn slow_stream(ms: u64) -> Behaviour {
@@ -38,16 +52,8 @@ async fn warmed_pair(strategy: &str, second_label: &str) -> Harness {
     let h = Harness::builder()
         .strategy(strategy)
         .server("hedge_min_delay_ms", min_delay)
-        .account(
-            AccountSpec::new("p", Script::ok())
-                .url_label("p")
-                .priority(0),
-        )
-        .account(
-            AccountSpec::new("b", Script::ok())
-                .url_label(second_label)
-                .priority(1),
-        )
+        .account(on("p", "p", 0))
+        .account(on("b", second_label, 1))
         .start()
         .await;
     let r = h.send_stream().await;
@@ -59,8 +65,7 @@ async fn warmed_pair(strategy: &str, second_label: &str) -> Harness {
     } else {
         "no_ttft_data"
     };
-    let series = format!("keypool_hedge_gate_total{{reason=\"{reason}\"}}");
-    assert_eq!(metric(&h, &series).await, 1);
+    assert_eq!(gate(&h, reason).await, 1);
     h
 }
 
@@ -109,12 +114,9 @@ async fn hedge_primary_slow_backup_wins_and_is_credited() {
     assert_eq!(p_errors, p_errors_before, "an abort is not a failure");
     assert_eq!(p_used, p_used_before, "p did not serve");
     assert_eq!(h.cooldown("p"), None);
+    assert_eq!(backups(&h, "hedge").await, 1);
     assert_eq!(
-        metric(&h, "keypool_hedge_backups_total{strategy=\"hedge\"}").await,
-        1
-    );
-    assert_eq!(
-        metric(&h, "keypool_hedge_wins_total{winner=\"backup\"}").await,
+        metric(&h, "keypool_hedge_wins_total", "winner", "backup").await,
         1
     );
     h.finish().await;
@@ -126,10 +128,7 @@ async fn hedge_primary_fast_fires_no_backup() {
     let r = h.send_stream().await;
     assert_eq!(r.status, 200);
     assert_eq!(h.upstream_order(), ["p", "p"]);
-    assert_eq!(
-        metric(&h, "keypool_hedge_backups_total{strategy=\"hedge\"}").await,
-        0
-    );
+    assert_eq!(backups(&h, "hedge").await, 0);
     h.finish().await;
 }
 
@@ -170,10 +169,30 @@ async fn race_fires_both_at_once_and_the_first_to_commit_wins() {
     })
     .await;
     assert!(credit(&h, "b").2.is_some(), "b credited");
-    assert_eq!(
-        metric(&h, "keypool_hedge_backups_total{strategy=\"race\"}").await,
-        1
-    );
+    assert_eq!(backups(&h, "race").await, 1);
+    h.finish().await;
+}
+
+/// A race of two non-streaming answers: the first complete one wins, the other is
+/// aborted. b's `base_url` is p's with a trailing slash: another string (so a partner)
+/// for the same upstream, and served there.
+#[tokio::test]
+async fn race_fires_both_and_the_first_to_commit_wins() {
+    let h = warmed_pair("race", "p/").await;
+    h.sim()
+        .set_default("p", OkSpec::default().latency(Delay::ms(3_000)))
+        .unwrap();
+    h.sim()
+        .set_default("b", OkSpec::default().text("from-b"))
+        .unwrap();
+    let r = h.send_message().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("from-b"), "{}", r.text());
+    assert_eq!(h.requests_per_account(&["p", "b"]), [2, 1]);
+    h.wait_until("p's attempt is aborted", Duration::from_secs(5), |s| {
+        s.stats("p").unwrap().cancelled == 1
+    })
+    .await;
     h.finish().await;
 }
 
@@ -200,11 +219,8 @@ async fn race_never_runs_two_accounts_of_the_same_base_url_together() {
         1,
         "two accounts of the same base_url ran together"
     );
-    assert!(metric(&h, "keypool_hedge_gate_total{reason=\"no_partner\"}").await >= 3);
-    assert_eq!(
-        metric(&h, "keypool_hedge_backups_total{strategy=\"race\"}").await,
-        0
-    );
+    assert!(gate(&h, "no_partner").await >= 3);
+    assert_eq!(backups(&h, "race").await, 0);
     h.finish().await;
 }
 
@@ -213,21 +229,9 @@ async fn race_partner_is_the_account_with_another_base_url() {
     // a and b share a base_url, c has its own: the race pairs a with c, never with b.
     let h = Harness::builder()
         .strategy("race")
-        .account(
-            AccountSpec::new("a", Script::ok())
-                .url_label("x")
-                .priority(0),
-        )
-        .account(
-            AccountSpec::new("b", Script::ok())
-                .url_label("x")
-                .priority(1),
-        )
-        .account(
-            AccountSpec::new("c", Script::ok())
-                .url_label("y")
-                .priority(2),
-        )
+        .account(on("a", "x", 0))
+        .account(on("b", "x", 1))
+        .account(on("c", "y", 2))
         .start()
         .await;
     assert_eq!(h.send_stream().await.status, 200);
@@ -297,10 +301,7 @@ async fn hedge_primary_failing_before_the_delay_falls_over_to_the_partner_once()
         ["p", "p", "b"],
         "b once, as the next attempt"
     );
-    assert_eq!(
-        metric(&h, "keypool_hedge_backups_total{strategy=\"hedge\"}").await,
-        0
-    );
+    assert_eq!(backups(&h, "hedge").await, 0);
     h.finish().await;
 }
 
@@ -317,10 +318,7 @@ async fn count_tokens_never_hedges() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(h.sim().total_stats().requests, 2, "one upstream call");
-    assert_eq!(
-        metric(&h, "keypool_hedge_gate_total{reason=\"count_tokens\"}").await,
-        1
-    );
+    assert_eq!(gate(&h, "count_tokens").await, 1);
     h.finish().await;
 }
 
@@ -328,17 +326,8 @@ async fn count_tokens_never_hedges() {
 async fn a_partner_must_share_provider_and_auth_type() {
     let h = Harness::builder()
         .strategy("hedge")
-        .account(
-            AccountSpec::new("p", Script::ok())
-                .url_label("p")
-                .priority(0),
-        )
-        .account(
-            AccountSpec::new("b", Script::ok())
-                .url_label("b")
-                .provider("anthropic", "oauth")
-                .priority(1),
-        )
+        .account(on("p", "p", 0))
+        .account(on("b", "b", 1).provider("anthropic", "oauth"))
         .start()
         .await;
     assert_eq!(h.send_stream().await.status, 200);
@@ -349,13 +338,7 @@ async fn a_partner_must_share_provider_and_auth_type() {
         ["p", "p"],
         "no backup across auth types"
     );
-    assert_eq!(
-        metric(&h, "keypool_hedge_gate_total{reason=\"no_partner\"}").await,
-        2
-    );
-    assert_eq!(
-        metric(&h, "keypool_hedge_backups_total{strategy=\"hedge\"}").await,
-        0
-    );
+    assert_eq!(gate(&h, "no_partner").await, 2);
+    assert_eq!(backups(&h, "hedge").await, 0);
     h.finish().await;
 }

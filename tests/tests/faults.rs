@@ -1,7 +1,8 @@
 //! Faults around keypool (SPEC 6, 9, 10): Redis killed and restarted during load, config
 //! reloads under load (in process and by `SIGHUP` on the real binary), `SIGTERM` under
 //! load on the real `keypool` binary, and restarts that keep cooldowns, windows and
-//! disabled flags with their absolute expiry (state file and Redis).
+//! disabled flags with their absolute expiry (state file and Redis); readiness with an
+//! unreachable Redis.
 //!
 //! The binary tests build `keypool` once (`cargo build -p keypool`, a no-op when it is
 //! up to date) and run it as a child process on a free loopback port, in front of an
@@ -439,8 +440,7 @@ async fn sighup_reload_under_load_swaps_valid_files_and_keeps_serving_on_invalid
 async fn reload_under_load_fails_no_request_and_an_invalid_file_changes_nothing() {
     let h = Harness::builder()
         .strategy("round_robin")
-        .account(AccountSpec::new("a", Script::ok()))
-        .account(AccountSpec::new("b", Script::ok()))
+        .healthy_accounts(&["a", "b"])
         .start()
         .await;
     let dir = temp_dir("reload");
@@ -497,9 +497,7 @@ async fn redis_killed_and_restarted_during_load_fails_no_request_and_reconciles(
         .server("redis_url", &format!("{:?}", redis.url()))
         .server("redis_timeout_ms", "100")
         .server("state_snapshot_interval_secs", "1")
-        .account(AccountSpec::new("a", Script::ok()))
-        .account(AccountSpec::new("b", Script::ok()))
-        .account(AccountSpec::new("c", Script::ok()))
+        .healthy_accounts(&["a", "b", "c"])
         .start()
         .await;
     let ready = |h: &Harness| {
@@ -565,6 +563,27 @@ async fn redis_killed_and_restarted_during_load_fails_no_request_and_reconciles(
     let metrics = h.metrics().await;
     assert!(metrics.contains("keypool_redis_ready 1"), "{metrics}");
     eprintln!("redis fault: {sent} requests, none failed");
+    h.finish().await;
+}
+
+/// Readiness follows Redis from the first request: a configured Redis that never
+/// answers is `/readyz` 503 (naming Redis) and `keypool_redis_ready 0`, while liveness
+/// does not depend on it. No `redis-server` needed: nothing listens on port 1.
+#[tokio::test]
+async fn readyz_is_503_while_the_configured_redis_is_unreachable() {
+    let h = Harness::builder()
+        .server("redis_url", "\"redis://127.0.0.1:1/\"")
+        .server("redis_timeout_ms", "50")
+        .account(AccountSpec::new("a", Script::ok()))
+        .start()
+        .await;
+    let ready = h.get("/readyz").send().await;
+    assert_eq!(ready.status, 503, "{}", ready.text());
+    assert!(ready.header("x-request-id").is_some());
+    assert!(ready.text().contains("redis"), "{}", ready.text());
+    assert_eq!(h.get("/healthz").send().await.status, 200);
+    let metrics = h.metrics().await;
+    assert!(metrics.contains("keypool_redis_ready 0"), "{metrics}");
     h.finish().await;
 }
 

@@ -8,16 +8,20 @@
 //! - invalid JSON, non-UTF-8 bytes, missing or non-string `model`, deep nesting, huge
 //!   header counts and sizes, odd paths (`..`, encoded slashes, very long slugs) → 4xx;
 //! - thousands of idle connections: memory stays bounded, requests are still served, and
-//!   the header timeout closes every one of them.
+//!   the header timeout closes every one of them;
+//! - any generated method, path, key and body gets a well-formed answer (a property).
 
 // Test code may unwrap (helpers outside #[test] functions too).
 #![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::Full;
 use keypool_sim::Script;
 use keypool_tests::raw::{exchange, header_of, post, read_head, status_of};
-use keypool_tests::{AccountSpec, Harness, KEY, MODEL, message_body};
+use keypool_tests::{AccountSpec, Harness, KEY, MODEL, check_property, message_body};
+use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -157,6 +161,7 @@ async fn a_body_that_stalls_gets_408() {
         .unwrap();
     let text = String::from_utf8_lossy(&answer);
     assert_eq!(status_of(&text), 408, "{text}");
+    assert!(text.contains("invalid_request_error"), "{text}");
     assert!(started.elapsed() >= Duration::from_millis(900));
     assert_eq!(h.sim().total_stats().requests, 0);
     h.finish().await;
@@ -518,7 +523,8 @@ async fn odd_paths_are_4xx_and_never_reach_the_upstream() {
              x-api-key: {key}\r\ncontent-length: 0\r\n\r\n"
         );
         let (status, text) = raw(&h, request.as_bytes()).await;
-        assert!((400..500).contains(&status), "{method}: {text}");
+        assert_eq!(status, 405, "{method}: {text}");
+        assert!(text.contains("invalid_request_error"), "{method}: {text}");
     }
     assert_eq!(
         h.sim().total_stats().requests,
@@ -683,4 +689,73 @@ async fn ambiguous_framing_is_refused_and_pipelined_requests_are_answered_in_ord
     assert_eq!(statuses, [200, 200, 200], "{text}");
     assert_eq!(h.sim().total_stats().requests, served_before + 3);
     h.finish().await;
+}
+
+/// A request `App::handle` can be given: the key in both `x-api-key` and
+/// `authorization` when it is a valid header value; `None` when `path` is no URI.
+fn generated_request(
+    method: &str,
+    path: &str,
+    key: &[u8],
+    body: Vec<u8>,
+) -> Option<http::Request<Full<Bytes>>> {
+    let mut builder = http::Request::builder().method(method).uri(path);
+    if let Ok(value) = http::HeaderValue::from_bytes(key) {
+        builder = builder
+            .header("x-api-key", value.clone())
+            .header("authorization", value);
+    }
+    builder.body(Full::new(Bytes::from(body))).ok()
+}
+
+/// Whatever arrives, keypool answers: an Anthropic-shaped JSON error (or a fixed route),
+/// an `x-request-id`, never a panic, never an upstream call (no generated key is valid).
+#[test]
+fn any_request_gets_a_well_formed_answer() {
+    let inputs = (
+        prop::sample::select(vec!["GET", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"]),
+        prop_oneof![
+            "(/[a-z0-9_%.-]{0,8}){0,6}",
+            Just("/acme/team/v1/messages".to_owned()),
+            Just("/team/v1/messages/count_tokens".to_owned()),
+        ],
+        prop::collection::vec(any::<u8>(), 0..64),
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..256),
+            Just(br#"{"model":"m","stream":true}"#.to_vec()),
+            Just(br#"{"model":1}"#.to_vec()),
+        ],
+    );
+    let builder = Harness::builder().account(AccountSpec::new("a", Script::ok()));
+    check_property(
+        builder,
+        128,
+        file!(),
+        inputs,
+        async |h, (method, path, key, body)| {
+            let Some(request) = generated_request(method, &path, &key, body) else {
+                return;
+            };
+            let r = h.handle(request).await;
+            let status = r.status.as_u16();
+            assert!(r.header("x-request-id").is_some(), "{status} {path}");
+            if status >= 400 && path != "/readyz" {
+                assert_eq!(r.header("content-type"), Some("application/json"));
+                let json = r.json();
+                assert_eq!(json["type"], "error");
+                assert!(json["error"]["type"].is_string());
+                assert!(json["request_id"].is_string());
+            } else {
+                assert!(
+                    matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics"),
+                    "{status} {path}"
+                );
+            }
+            assert!(
+                [200, 401, 404, 405, 409, 410, 413].contains(&status),
+                "{status} {path}"
+            );
+            assert_eq!(h.sim().total_stats().requests, 0, "{method} {path}");
+        },
+    );
 }

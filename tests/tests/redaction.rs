@@ -194,11 +194,7 @@ async fn no_secret_in_any_log_line_metric_error_body_or_debug() {
             seen.reply(&format!("{what} {path}"), &r);
         }
     }
-    let ui = h
-        .client()
-        .request(http::Method::GET, h.url("/admin/ui"))
-        .send()
-        .await;
+    let ui = h.get("/admin/ui").send().await;
     seen.reply("admin ui", &ui);
 
     // Reloads: an invalid file (errors are shown and logged), then a valid one.
@@ -227,11 +223,7 @@ async fn no_secret_in_any_log_line_metric_error_body_or_debug() {
 
     // What a scraper and a probe see, and the configuration's Debug.
     for path in ["/metrics", "/readyz", "/healthz"] {
-        let r = h
-            .client()
-            .request(http::Method::GET, h.url(path))
-            .send()
-            .await;
+        let r = h.get(path).send().await;
         assert_eq!(r.status, 200, "{path}");
         seen.reply(path, &r);
     }

@@ -96,7 +96,10 @@ async fn worker_threads_share_the_pool_state_and_drain_together() {
 
 #[tokio::test]
 async fn shutdown_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
-    let spec = OkSpec::default().chunks(5).chunk_interval(Delay::ms(100));
+    const CHUNKS: u32 = 20;
+    let spec = OkSpec::default()
+        .chunks(CHUNKS)
+        .chunk_interval(Delay::ms(100));
     let mut h = Harness::builder()
         .server("shutdown_grace_secs", "5")
         .account(AccountSpec::new("a", Script::new(spec)))
@@ -110,6 +113,20 @@ async fn shutdown_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
     let first = stream.next_frame().await.unwrap();
     assert_eq!(first.event.as_deref(), Some("message_start"));
     h.begin_shutdown();
+    // draining: no new connection is accepted while the stream is still in flight
+    let addr = h.base_url().trim_start_matches("http://").to_owned();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while tokio::net::TcpStream::connect(&addr).await.is_ok() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("keypool stops accepting within 5 s of the shutdown signal");
+    assert_eq!(
+        h.sim().stats("a").unwrap().in_flight,
+        1,
+        "refused while the stream was still in flight"
+    );
     let mut events = vec![first.event.unwrap()];
     while let Some(frame) = stream.next_frame().await {
         events.push(frame.event.unwrap_or_default());
@@ -119,13 +136,19 @@ async fn shutdown_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
         Some("message_stop"),
         "{events:?}"
     );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| *e == "content_block_delta")
+            .count(),
+        CHUNKS as usize,
+        "{events:?}"
+    );
     assert!(!events.iter().any(|e| e == "error"), "{events:?}");
     // once drained, keypool is gone
     h.wait_proxy_stopped().await;
     assert!(
-        tokio::net::TcpStream::connect(h.base_url().trim_start_matches("http://"))
-            .await
-            .is_err(),
+        tokio::net::TcpStream::connect(&addr).await.is_err(),
         "keypool still accepts connections after shutdown"
     );
     assert_eq!(h.sim().stats("a").unwrap().finished, 1);
@@ -177,24 +200,35 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
         .account(AccountSpec::new("a", Script::ok()))
         .start()
         .await;
-    let mut socket = tokio::net::TcpStream::connect(h.base_url().trim_start_matches("http://"))
-        .await
-        .unwrap();
-    socket
-        .write_all(b"POST /acme/team/v1/messages HTTP/1.1\r\nhost: keypool\r\n")
-        .await
-        .unwrap();
-    let started = std::time::Instant::now();
-    let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer)).await;
-    assert!(read.is_ok(), "the connection is still open after 5 s");
-    let took = started.elapsed();
-    assert!(took >= Duration::from_millis(900), "cut after {took:?}");
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(
-        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
-        "unexpected answer: {answer}"
-    );
+    // nothing at all, and a head that never ends
+    for sent in [
+        &b""[..],
+        b"POST /acme/team/v1/messages HTTP/1.1\r\nhost: keypool\r\n",
+    ] {
+        let shown = String::from_utf8_lossy(sent);
+        let mut socket = tokio::net::TcpStream::connect(h.base_url().trim_start_matches("http://"))
+            .await
+            .unwrap();
+        socket.write_all(sent).await.unwrap();
+        let started = std::time::Instant::now();
+        let mut answer = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer)).await;
+        assert!(
+            read.is_ok(),
+            "{shown:?}: the connection is still open after 5 s"
+        );
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(900),
+            "{shown:?}: cut after {took:?}"
+        );
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+            "{shown:?}: unexpected answer: {answer}"
+        );
+    }
     assert_eq!(h.sim().total_stats().requests, 0);
     h.finish().await;
 }

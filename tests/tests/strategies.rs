@@ -23,9 +23,7 @@ async fn round_robin_rotates_over_the_pool() {
     let h = Harness::builder()
         .strategy("round_robin")
         .server("snapshot_ttl_secs", "15")
-        .account(AccountSpec::new("a", Script::ok()))
-        .account(AccountSpec::new("b", Script::ok()))
-        .account(AccountSpec::new("c", Script::ok()))
+        .healthy_accounts(&["a", "b", "c"])
         .start()
         .await;
     let order = serve(&h, 9).await;
@@ -42,8 +40,7 @@ async fn no_group_pool_uses_round_robin() {
     let h = Harness::builder()
         .no_group()
         .server("snapshot_ttl_secs", "15")
-        .account(AccountSpec::new("a", Script::ok()))
-        .account(AccountSpec::new("b", Script::ok()))
+        .healthy_accounts(&["a", "b"])
         .start()
         .await;
     let order = serve(&h, 4).await;
@@ -106,9 +103,7 @@ async fn round_robin_rotates_even_when_the_snapshot_is_rebuilt_per_request() {
     let h = Harness::builder()
         .strategy("round_robin")
         .server("snapshot_ttl_secs", "0")
-        .account(AccountSpec::new("a", Script::ok()))
-        .account(AccountSpec::new("b", Script::ok()))
-        .account(AccountSpec::new("c", Script::ok()))
+        .healthy_accounts(&["a", "b", "c"])
         .start()
         .await;
     let order = serve(&h, 9).await;
