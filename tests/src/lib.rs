@@ -24,6 +24,7 @@
 //! - [`client`]: the HTTP client of the suites, [`Reply`] and SSE frames.
 //! - [`logs`]: [`LogLines`], log lines captured in memory.
 //! - [`property`]: [`check_property`], a proptest property against one harness.
+//! - [`process`]: [`process::KeypoolProcess`], the real binary as a child process.
 //! - [`raw`]: raw HTTP/1.1 over TCP for hostile-input tests.
 //! - [`venv`]: the Python venv with the Anthropic SDK (shared with `xtask`), and
 //!   [`sdk_python`], the policy when it cannot be created.
@@ -32,6 +33,7 @@ pub mod client;
 pub mod fake_upstream;
 pub mod harness;
 pub mod logs;
+pub mod process;
 pub mod property;
 pub mod raw;
 pub mod venv;

@@ -11,211 +11,24 @@
 // Test code may unwrap (helpers outside #[test] functions too).
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use keypool_core::{AccountId, Window};
 use keypool_sim::{Behaviour, Delay, ErrorReply, OkSpec, Script, UnifiedHeaders};
 use keypool_store::config::Config;
-use keypool_store::keys::LB_KEY_PREFIX;
 use keypool_store::testing::{FakeRedis, FakeReply, FaultyRedis, RedisServer};
 use keypool_store::{Store, now_ms};
+use keypool_tests::process::{
+    KeypoolProcess, binary_config, config_file, free_port, signal, temp_dir,
+};
 use keypool_tests::{
-    AccountSpec, Client, Harness, HarnessBuilder, KEY, MODEL, Reply, admin_account, message_body,
-    secret_of,
+    AccountSpec, Client, Harness, HarnessBuilder, KEY, MODEL, admin_account, message_body,
 };
 use serde_json::Value;
 
 const ADMIN_TOKEN: &str = "faults-admin-token-0a1b2c3d4e5f";
-
-/// The `keypool` binary, built once per test process.
-fn keypool_binary() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = keypool_tests::workspace_root();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .current_dir(&root)
-            .args(["build", "-p", "keypool", "--bin", "keypool"])
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "cargo build -p keypool failed");
-        let target =
-            std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-        let bin = target.join("debug").join("keypool");
-        assert!(bin.exists(), "{} after the build", bin.display());
-        bin
-    })
-    .clone()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A fresh temporary folder (see [`temp_dir`]) holding `keypool.toml` = `text`: the
-/// folder and the file.
-fn config_file(name: &str, text: &str) -> (PathBuf, PathBuf) {
-    let dir = temp_dir(name);
-    let file = dir.join("keypool.toml");
-    std::fs::write(&file, text).unwrap();
-    (dir, file)
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "keypool-faults-{name}-{}-{}",
-        std::process::id(),
-        now_ms()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// `kill -<signal> <pid>` on a child this test started.
-fn signal(child: &Child, signal: &str) {
-    let status = Command::new("kill")
-        .args([format!("-{signal}"), child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{signal}");
-}
-
-/// A `keypool serve` child process.
-struct Keypool {
-    child: Child,
-    port: u16,
-    stderr: PathBuf,
-}
-
-impl Keypool {
-    /// Starts `keypool serve --config <config>` (which must listen on `port`) with debug
-    /// logs on a file, and waits until `/healthz` answers.
-    async fn start(config: &Path, port: u16) -> Self {
-        let stderr = config.with_extension(format!("stderr-{}", now_ms()));
-        let child = Command::new(keypool_binary())
-            .args(["serve", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "debug")
-            .env_remove("KEYPOOL_LISTEN")
-            .env_remove("REDIS_URL")
-            .env_remove("KEYPOOL_ADMIN_TOKEN")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .unwrap();
-        let k = Self {
-            child,
-            port,
-            stderr,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Ok(r)) = tokio::time::timeout(
-                Duration::from_secs(1),
-                tokio::net::TcpStream::connect(("127.0.0.1", port)),
-            )
-            .await
-            {
-                drop(r);
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "keypool did not listen within 20 s: {}",
-                k.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        k
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    /// Sends one message (streamed or not) to the binary's `acme/team` URL config with
-    /// the harness's LB key, and reads the answer to its end.
-    async fn send_message(&self, h: &Harness, stream: bool) -> Reply {
-        h.client()
-            .post(self.url("/acme/team/v1/messages"))
-            .api_key(&h.key(KEY))
-            .json(&message_body(MODEL, stream))
-            .send()
-            .await
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// Waits (at most `within`) for the process to exit; its exit code.
-    async fn wait_exit(&mut self, within: Duration) -> Option<i32> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "keypool still running {within:?} after SIGTERM"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Asserts that the binary's log holds no account secret and no LB key.
-    fn assert_logs_clean(&self, h: &Harness, accounts: &[&str]) {
-        let logs = self.logs();
-        assert!(!logs.is_empty(), "the binary logged nothing");
-        for id in accounts {
-            assert!(!logs.contains(&secret_of(id)), "secret of {id} in the log");
-        }
-        assert!(!logs.contains(LB_KEY_PREFIX), "an sk-lb- value in the log");
-        let key = h.key(KEY);
-        assert!(
-            !logs.contains(&key[LB_KEY_PREFIX.len()..]),
-            "the LB key in the log"
-        );
-        assert!(!logs.contains(ADMIN_TOKEN), "the admin token in the log");
-    }
-}
-
-impl Drop for Keypool {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_file(&self.stderr);
-    }
-}
-
-/// The configuration text of `h` for the binary: listening on `port`, with `[server]`
-/// options replaced.
-fn binary_config(h: &Harness, port: u16, server: &[(&str, &str)]) -> String {
-    let mut text = h.toml().replacen(
-        "[server]\n",
-        &format!("[server]\nlisten = \"127.0.0.1:{port}\"\n"),
-        1,
-    );
-    for (option, value) in server {
-        let start = text
-            .find(&format!("\n{option} = "))
-            .map(|i| i + 1)
-            .unwrap_or_else(|| panic!("no {option} in the harness config"));
-        let end = start + text[start..].find('\n').unwrap();
-        text.replace_range(start..end, &format!("{option} = {value}"));
-    }
-    text
-}
 
 fn builder_with(accounts: Vec<AccountSpec>) -> HarnessBuilder {
     let mut b = Harness::builder().extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""));
@@ -309,7 +122,7 @@ async fn sigterm_under_load_finishes_streams_refuses_new_connections_and_exits_0
         "sigterm",
         &binary_config(&h, port, &[("shutdown_grace_secs", "10")]),
     );
-    let mut k = Keypool::start(&file, port).await;
+    let mut k = KeypoolProcess::start(&file, port).await;
     let url = k.url("/acme/team/v1/messages");
     let key = h.key(KEY);
     // eight streams in flight (heads written: committed), each ~1 s long
@@ -372,7 +185,7 @@ async fn sigterm_under_load_finishes_streams_refuses_new_connections_and_exits_0
         "within the grace period"
     );
     assert!(k.logs().contains("all connections drained"), "{}", k.logs());
-    k.assert_logs_clean(&h, &["a", "b"]);
+    k.assert_logs_clean(&h, &["a", "b"], &[ADMIN_TOKEN]);
     std::fs::remove_dir_all(&dir).unwrap();
     h.finish().await;
 }
@@ -389,7 +202,7 @@ async fn sighup_reload_under_load_swaps_valid_files_and_keeps_serving_on_invalid
     .await;
     let valid = binary_config(&h, port, &[]);
     let (dir, file) = config_file("sighup", &valid);
-    let k = Keypool::start(&file, port).await;
+    let k = KeypoolProcess::start(&file, port).await;
     let stop = Arc::new(AtomicBool::new(false));
     let load = tokio::spawn(load(
         h.client().clone(),
@@ -431,7 +244,7 @@ async fn sighup_reload_under_load_swaps_valid_files_and_keeps_serving_on_invalid
         logs.lines().filter(|l| l.contains("ERROR")).count() >= 4,
         "every invalid file is logged: {logs}"
     );
-    k.assert_logs_clean(&h, &["a", "b"]);
+    k.assert_logs_clean(&h, &["a", "b"], &[ADMIN_TOKEN]);
     std::fs::remove_dir_all(&dir).unwrap();
     h.finish().await;
 }
@@ -625,7 +438,7 @@ async fn binary_restart_keeps_cooldowns_windows_and_disabled_flags_from_the_stat
         "restart",
         &binary_config(&h, port, &[("state_file", "\"state.json\"")]),
     );
-    let admin = |k: &Keypool| {
+    let admin = |k: &KeypoolProcess| {
         let (client, url) = (h.client().clone(), k.url("/admin/accounts"));
         async move {
             let r = client
@@ -637,7 +450,7 @@ async fn binary_restart_keeps_cooldowns_windows_and_disabled_flags_from_the_stat
             r.json()
         }
     };
-    let mut k = Keypool::start(&file, port).await;
+    let mut k = KeypoolProcess::start(&file, port).await;
     let r = k.send_message(&h, false).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let before = admin(&k).await;
@@ -656,7 +469,7 @@ async fn binary_restart_keeps_cooldowns_windows_and_disabled_flags_from_the_stat
     drop(k);
 
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let k = Keypool::start(&file, port).await;
+    let k = KeypoolProcess::start(&file, port).await;
     let after = admin(&k).await;
     for (id, state) in ids.iter().zip(&states) {
         assert_eq!(
@@ -674,7 +487,7 @@ async fn binary_restart_keeps_cooldowns_windows_and_disabled_flags_from_the_stat
         h.upstream_order().last().map(String::as_str),
         Some("healthy")
     );
-    k.assert_logs_clean(&h, &ids);
+    k.assert_logs_clean(&h, &ids, &[ADMIN_TOKEN]);
     drop(k);
     std::fs::remove_dir_all(&dir).unwrap();
     h.finish().await;
@@ -744,7 +557,7 @@ async fn a_corrupt_state_file_is_moved_aside_and_keypool_serves() {
     );
     // a half-written file from some other tool, and a crash
     std::fs::write(dir.join("state.json"), b"{\"version\": 1, \"cooldowns\": [").unwrap();
-    let mut k = Keypool::start(&file, port).await;
+    let mut k = KeypoolProcess::start(&file, port).await;
     let r = k.send_message(&h, true).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let aside: Vec<String> = std::fs::read_dir(&dir)
@@ -784,7 +597,7 @@ fn with_redis_url(text: &str, url: &str, timeout_ms: u64) -> String {
 }
 
 /// `GET path` on the binary: status and body.
-async fn get(h: &Harness, k: &Keypool, path: &str) -> (u16, String) {
+async fn get(h: &Harness, k: &KeypoolProcess, path: &str) -> (u16, String) {
     let r = h
         .client()
         .request(http::Method::GET, k.url(path))
@@ -811,8 +624,8 @@ async fn a_redis_answering_a_million_nested_arrays_never_kills_the_binary_and_re
         "nested",
         &with_redis_url(&binary_config(&h, port, &[]), &url, 500),
     );
-    let mut k = Keypool::start(&file, port).await;
-    let ready_within_10s = async |k: &Keypool, status: u16| {
+    let mut k = KeypoolProcess::start(&file, port).await;
+    let ready_within_10s = async |k: &KeypoolProcess, status: u16| {
         let what = format!("/readyz {status}");
         until(&what, Duration::from_secs(10), async || {
             get(&h, k, "/readyz").await.0 == status
@@ -854,7 +667,7 @@ async fn a_redis_answering_a_million_nested_arrays_never_kills_the_binary_and_re
         "{}",
         k.logs()
     );
-    k.assert_logs_clean(&h, &["a", "b"]);
+    k.assert_logs_clean(&h, &["a", "b"], &[ADMIN_TOKEN]);
     drop(k);
     std::fs::remove_dir_all(&dir).unwrap();
     h.finish().await;
@@ -1010,8 +823,8 @@ async fn a_state_file_that_cannot_be_written_shows_in_metrics_and_readyz_and_fai
     let folder = dir.join("state");
     std::fs::create_dir(&folder).unwrap();
     let path = folder.join("state.json");
-    let mut k = Keypool::start(&file, port).await;
-    let metric = async |k: &Keypool| {
+    let mut k = KeypoolProcess::start(&file, port).await;
+    let metric = async |k: &KeypoolProcess| {
         let r = h
             .client()
             .request(http::Method::GET, k.url("/metrics"))
@@ -1076,7 +889,7 @@ async fn a_state_file_that_cannot_be_written_shows_in_metrics_and_readyz_and_fai
         logs.contains("could not be saved at shutdown") && logs.contains("Not a directory"),
         "{logs}"
     );
-    k.assert_logs_clean(&h, &["a"]);
+    k.assert_logs_clean(&h, &["a"], &[ADMIN_TOKEN]);
     drop(k);
     std::fs::remove_dir_all(&dir).unwrap();
     h.finish().await;
