@@ -50,6 +50,7 @@ pub struct AccountSpec {
     priority: i32,
     url_label: Option<String>,
     base_url: Option<String>,
+    in_pool: bool,
     provider: &'static str,
     auth: &'static str,
     extra: Vec<String>,
@@ -64,6 +65,7 @@ impl AccountSpec {
             priority: 0,
             url_label: None,
             base_url: None,
+            in_pool: true,
             provider: "anthropic",
             auth: "api_key",
             extra: Vec::new(),
@@ -95,6 +97,13 @@ impl AccountSpec {
     /// [`FakeUpstream`](crate::fake_upstream::FakeUpstream)).
     pub fn base_url(mut self, url: &str) -> Self {
         self.base_url = Some(url.to_owned());
+        self
+    }
+
+    /// Keeps the account out of the harness's `pool` group: it is declared (and
+    /// simulated) for a group of the test's own, written with `extra_toml`.
+    pub fn outside_pool(mut self) -> Self {
+        self.in_pool = false;
         self
     }
 
@@ -322,7 +331,12 @@ impl HarnessBuilder {
         }
         match &self.strategy {
             Some(strategy) => {
-                let ids: Vec<String> = self.accounts.iter().map(|a| toml_str(&a.id)).collect();
+                let ids: Vec<String> = self
+                    .accounts
+                    .iter()
+                    .filter(|a| a.in_pool)
+                    .map(|a| toml_str(&a.id))
+                    .collect();
                 let _ = writeln!(
                     t,
                     "\n[[groups]]\nid = \"pool\"\norg = \"{ORG}\"\nstrategy = {}\naccounts = [{}]\n\
@@ -337,9 +351,15 @@ impl HarnessBuilder {
         }
         let mut declare = |t: &mut String, id: &str, org: &str, lines: &str| {
             let generated = generate_lb_key(rng);
+            // A user key unless the lines say otherwise.
+            let kind = if lines.contains("kind =") {
+                ""
+            } else {
+                "kind = \"user\"\n"
+            };
             let _ = writeln!(
                 t,
-                "\n[[keys]]\nid = {}\norg = {}\nkind = \"user\"\n{}\n{lines}",
+                "\n[[keys]]\nid = {}\norg = {}\n{kind}{}\n{lines}",
                 toml_str(id),
                 toml_str(org),
                 generated.config_line()

@@ -73,7 +73,7 @@ pub use history::{Minute, MinuteHistory};
 pub use period::{Day, Month, Period};
 pub use price::{
     DEFAULT_PRICES_DATE, DEFAULT_PRICES_SOURCE, ModelGlob, NANO_PER_USD, NanoUsd, PerMillion,
-    PriceRule, PriceTable, Prices, default_rules,
+    PriceRule, PriceTable, Prices, Usd, default_rules,
 };
 pub use recent::{RecentRecords, RecordFilter, StatusFilter};
 pub use record::{AttemptRecord, CallerKind, CallerRef, CostBasis, UsageRecord};

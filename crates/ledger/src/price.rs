@@ -17,6 +17,17 @@ pub type NanoUsd = u64;
 /// Nano-USD in one USD.
 pub const NANO_PER_USD: u64 = 1_000_000_000;
 
+/// Nano-USD written as a decimal USD amount with nine decimals (`12.400000000`): exact,
+/// for logs, the admin API and CSV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usd(pub NanoUsd);
+
+impl std::fmt::Display for Usd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{:09}", self.0 / NANO_PER_USD, self.0 % NANO_PER_USD)
+    }
+}
+
 /// Where the default prices come from, for the docs and the admin API.
 pub const DEFAULT_PRICES_SOURCE: &str =
     "https://platform.claude.com/docs/en/about-claude/pricing and the model overview pages";
@@ -342,6 +353,13 @@ mod tests {
             .take(2)
             .collect();
         assert_eq!(flags, [true, false]);
+    }
+
+    #[test]
+    fn usd_is_written_exactly() {
+        assert_eq!(Usd(0).to_string(), "0.000000000");
+        assert_eq!(Usd(12_400_000_000).to_string(), "12.400000000");
+        assert_eq!(Usd(1).to_string(), "0.000000001");
     }
 
     #[test]

@@ -257,6 +257,15 @@ fn carries_lb_key(pair: &str) -> bool {
     contains_marker(&text)
 }
 
+/// A query-string value with its `%XX` sequences (and `+`) decoded; invalid UTF-8 is
+/// replaced. Borrowed when there is nothing to decode.
+pub fn percent_decode(value: &str) -> Cow<'_, str> {
+    match percent_decoded(value.as_bytes()) {
+        Some(bytes) => Cow::Owned(String::from_utf8_lossy(&bytes).into_owned()),
+        None => Cow::Borrowed(value),
+    }
+}
+
 /// `bytes` with `%XX` sequences (and `+`) decoded, `None` when there is nothing to decode.
 fn percent_decoded(bytes: &[u8]) -> Option<Vec<u8>> {
     if !bytes.iter().any(|&b| b == b'%' || b == b'+') {

@@ -306,7 +306,7 @@ impl App {
             Ok(caller) => caller,
             Err(e) => return early_reject(parts, &Reject::from(e), &ctx.id),
         };
-        ctx.authenticated(caller);
+        ctx.authenticated(caller, self);
         // 4. The key is stripped by the upstream head builder's allowlist; read the body
         // (step 1's limits) and parse it.
         let body = match self.read_body(parts, body).await {
@@ -319,6 +319,7 @@ impl App {
         };
         if let Some(log) = ctx.log_mut() {
             log.stream = info.stream;
+            log.model = Some(Arc::from(info.model.as_str()));
         }
         // 5–8. Filter, choose, call and fail over, answer.
         let call = Call {

@@ -10,10 +10,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use keypool_core::AccountId;
+use std::borrow::Cow;
+
+use keypool_core::{AccountId, UnixMs};
+use keypool_ledger::AttemptRecord;
 use keypool_providers::Endpoint;
+use keypool_store::now_ms;
 use keypool_store::resolve::{Caller, Route};
 
+use crate::App;
 use crate::log::RequestLog;
 use crate::metrics::Metrics;
 
@@ -68,10 +73,12 @@ impl<'a> RequestContext<'a> {
         }
     }
 
-    /// The LB key was valid: the caller goes to the log line (by key id only).
-    pub(crate) fn authenticated(&mut self, caller: Caller) {
+    /// The LB key was valid: the caller goes to the log line (by key id only), and the
+    /// request's usage record will go to `app`'s ledger.
+    pub(crate) fn authenticated(&mut self, caller: Caller, app: &App) {
         if let Some(log) = self.log.as_mut() {
             log.caller = Some(caller);
+            log.ledger = Some(app.clone());
         }
     }
 
@@ -80,10 +87,25 @@ impl<'a> RequestContext<'a> {
         self.log.as_mut()
     }
 
-    /// One attempt's outcome for the log line (`ok`, a trigger name, `aborted`, …).
-    pub(crate) fn attempt(&mut self, account: &AccountId, outcome: &'static str) {
+    /// One attempt of the request on `account`: its upstream status, what it came to
+    /// (`ok`, a failure's trigger, `aborted`, …), its class when it failed, and when it
+    /// started (unix ms; its time is counted up to now).
+    pub(crate) fn attempt(
+        &mut self,
+        account: &AccountId,
+        status: Option<u16>,
+        outcome: &'static str,
+        class: Option<&'static str>,
+        started_at: UnixMs,
+    ) {
         if let Some(log) = self.log.as_mut() {
-            log.attempts.push((account.clone(), outcome));
+            log.attempts.push(AttemptRecord {
+                account: account.clone(),
+                status,
+                outcome: Cow::Borrowed(outcome),
+                class: class.map(Cow::Borrowed),
+                ms: now_ms().saturating_sub(started_at),
+            });
         }
     }
 

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use dashmap::DashMap;
 use keypool_cooldown::Classification;
 use keypool_core::{AccountId, UnixMs};
+use keypool_ledger::{CostBasis, NANO_PER_USD, UsageRecord};
 use keypool_selector::GateReason;
 use keypool_store::Store;
 
@@ -117,6 +118,9 @@ pub struct Metrics {
     queue_rejections: [AtomicU64; 2],
     body_budget_rejections: AtomicU64,
     local_failures: DashMap<&'static str, AtomicU64>,
+    /// Per (org, caller): input, output, cache-write and cache-read tokens, cost (nano).
+    usage: DashMap<(Arc<str>, Arc<str>), [AtomicU64; 5]>,
+    unpriced: AtomicU64,
 }
 
 /// What session affinity did for one request that carried a session key.
@@ -226,6 +230,71 @@ impl Metrics {
         with_value(&self.local_failures, resource, || resource, increment);
     }
 
+    /// One request's usage record: its tokens and cost by org and caller.
+    pub fn usage(&self, record: &UsageRecord) {
+        let u = &record.usage;
+        let values = [
+            u.input_tokens,
+            u.output_tokens,
+            u.cache_creation_input_tokens,
+            u.cache_read_input_tokens,
+            record.cost_nano_usd,
+        ];
+        if values.iter().all(|&v| v == 0) {
+            return;
+        }
+        if record.cost_basis == CostBasis::Unpriced {
+            self.unpriced.fetch_add(1, Ordering::Relaxed);
+        }
+        let key = (record.org.clone(), record.caller.id.clone());
+        let add = |counters: &[AtomicU64; 5]| {
+            for (counter, v) in counters.iter().zip(values) {
+                counter.fetch_add(v, Ordering::Relaxed);
+            }
+        };
+        with_value(&self.usage, &key, || key.clone(), add);
+    }
+
+    /// `keypool_tokens_total{org,caller,type}`, `keypool_cost_usd_total{org,caller}`,
+    /// `keypool_usage_unpriced_total`.
+    fn render_usage(&self, out: &mut String) {
+        let mut rows: Vec<_> = self
+            .usage
+            .iter()
+            .map(|e| (e.key().clone(), loads(e.value()).collect::<Vec<u64>>()))
+            .collect();
+        rows.sort();
+        out.push_str("# HELP keypool_tokens_total Tokens used by answered requests, by org, caller (LB key id) and token type.\n# TYPE keypool_tokens_total counter\n");
+        for ((org, caller), v) in &rows {
+            for (kind, n) in ["input", "output", "cache_creation", "cache_read"]
+                .iter()
+                .zip(v)
+            {
+                let _ = writeln!(
+                    out,
+                    "keypool_tokens_total{{org=\"{}\",caller=\"{}\",type=\"{kind}\"}} {n}",
+                    escape(org),
+                    escape(caller)
+                );
+            }
+        }
+        out.push_str("# HELP keypool_cost_usd_total Cost of answered requests in USD (API prices; the list-price equivalent for subscription accounts), by org and caller.\n# TYPE keypool_cost_usd_total counter\n");
+        for ((org, caller), v) in &rows {
+            let _ = writeln!(
+                out,
+                "keypool_cost_usd_total{{org=\"{}\",caller=\"{}\"}} {}",
+                escape(org),
+                escape(caller),
+                v[4] as f64 / NANO_PER_USD as f64
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP keypool_usage_unpriced_total Answered requests with tokens whose model has no price (counted at 0 USD).\n# TYPE keypool_usage_unpriced_total counter\nkeypool_usage_unpriced_total {}",
+            self.unpriced.load(Ordering::Relaxed)
+        );
+    }
+
     /// The body budgets' series: request body and buffered answer bytes held now, and
     /// the requests refused for their body so far.
     pub fn render_body_budget(&self, out: &mut String, requests: u64, answers: u64) {
@@ -312,6 +381,7 @@ impl Metrics {
         self.render_requests(&mut out);
         self.render_attempts(&mut out);
         self.render_latencies(&mut out);
+        self.render_usage(&mut out);
         self.render_accounts(&mut out, store, now);
         self.render_affinity_and_slots(&mut out, store);
         render_backend(&mut out, store);

@@ -106,6 +106,9 @@ struct Inner {
     boot: Mutex<Option<BootState>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     last_saved: AtomicU64,
+    /// Held while the state is written: writes never overlap, so an older state never
+    /// lands after a newer one (the background snapshot and the one at shutdown).
+    persisting: tokio::sync::Mutex<()>,
     state_file: StateFileHealth,
     sessions: SessionBook,
     slots: SlotBook,
@@ -278,6 +281,7 @@ impl Store {
             boot: Mutex::new(Some(boot)),
             tasks: Mutex::new(Vec::new()),
             last_saved: AtomicU64::new(first_save),
+            persisting: tokio::sync::Mutex::new(()),
             state_file: StateFileHealth::default(),
         });
         let store = Store { inner };
@@ -798,6 +802,7 @@ impl Store {
     /// [`StoreError::Redis`] when Redis does not take the push (every change was
     /// mirrored as it happened: best-effort).
     pub async fn persist(&self, now: UnixMs) -> Result<(), StoreError> {
+        let _one_at_a_time = self.inner.persisting.lock().await;
         self.inner.last_saved.store(now, Ordering::Relaxed);
         match &self.inner.backend {
             Backend::Memory { file: None } => Ok(()),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};
 use keypool_cooldown::{Attempt, AttemptFailure, Classification, TransportFailure, classify};
-use keypool_core::{AccountId, UnixMs};
+use keypool_core::{AccountId, AuthType, UnixMs};
 use keypool_providers::Usage;
 use keypool_selector::{Candidate, Sample};
 use keypool_store::now_ms;
@@ -103,9 +103,19 @@ pub(super) fn commit(
     let app = call.app;
     let account = ready.account.id().clone();
     app.metrics().ttft(&account, ready.ttft_ms);
-    ctx.attempt(&account, "ok");
+    let status = match &ready.kind {
+        ReadyKind::Full { status, .. } => status.as_u16(),
+        ReadyKind::Stream { .. } => StatusCode::OK.as_u16(),
+    };
+    ctx.attempt(&account, Some(status), "ok", None, running.started_at);
     if let Some(log) = ctx.log_mut() {
         log.served_by = Some(account.clone());
+        log.served_by_oauth = ready.account.auth() == AuthType::OAuth;
+        if let Some(model) = ready.account.model_shared() {
+            log.model_sent = Some(model.clone());
+        } else {
+            log.model_sent = log.model.clone();
+        }
         log.ttft_ms = Some(ready.ttft_ms);
         log.upstream_request_id = ready.upstream_request_id;
     }

@@ -229,7 +229,7 @@ impl<'c> Walker<'c> {
             let candidate = &self.planned.snapshot[index];
             let base_url = candidate.base_url.as_deref().unwrap_or("");
             if !store.health().breakers.allow(base_url, now_ms()) {
-                ctx.attempt(&candidate.id, "breaker_open");
+                ctx.attempt(&candidate.id, None, "breaker_open", None, now_ms());
                 continue;
             }
             match capacity(store, &account).await {
@@ -404,12 +404,28 @@ impl<'c> Walker<'c> {
                 );
                 self.call.app.metrics().local_failure(local.as_str());
             }
-            ctx.attempt(&candidate.id, "local_failure");
+            ctx.attempt(
+                &candidate.id,
+                None,
+                "local_failure",
+                None,
+                running.started_at,
+            );
             self.abort_others(ctx);
             self.stopped = Some(Stopped::Local);
             return;
         };
-        ctx.attempt(&candidate.id, c.trigger.as_str());
+        let status = match &failure {
+            Failure::Status { status, .. } => Some(status.as_u16()),
+            _ => None,
+        };
+        ctx.attempt(
+            &candidate.id,
+            status,
+            c.trigger.as_str(),
+            Some(c.class.as_str()),
+            running.started_at,
+        );
         let in_flight = self.running.iter().filter(|r| r.is_some()).count();
         self.ceiling.failed(c.is_request_error(), in_flight);
         self.last_failure = Some((failure, running.index));
@@ -422,7 +438,8 @@ impl<'c> Walker<'c> {
     /// them as aborted.
     fn abort_others(&mut self, ctx: &mut RequestContext<'_>) {
         for other in self.running.iter_mut().filter_map(Option::take) {
-            ctx.attempt(&self.planned.snapshot[other.index].id, "aborted");
+            let id = &self.planned.snapshot[other.index].id;
+            ctx.attempt(id, None, "aborted", None, other.started_at);
         }
     }
 

@@ -378,6 +378,10 @@ impl Account {
     pub fn model(&self) -> Option<&str> {
         self.model.as_deref()
     }
+    /// Its `model` override as the shared string (cloning it is a count increment).
+    pub fn model_shared(&self) -> Option<&Arc<str>> {
+        self.model.as_ref()
+    }
     /// Its own usage-window threshold, if set.
     pub fn window_threshold(&self) -> Option<Threshold> {
         self.window_threshold
@@ -456,6 +460,16 @@ pub enum KeyKind {
     User,
     /// A service's key: recorded as `client_api_key_id`.
     Client,
+}
+
+impl KeyKind {
+    /// `user` or `client`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::User => "user",
+            Self::Client => "client",
+        }
+    }
 }
 
 /// Which URL configs of its org a key may use.
@@ -615,6 +629,10 @@ impl Config {
     /// `[usage]`.
     pub fn usage(&self) -> &UsageSettings {
         &self.usage
+    }
+    /// The LB key with id `id` (key ids are unique in the file).
+    pub fn lb_key_by_id(&self, id: &str) -> Option<&Arc<LbKey>> {
+        self.keys_by_hash.values().find(|k| &*k.id == id)
     }
     /// An org by slug.
     pub fn org(&self, slug: &str) -> Option<&Arc<Org>> {

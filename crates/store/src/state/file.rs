@@ -69,8 +69,11 @@ pub fn save(path: &Path, export: &StateExport) -> Result<(), StoreError> {
         source,
     };
     let json = serde_json::to_vec(export).map_err(|e| err(std::io::Error::other(e)))?;
+    // One temporary file per write, so that two writes never share one.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    tmp_name.push(format!(".tmp-{}-{n}", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
     let write = || -> std::io::Result<()> {
         let mut f = fs::File::create(&tmp)?;

@@ -20,6 +20,9 @@
 //! | `POST /admin/accounts/{id}/clear-cooldown` | ends an account's cooldown now |
 //! | `POST /admin/accounts/{id}/clear-windows` | drops its usage-window state (and a window's cooldown) |
 //! | `POST /admin/reload` | re-reads the config file (as `SIGHUP` does) |
+//! | `GET /admin/usage` | usage totals of a day or month by caller, account, model or org (JSON, CSV) |
+//! | `GET /admin/requests` | the newest usage records (`caller`, `status`, `limit`) |
+//! | `GET /admin/requests/{id}` | one request's usage record |
 //! | `GET /admin/ui` | the status page |
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,13 +41,15 @@ use keypool_store::keys::hash_key;
 use keypool_store::{Store, StoreError, now_ms};
 use serde_json::{Value, json};
 
+mod usage;
+
 use crate::App;
 use crate::app::early_reject;
 use crate::body::ProxyBody;
 use crate::reject::Reject;
 
 /// The status page, served as is.
-const UI_HTML: &str = include_str!("admin/ui.html");
+const UI_HTML: &str = include_str!("ui.html");
 
 /// Answers an `/admin…` request; `rest` is the path after `/admin`.
 ///
@@ -107,10 +112,16 @@ where
             action @ ("enable" | "clear-cooldown" | "clear-windows"),
         ] if post => account(id).map(|account| account_action(app.store(), account, action, now)),
         ["reload"] if post => Ok(reload(app, app.store(), request_id)),
+        ["usage"] if get => usage::usage(app, &config, parts.uri.query(), now).await,
+        ["requests"] if get => usage::requests(app, &config, parts.uri.query()).await,
+        ["requests", id] if get => usage::request(app, id).await,
         ["accounts"]
         | ["accounts", _]
         | ["accounts", _, "enable" | "clear-cooldown" | "clear-windows"]
-        | ["reload"] => Err(Reject::method_not_allowed()),
+        | ["reload"]
+        | ["usage"]
+        | ["requests"]
+        | ["requests", _] => Err(Reject::method_not_allowed()),
         _ => Err(Reject::unknown_path()),
     };
     answer.unwrap_or_else(|reject| reject.respond(request_id))
