@@ -328,3 +328,123 @@ async fn bad_usage_queries_say_what_is_wrong() {
     r.assert_keypool_error(404, "not_found_error");
     h.finish().await;
 }
+
+/// One account `a` answering every request with 10 input and 5 output tokens; keys
+/// `alice` (user) and `bot` (client); on `redis`.
+fn shared_builder(redis: &str) -> HarnessBuilder {
+    Harness::builder()
+        .account(AccountSpec::new("a", Script::new(ok(usage(10, 5, 0, 0)))))
+        .key("bot", "acme", "kind = \"client\"\nurls = [\"*\"]")
+        .extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""))
+        .server("redis_url", &format!("{redis:?}"))
+}
+
+/// Sends `n` messages as `key` (every other one streaming); the request ids.
+async fn send_as(h: &Harness, key: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let r = h
+            .client()
+            .post(h.messages_url())
+            .api_key(&h.key(key))
+            .json(&message_body(MODEL, i % 2 == 1))
+            .send()
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        ids.push(r.header("x-request-id").unwrap().to_owned());
+    }
+    ids
+}
+
+/// Waits (at most 10 s) until `/admin/usage?by=caller` of `h` shows `expected` from
+/// Redis; returns the answer.
+async fn wait_for_shared_totals(h: &Harness, expected: &[(&str, [u64; 7])]) -> Value {
+    let expected: Vec<(String, [u64; 7])> =
+        expected.iter().map(|(k, f)| ((*k).to_owned(), *f)).collect();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let answer = admin(h, "/admin/usage?by=caller").await;
+            if answer["source"] == "redis" && rows_by(&answer, "caller") == expected {
+                return answer;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("shared totals {expected:?} within 10 s"))
+}
+
+// 10 in + 5 out on Sonnet 4.5: 30,000 + 75,000 = 105,000 nano-USD a request.
+const PER_REQUEST: u64 = 105_000;
+
+/// SPEC 11 with Redis: two replicas on one real `redis-server` add to the same totals
+/// (each shows the sum of both), and a request served by one is found by id on the
+/// other, and in its list of recent requests.
+#[tokio::test]
+async fn two_replicas_on_one_redis_add_up_and_find_each_others_requests() {
+    let Some(redis) =
+        keypool_store::testing::RedisServer::start_or_skip("two_replicas_add_up")
+    else {
+        return;
+    };
+    let a = shared_builder(&redis.url()).start().await;
+    let b = shared_builder(&redis.url()).start().await;
+    let on_a = send_as(&a, "alice", 3).await;
+    let on_b = send_as(&b, "bot", 2).await;
+    let expected = [
+        ("alice", [3, 30, 15, 0, 0, 3 * PER_REQUEST, 0]),
+        ("bot", [2, 20, 10, 0, 0, 2 * PER_REQUEST, 0]),
+    ];
+    wait_for_shared_totals(&a, &expected).await;
+    let on_b_view = wait_for_shared_totals(&b, &expected).await;
+    assert_eq!(on_b_view["total"]["requests"], 5);
+    // Replica B finds a request replica A served, and lists A's requests too.
+    let found = admin(&b, &format!("/admin/requests/{}", on_a[0])).await;
+    assert_eq!(found["caller"]["id"], "alice");
+    assert_eq!(found["cost_nano_usd"], PER_REQUEST);
+    let listed = admin(&b, "/admin/requests?caller=alice").await;
+    assert_eq!(listed["source"], "redis");
+    let ids: Vec<&str> = listed["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["request_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [&on_a[2], &on_a[1], &on_a[0]]);
+    let on_a_lookup = admin(&a, &format!("/admin/requests/{}", on_b[1])).await;
+    assert_eq!(on_a_lookup["stream"], true);
+    a.finish().await;
+    b.finish().await;
+}
+
+/// SPEC 11 with Redis: Redis killed in the middle of the traffic (a durable one, whose
+/// acknowledged writes survive as a production Redis's do) loses no count: what came
+/// meanwhile waits in memory and is added once Redis is back, exactly once; a replica
+/// started afterwards sees the whole.
+#[tokio::test]
+async fn killing_redis_during_the_traffic_loses_no_counts() {
+    let Some(mut redis) = keypool_store::testing::RedisServer::durable("killing_redis") else {
+        return;
+    };
+    let a = shared_builder(&redis.url()).start().await;
+    send_as(&a, "alice", 3).await;
+    wait_for_shared_totals(&a, &[("alice", [3, 30, 15, 0, 0, 3 * PER_REQUEST, 0])]).await;
+    redis.kill();
+    send_as(&a, "alice", 2).await;
+    send_as(&a, "bot", 2).await;
+    // Served from memory meanwhile: the totals say so.
+    let local = admin(&a, "/admin/usage?by=caller").await;
+    assert_eq!(local["source"], "memory");
+    assert_eq!(local["total"]["requests"], 7);
+    redis.restart().unwrap();
+    let expected = [
+        ("alice", [5, 50, 25, 0, 0, 5 * PER_REQUEST, 0]),
+        ("bot", [2, 20, 10, 0, 0, 2 * PER_REQUEST, 0]),
+    ];
+    wait_for_shared_totals(&a, &expected).await;
+    assert_eq!(a.store().usage_unflushed(), (0, 0));
+    let late = shared_builder(&redis.url()).start().await;
+    wait_for_shared_totals(&late, &expected).await;
+    a.finish().await;
+    late.finish().await;
+}

@@ -18,12 +18,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// A `redis-server` on a free loopback port, started for one test and killed when
-/// dropped. It keeps nothing on disk (`--save '' --appendonly no`).
+/// dropped. It keeps nothing on disk (`--save '' --appendonly no`), unless started
+/// [`RedisServer::durable`].
 #[derive(Debug)]
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: TempDir,
+    durable: bool,
 }
 
 impl RedisServer {
@@ -45,13 +47,35 @@ impl RedisServer {
 
     /// Starts a server on a free port.
     pub fn start() -> Result<Self, String> {
+        Self::start_as(false)
+    }
+
+    /// Like [`RedisServer::start_or_skip`], for a server that writes every change to its
+    /// append-only file before answering (`--appendonly yes --appendfsync always`): a
+    /// [`RedisServer::kill`] and [`RedisServer::restart`] keep everything it
+    /// acknowledged, as a production Redis with persistence does.
+    pub fn durable(test: &str) -> Option<Self> {
+        match Self::start_as(true) {
+            Ok(s) => Some(s),
+            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+                panic!("{test}: cannot start redis-server under CI=true: {e}")
+            }
+            Err(e) => {
+                eprintln!("{test}: SKIPPED, cannot start redis-server: {e}");
+                None
+            }
+        }
+    }
+
+    fn start_as(durable: bool) -> Result<Self, String> {
         let port = free_port().map_err(|e| format!("no free port: {e}"))?;
         let dir = TempDir::new("redis")?;
-        let child = spawn(port, dir.path())?;
+        let child = spawn(port, dir.path(), durable)?;
         let mut server = Self {
             child: Some(child),
             port,
             dir,
+            durable,
         };
         server.wait_ready()?;
         Ok(server)
@@ -101,10 +125,11 @@ impl RedisServer {
         }
     }
 
-    /// Starts a fresh, empty server on the same port after [`RedisServer::kill`].
+    /// Starts the server again on the same port after [`RedisServer::kill`]: empty, or,
+    /// [`RedisServer::durable`], with everything it had acknowledged.
     pub fn restart(&mut self) -> Result<(), String> {
         self.kill();
-        self.child = Some(spawn(self.port, self.dir.path())?);
+        self.child = Some(spawn(self.port, self.dir.path(), self.durable)?);
         self.wait_ready()
     }
 
@@ -157,18 +182,15 @@ impl Drop for RedisServer {
     }
 }
 
-fn spawn(port: u16, dir: &Path) -> Result<Child, String> {
+fn spawn(port: u16, dir: &Path, durable: bool) -> Result<Child, String> {
+    let aof: &[&str] = if durable {
+        &["--appendonly", "yes", "--appendfsync", "always"]
+    } else {
+        &["--appendonly", "no"]
+    };
     Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .args(aof)
         .arg("--dir")
         .arg(dir)
         .stdout(Stdio::null())
