@@ -55,14 +55,28 @@ async fn pool(admin: bool) -> Harness {
             .priority(1),
         )
         .account(AccountSpec::new("exhausted", exhausted).priority(2))
-        .account(AccountSpec::new("healthy", healthy).priority(3));
+        .account(AccountSpec::new("healthy", healthy).priority(3))
+        .key("bob", keypool_tests::ORG, "urls = [\"team\"]");
     if admin {
         b = b.extra_toml(&format!("[admin]\ntoken = \"{TOKEN}\""));
     }
     let h = b.start().await;
     assert_eq!(h.send_message().await.status, 200);
+    // bob's one request is not JSON: an error on the page, no tokens.
+    let bad = h
+        .client()
+        .post(h.messages_url())
+        .api_key(&h.key("bob"))
+        .body("{not json")
+        .send()
+        .await;
+    assert_eq!(bad.status, 400);
     h
 }
+
+/// alice's one answer: 12 input and 4 output tokens of claude-sonnet-4-5 at the default
+/// $3 and $15 per million.
+const ALICE_COST_NANO: u64 = 12 * 3_000 + 4 * 15_000;
 
 async fn admin_get(h: &Harness, path: &str, token: Option<&str>) -> Reply {
     let mut r = h.get(path);
@@ -225,6 +239,60 @@ async fn accounts_show_live_state_and_operator_actions_change_it() {
 }
 
 #[tokio::test]
+async fn the_usage_summary_has_today_this_month_and_the_last_hour() {
+    let h = pool(true).await;
+    let summary = admin_get(&h, "/admin/usage/summary", Some(TOKEN)).await;
+    assert_eq!(summary.status, 200);
+    let summary = summary.json();
+    for period in ["today", "month"] {
+        let view = &summary[period];
+        let callers = view["by_caller"].as_array().unwrap();
+        assert_eq!(callers.len(), 2, "{view}");
+        let alice = callers.iter().find(|r| r["caller"] == "alice").unwrap();
+        assert_eq!(alice["requests"], 1);
+        assert_eq!(alice["errors"], 0);
+        assert_eq!(alice["tokens"], 16);
+        assert_eq!(alice["cost_nano_usd"], ALICE_COST_NANO);
+        let bob = callers.iter().find(|r| r["caller"] == "bob").unwrap();
+        assert_eq!(
+            (bob["requests"].clone(), bob["errors"].clone()),
+            (1.into(), 1.into())
+        );
+        assert_eq!(bob["tokens"], 0);
+        let healthy = view["by_account"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["account"] == "healthy")
+            .unwrap_or_else(|| panic!("no row for the serving account: {view}"));
+        assert_eq!(healthy["tokens"], 16);
+        assert_eq!(healthy["cost_basis"], "api");
+        assert_eq!(view["total"]["requests"], 2);
+    }
+    let today = summary["today"]["date"].as_str().unwrap();
+    assert_eq!(summary["month"]["date"].as_str().unwrap(), &today[..7]);
+    let minutes = summary["minutes"].as_array().unwrap();
+    assert_eq!(minutes.len(), 60);
+    let sum = |field: &str| {
+        minutes
+            .iter()
+            .map(|m| m[field].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert_eq!((sum("requests"), sum("errors"), sum("tokens")), (2, 1, 16));
+    // Minutes are consecutive, oldest first, the last one holding now.
+    let now = summary["now"].as_u64().unwrap();
+    let last = minutes[59]["at"].as_u64().unwrap();
+    assert!(last <= now && now < last + 60_000);
+    assert_eq!(minutes[0]["at"].as_u64().unwrap(), last - 59 * 60_000);
+    assert_eq!(
+        admin_get(&h, "/admin/usage/summary", None).await.status,
+        401
+    );
+    h.finish().await;
+}
+
+#[tokio::test]
 async fn reload_rereads_the_config_file() {
     let h = pool(true).await;
     // Without a config file (embedded config) there is nothing to reload.
@@ -349,6 +417,30 @@ fn row<'a>(dom: &'a str, id: &str) -> &'a str {
     &dom[start..end]
 }
 
+/// The `<tr>` of `key` in the usage card `card` (`today-caller`, `month-account`, …).
+fn usage_row<'a>(dom: &'a str, card: &str, key: &str) -> &'a str {
+    let start = dom
+        .find(&format!("data-usage=\"{card}\""))
+        .unwrap_or_else(|| panic!("no usage card {card} in the page:\n{dom}"));
+    let card_end = dom[start..].find("</table>").unwrap() + start;
+    let row = dom[start..card_end]
+        .find(&format!("data-key=\"{key}\""))
+        .unwrap_or_else(|| panic!("no {key} in usage card {card}:\n{}", &dom[start..card_end]))
+        + start;
+    &dom[row..dom[row..].find("</tr>").unwrap() + row]
+}
+
+/// The texts of a usage row's number cells, each up to its first tag.
+fn cells(row: &str) -> Vec<&str> {
+    row.split("<td class=\"num right\"")
+        .skip(1)
+        .map(|s| {
+            let s = &s[s.find('>').unwrap() + 1..];
+            &s[..s.find('<').unwrap()]
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_page_shows_what_a_person_needs() {
     let h = pool(true).await;
@@ -404,6 +496,41 @@ async fn the_status_page_shows_what_a_person_needs() {
     assert!(exhausted.contains("5h window exhausted"), "{exhausted}");
     // The summary pills count the states.
     assert!(dom.contains("<b>1</b> disabled"), "summary pills");
+    // Usage today and this month, per caller and per account, with cost.
+    for period in ["today", "month"] {
+        let alice = usage_row(&dom, &format!("{period}-caller"), "alice");
+        let cost = format!("${:.6}", ALICE_COST_NANO as f64 / 1e9);
+        assert_eq!(cells(alice), ["1", "0", "16", cost.as_str()], "{alice}");
+        let bob = usage_row(&dom, &format!("{period}-caller"), "bob");
+        assert_eq!(cells(bob), ["1", "1", "0", "$0"], "{bob}");
+        let healthy = usage_row(&dom, &format!("{period}-account"), "healthy");
+        assert_eq!(cells(healthy), ["1", "0", "16", cost.as_str()], "{healthy}");
+    }
+    // The last hour's trend: 60 minutes, the two requests, bob's error, alice's tokens.
+    let chart = &dom[dom.find("<svg id=\"trend\"").expect("no trend chart")..];
+    let chart = &chart[..chart.find("</svg>").unwrap()];
+    assert!(chart.contains("data-minutes=\"60\""), "{chart}");
+    assert_eq!(chart.matches("<g data-minute=").count(), 60);
+    let total = |attr: &str| -> u64 {
+        chart
+            .split(&format!("{attr}=\""))
+            .skip(1)
+            .map(|s| s[..s.find('"').unwrap()].parse::<u64>().unwrap())
+            .sum()
+    };
+    assert_eq!(
+        (
+            total("data-requests"),
+            total("data-errors"),
+            total("data-tokens")
+        ),
+        (2, 1, 16)
+    );
+    assert_eq!(
+        chart.matches("class=\"e-bar\"").count(),
+        1,
+        "one red error bar"
+    );
     // The token stays in the tab: neither the page nor the address bar shows it.
     assert!(!dom.contains(TOKEN), "the token is in the DOM");
 

@@ -359,8 +359,10 @@ async fn send_as(h: &Harness, key: &str, n: usize) -> Vec<String> {
 /// Waits (at most 10 s) until `/admin/usage?by=caller` of `h` shows `expected` from
 /// Redis; returns the answer.
 async fn wait_for_shared_totals(h: &Harness, expected: &[(&str, [u64; 7])]) -> Value {
-    let expected: Vec<(String, [u64; 7])> =
-        expected.iter().map(|(k, f)| ((*k).to_owned(), *f)).collect();
+    let expected: Vec<(String, [u64; 7])> = expected
+        .iter()
+        .map(|(k, f)| ((*k).to_owned(), *f))
+        .collect();
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let answer = admin(h, "/admin/usage?by=caller").await;
@@ -382,8 +384,7 @@ const PER_REQUEST: u64 = 105_000;
 /// other, and in its list of recent requests.
 #[tokio::test]
 async fn two_replicas_on_one_redis_add_up_and_find_each_others_requests() {
-    let Some(redis) =
-        keypool_store::testing::RedisServer::start_or_skip("two_replicas_add_up")
+    let Some(redis) = keypool_store::testing::RedisServer::start_or_skip("two_replicas_add_up")
     else {
         return;
     };

@@ -189,7 +189,14 @@ fn spawn(port: u16, dir: &Path, durable: bool) -> Result<Child, String> {
         &["--appendonly", "no"]
     };
     Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
         .args(aof)
         .arg("--dir")
         .arg(dir)

@@ -17,6 +17,7 @@ use keypool_ledger::{
 use keypool_providers::ErrorType;
 use keypool_providers::upstream::percent_decode;
 use keypool_store::config::Config;
+use keypool_store::usage::UsageSource;
 use serde_json::{Value, json};
 
 use super::json_response;
@@ -117,12 +118,34 @@ pub(super) async fn usage(
         "csv" => true,
         other => return Err(bad(format!("format {other:?} is not one of: json, csv"))),
     };
+    let (rows, source) = usage_rows(app, by, period).await;
+    if csv {
+        return Ok(csv_response(by, &rows));
+    }
+    let (rows, total) = rows_json(config, by, &rows);
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "by": by.column(),
+            "period": period.kind(),
+            "date": period.to_string(),
+            "resets_at": period.end(),
+            "source": source.as_str(),
+            "prices": {"default_source": DEFAULT_PRICES_SOURCE, "default_date": DEFAULT_PRICES_DATE},
+            "rows": rows,
+            "total": totals_json(&total),
+        }),
+    ))
+}
+
+/// The rows of `period` by `by` (for `by=org`, the callers' rows added up per org).
+async fn usage_rows(app: &App, by: By, period: Period) -> (Vec<Row>, UsageSource) {
     let dimension = match by {
         By::Dimension(d) => d,
         By::Org => Dimension::Caller,
     };
     let answer = app.store().usage_rows(period, dimension).await;
-    let rows: Vec<Row> = match by {
+    let rows = match by {
         By::Dimension(_) => answer
             .rows
             .into_iter()
@@ -136,36 +159,57 @@ pub(super) async fn usage(
             orgs.into_iter().map(|(org, t)| (org, None, t)).collect()
         }
     };
-    if csv {
-        return Ok(csv_response(by, &rows));
-    }
+    (rows, answer.source)
+}
+
+/// The rows as JSON, and their sum.
+fn rows_json(config: &Config, by: By, rows: &[Row]) -> (Vec<Value>, Totals) {
     let mut total = Totals::default();
-    let rows: Vec<Value> = rows
+    let rows = rows
         .iter()
         .map(|(org, key, t)| {
             total.add(t);
             let mut row = totals_json(t);
             row["org"] = json!(org);
-            if let Some(key) = key {
+            if let (Some(key), By::Dimension(dimension)) = (key, by) {
                 row[by.column()] = json!(key);
                 describe_key(config, dimension, key, &mut row);
             }
             row
         })
         .collect();
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({
-            "by": by.column(),
-            "period": period.kind(),
-            "date": period.to_string(),
-            "resets_at": period.end(),
-            "source": answer.source.as_str(),
-            "prices": {"default_source": DEFAULT_PRICES_SOURCE, "default_date": DEFAULT_PRICES_DATE},
-            "rows": rows,
-            "total": totals_json(&total),
-        }),
-    ))
+    (rows, total)
+}
+
+/// `GET /admin/usage/summary`: what the status page shows at a glance: today's and this
+/// month's totals per caller and per account, and requests, errors and tokens per
+/// minute over the last hour (this process's history).
+pub(super) async fn summary(app: &App, config: &Config, now: UnixMs) -> Value {
+    let mut periods = serde_json::Map::new();
+    for (name, period) in [
+        ("today", Period::Day(Day::of(now))),
+        ("month", Period::Month(Month::of(now))),
+    ] {
+        let mut view = json!({"date": period.to_string(), "resets_at": period.end()});
+        for by in [Dimension::Caller, Dimension::Account] {
+            let by = By::Dimension(by);
+            let (rows, source) = usage_rows(app, by, period).await;
+            let (rows, total) = rows_json(config, by, &rows);
+            view[format!("by_{}", by.column())] = json!(rows);
+            view["source"] = json!(source.as_str());
+            // Every request has a caller; not every one reached an account.
+            if by == By::Dimension(Dimension::Caller) {
+                view["total"] = totals_json(&total);
+            }
+        }
+        periods.insert(name.to_owned(), view);
+    }
+    json!({
+        "now": now,
+        "today": periods.remove("today"),
+        "month": periods.remove("month"),
+        "minutes": app.store().usage_history(now),
+    })
 }
 
 /// A caller's kind, or an account's cost basis (subscription accounts are priced at
