@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use keypool_core::{AccountId, Strategy, UnixMs};
+use keypool_ledger::{DEFAULT_PRICES_DATE, Day, Dimension, NanoUsd, Period, Totals};
 use keypool_proxy::{App, run};
 use keypool_sim::{Sim, SimHandle};
 use keypool_store::config::Config;
@@ -24,7 +25,7 @@ use keypool_store::{Store, now_ms};
 use rand::SeedableRng;
 use serde_json::json;
 
-use self::pool::{ACCOUNTS, ORG, URL};
+use self::pool::{ACCOUNTS, CALLERS, ORG, URL};
 use self::traffic::{Traffic, quantile};
 
 /// What `keypool demo` was asked to do.
@@ -80,7 +81,8 @@ struct Running {
     sim: SimHandle,
     app: App,
     base_url: String,
-    key: String,
+    /// Each of [`CALLERS`]' LB key, in order.
+    keys: Vec<String>,
     admin_token: String,
 }
 
@@ -96,14 +98,14 @@ async fn start(
         .await
         .context("cannot start the simulated upstream on 127.0.0.1")?;
     let mut rng = rand::rngs::StdRng::from_os_rng();
-    let key = keypool_store::keys::generate_lb_key(&mut rng);
+    let keys = CALLERS.map(|_| keypool_store::keys::generate_lb_key(&mut rng));
     let admin_token = keypool_store::keys::generate_lb_key(&mut rng)
         .key
         .replacen("sk-lb-", "admin-", 1);
     let toml = pool::config_toml(
         &sim.base_url(),
         options.strategy,
-        &key.config_line(),
+        &keys.each_ref().map(|k| k.config_line()),
         &admin_token,
     );
     let config = Config::from_toml_str(&toml, None, &|_| None)
@@ -127,7 +129,7 @@ async fn start(
             sim,
             app,
             base_url: format!("http://{addr}"),
-            key: key.key,
+            keys: keys.into_iter().map(|k| k.key).collect(),
             admin_token,
         },
         stop,
@@ -143,7 +145,7 @@ async fn demo(options: &DemoOptions) -> anyhow::Result<()> {
     let url = format!("{}/{ORG}/{URL}/v1/messages", running.base_url);
     let driver = tokio::spawn(traffic::drive(
         url,
-        running.key.clone(),
+        running.keys.clone(),
         options.rps,
         deadline,
         traffic.clone(),
@@ -190,7 +192,13 @@ async fn demo(options: &DemoOptions) -> anyhow::Result<()> {
         }
         let _ = stderr.flush();
     }
-    let report = Report::gather(&running, &traffic, started.elapsed(), options);
+    let callers = running
+        .app
+        .store()
+        .usage_rows(Period::Day(Day::of(now_ms())), Dimension::Caller)
+        .await
+        .rows;
+    let report = Report::gather(&running, &traffic, started.elapsed(), options, callers);
     if options.json {
         let _ = writeln!(stderr, "\n{}", report.human());
         println!("{}", report.json());
@@ -237,6 +245,11 @@ fn account_state(store: &Store, id: &AccountId, now: UnixMs) -> (&'static str, S
         );
     }
     ("active", String::new())
+}
+
+/// `$0.0123`: nano-USD to four decimals, for the summary.
+fn dollars(nano: NanoUsd) -> String {
+    format!("${:.4}", nano as f64 / 1e9)
 }
 
 fn human_duration(ms: u64) -> String {
@@ -366,6 +379,8 @@ struct Report {
     ttft_p50: Option<Duration>,
     ttft_p99: Option<Duration>,
     accounts: Vec<AccountFacts>,
+    /// Today's usage per caller, from keypool's ledger.
+    callers: Vec<(Arc<str>, Totals)>,
     base_url: String,
     key: String,
     admin_url: String,
@@ -389,6 +404,7 @@ impl Report {
         traffic: &Traffic,
         elapsed: Duration,
         options: &DemoOptions,
+        callers: Vec<(Arc<str>, Arc<str>, Totals)>,
     ) -> Self {
         let metrics = running.app.metrics();
         let outcomes = traffic.outcomes();
@@ -414,8 +430,9 @@ impl Report {
             ttft_p50: quantile(&mut ttfts, 0.5),
             ttft_p99: quantile(&mut ttfts, 0.99),
             accounts,
+            callers: callers.into_iter().map(|(_, id, t)| (id, t)).collect(),
             base_url: format!("{}/{ORG}/{URL}", running.base_url),
-            key: running.key.clone(),
+            key: running.keys[0].clone(),
             admin_url: format!(
                 "{}/admin/ui#token={}",
                 running.base_url, running.admin_token
@@ -502,6 +519,7 @@ impl Report {
         t.push('\n');
         t.push_str(&account_table(&self.accounts, false));
         self.why_out_of_rotation(&mut t);
+        self.usage_by_caller(&mut t);
         let _ = writeln!(
             t,
             "\nPoint Claude Code or an Anthropic SDK at keypool with these two variables (this\n\
@@ -511,6 +529,33 @@ impl Report {
             self.base_url, self.key
         );
         t
+    }
+
+    /// Today's tokens and cost per caller, from keypool's ledger (`GET /admin/usage`).
+    fn usage_by_caller(&self, t: &mut String) {
+        let _ = writeln!(
+            t,
+            "\n  Usage by caller today (GET /admin/usage; list prices of {DEFAULT_PRICES_DATE}):\n  \
+             {:<8} {:>8} {:>8} {:>8} {:>11} {:>10} {:>12}",
+            "caller", "requests", "input", "output", "cache read", "cost", "of which sub."
+        );
+        for (id, u) in &self.callers {
+            let _ = writeln!(
+                t,
+                "  {:<8} {:>8} {:>8} {:>8} {:>11} {:>10} {:>12}",
+                id,
+                u.requests,
+                u.input_tokens,
+                u.output_tokens,
+                u.cache_read_input_tokens,
+                dollars(u.cost_nano_usd),
+                dollars(u.list_price_equivalent_nano_usd),
+            );
+        }
+        let _ = writeln!(
+            t,
+            "  (\"of which sub.\": the list-price equivalent of what OAuth subscription accounts served)"
+        );
     }
 
     /// One line per account that is not active, saying why.
@@ -552,6 +597,17 @@ impl Report {
                 "calls_after_first_answer": a.calls_after_first_answer,
                 "state": a.state,
                 "reason": a.why,
+            })).collect::<Vec<_>>(),
+            "callers": self.callers.iter().map(|(id, u)| json!({
+                "id": id,
+                "requests": u.requests,
+                "errors": u.errors,
+                "input_tokens": u.input_tokens,
+                "output_tokens": u.output_tokens,
+                "cache_creation_input_tokens": u.cache_creation_input_tokens,
+                "cache_read_input_tokens": u.cache_read_input_tokens,
+                "cost_nano_usd": u.cost_nano_usd,
+                "list_price_equivalent_nano_usd": u.list_price_equivalent_nano_usd,
             })).collect::<Vec<_>>(),
             "anthropic_base_url": self.base_url,
             "admin_ui": self.admin_url,

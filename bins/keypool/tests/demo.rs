@@ -100,6 +100,38 @@ fn the_demo_follows_the_spec() {
     assert_eq!(served, requests);
     assert!(account(&report, "fast")["served"].as_u64().unwrap() > 0);
 
+    // Usage per caller, from keypool's ledger: request n is ci-bot's when n % 3 == 2;
+    // every answer is 180 input, 60 output and 2,400 cache-read tokens.
+    let callers = report["callers"].as_array().unwrap();
+    let caller = |id: &str| {
+        callers
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("no caller {id} in {report}"))
+    };
+    let (alice, bot) = (caller("alice"), caller("ci-bot"));
+    assert_eq!(
+        alice["requests"].as_u64().unwrap() + bot["requests"].as_u64().unwrap(),
+        requests
+    );
+    assert_eq!(bot["requests"].as_u64().unwrap(), (requests + 1) / 3);
+    for (c, input_per_m, output_per_m, read_per_m) in
+        [(alice, 3_000, 15_000, 300), (bot, 1_000, 5_000, 100)]
+    {
+        let n = c["requests"].as_u64().unwrap();
+        assert_eq!(c["input_tokens"].as_u64(), Some(180 * n), "{c}");
+        assert_eq!(c["output_tokens"].as_u64(), Some(60 * n), "{c}");
+        assert_eq!(
+            c["cache_read_input_tokens"].as_u64(),
+            Some(2_400 * n),
+            "{c}"
+        );
+        // Nano-USD: tokens x USD per million x 1,000.
+        let cost = n * (180 * input_per_m + 60 * output_per_m + 2_400 * read_per_m);
+        assert_eq!(c["cost_nano_usd"].as_u64(), Some(cost), "{c}");
+    }
+    assert!(stderr.contains("Usage by caller today"), "{stderr}");
+
     // The readable summary (stderr with --json) names what a user needs.
     assert!(
         stderr.contains("ANTHROPIC_BASE_URL=http://127.0.0.1:"),

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use keypool_core::{Strategy, Window};
-use keypool_sim::{Behaviour, Delay, ErrorReply, OkSpec, Script, SimConfig, UnifiedHeaders};
+use keypool_sim::{Behaviour, Delay, ErrorReply, OkSpec, Script, SimConfig, UnifiedHeaders, Usage};
 
 /// The org and custom URL of the demo pool: requests go to `/demo/team/v1/messages`.
 pub const ORG: &str = "demo";
@@ -60,6 +60,36 @@ pub const ACCOUNTS: [DemoAccount; 6] = [
     },
 ];
 
+/// One of the demo's callers: an LB key of its own, a model, a share of the traffic.
+#[derive(Debug, Clone, Copy)]
+pub struct DemoCaller {
+    /// The key's id (the caller in usage and logs).
+    pub id: &'static str,
+    /// `user` or `client`.
+    pub kind: &'static str,
+    /// The model its requests ask for.
+    pub model: &'static str,
+}
+
+/// The two callers: request `n` is `alice`'s unless `n % 3 == 2` (then `ci-bot`'s).
+pub const CALLERS: [DemoCaller; 2] = [
+    DemoCaller {
+        id: "alice",
+        kind: "user",
+        model: "claude-sonnet-4-5",
+    },
+    DemoCaller {
+        id: "ci-bot",
+        kind: "client",
+        model: "claude-haiku-4-5",
+    },
+];
+
+/// The caller of request `n`.
+pub fn caller_of(n: u64) -> usize {
+    usize::from(n % 3 == 2)
+}
+
 /// The fake credential the simulator knows `id` by.
 pub fn credential(id: &str) -> String {
     format!("sk-ant-demo-{id}-not-a-real-key")
@@ -76,6 +106,13 @@ fn answer(ttft_ms: (u64, u64), chunks: u32, interval_ms: u64) -> OkSpec {
         .chunks(chunks)
         .chunk_interval(Delay::ms(interval_ms))
         .text("Hello from the simulated upstream. ")
+        // A coding assistant's typical answer: most of the prompt read from the cache.
+        .usage(Usage {
+            input_tokens: 180,
+            output_tokens: 60,
+            cache_creation_input_tokens: 0,
+            cache_read_input_tokens: 2_400,
+        })
 }
 
 fn repeating(pattern: &[Behaviour], default: Behaviour) -> Script {
@@ -154,10 +191,12 @@ pub fn sim_config(now_unix_s: u64) -> SimConfig {
 
 /// The embedded configuration: memory state only (no state file, no Redis), one org
 /// `demo` whose URL config `team` uses a group of the six accounts.
+///
+/// `key_lines` holds each of [`CALLERS`]' `sha256 = …` line, in order.
 pub fn config_toml(
     sim_base_url: &str,
     strategy: Strategy,
-    key_line: &str,
+    key_lines: &[String; CALLERS.len()],
     admin_token: &str,
 ) -> String {
     let mut t = String::new();
@@ -181,11 +220,17 @@ pub fn config_toml(
     let _ = writeln!(
         t,
         "\n[[groups]]\nid = \"pool\"\norg = \"{ORG}\"\nstrategy = \"{}\"\naccounts = [{}]\n\n\
-         [[urls]]\ncustom_url = \"{URL}\"\norg = \"{ORG}\"\ngroup = \"pool\"\n\n\
-         [[keys]]\nid = \"demo-user\"\norg = \"{ORG}\"\nkind = \"user\"\nurls = [\"*\"]\n{key_line}",
+         [[urls]]\ncustom_url = \"{URL}\"\norg = \"{ORG}\"\ngroup = \"pool\"",
         strategy.as_str(),
         ids.join(", ")
     );
+    for (caller, line) in CALLERS.iter().zip(key_lines) {
+        let _ = writeln!(
+            t,
+            "\n[[keys]]\nid = \"{}\"\norg = \"{ORG}\"\nkind = \"{}\"\nurls = [\"*\"]\n{line}",
+            caller.id, caller.kind
+        );
+    }
     t
 }
 
@@ -199,11 +244,18 @@ mod tests {
         let toml = config_toml(
             "http://127.0.0.1:9",
             Strategy::RoundRobin,
-            "sha256 = \"0000000000000000000000000000000000000000000000000000000000000000\"",
+            &[
+                format!("sha256 = \"{}\"", "0".repeat(64)),
+                format!("sha256 = \"{}\"", "1".repeat(64)),
+            ],
             "admin-token",
         );
         let config = Config::from_toml_str(&toml, None, &|_| None).unwrap();
         assert_eq!(config.accounts().count(), ACCOUNTS.len());
+        for caller in &CALLERS {
+            let key = config.lb_key_by_id(caller.id).unwrap();
+            assert_eq!(key.kind().as_str(), caller.kind);
+        }
         assert!(config.server().state_file.is_none());
         assert!(config.server().redis_url.is_none());
         assert_eq!(

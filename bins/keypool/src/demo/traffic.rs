@@ -11,6 +11,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use super::pool::{CALLERS, caller_of};
+
 /// Longest the demo waits for one answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -69,9 +71,15 @@ impl Traffic {
     }
 }
 
-/// Sends `rps` requests per second to `url` with `key` until `deadline`, then waits for
+/// Sends `rps` requests per second to `url` with the [`CALLERS`]' `keys` until `deadline`, then waits for
 /// the answers in flight (at most [`REQUEST_TIMEOUT`]).
-pub async fn drive(url: String, key: String, rps: u32, deadline: Instant, traffic: Arc<Traffic>) {
+pub async fn drive(
+    url: String,
+    keys: Vec<String>,
+    rps: u32,
+    deadline: Instant,
+    traffic: Arc<Traffic>,
+) {
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
     let period = Duration::from_secs_f64(1.0 / f64::from(rps.max(1)));
@@ -86,9 +94,11 @@ pub async fn drive(url: String, key: String, rps: u32, deadline: Instant, traffi
         }
         // Every other request streams; one in eight is long enough to show chunking.
         let stream = !n.is_multiple_of(2);
+        let caller = caller_of(n);
+        let key = &keys[caller];
         n += 1;
         let body = serde_json::json!({
-            "model": "claude-sonnet-4-5",
+            "model": CALLERS[caller].model,
             "max_tokens": if n.is_multiple_of(8) { 512 } else { 64 },
             "stream": stream,
             "messages": [{"role": "user", "content": "Say hello to the keypool demo."}],
@@ -96,7 +106,7 @@ pub async fn drive(url: String, key: String, rps: u32, deadline: Instant, traffi
         let request = Request::builder()
             .method(Method::POST)
             .uri(&url)
-            .header("x-api-key", &key)
+            .header("x-api-key", key.as_str())
             .header("content-type", "application/json")
             .header("anthropic-version", "2023-06-01")
             .body(Full::new(Bytes::from(body.to_string())));
