@@ -6,6 +6,9 @@
 //!   installs Debian's `chromium` when missing (the status-page browser test).
 //! - `cargo xtask bench [--quick] [--peers]`: keypool's overhead and throughput against
 //!   the bare upstream simulator and, with `--peers`, LiteLLM and Portkey (`bench`).
+//! - `cargo xtask ab REV [--rounds N] [--seconds S] [--pool NAME]`: this tree's keypool
+//!   against commit `REV`'s, measured alternately: req/s and CPU per request
+//!   (`bench::ab`).
 //! - `tidy` (tests only, run by `cargo test --workspace` and so by `cargo xtask ci`):
 //!   the dependency and clock rules of `docs/ARCHITECTURE.md`.
 //! - `cargo xtask endurance [--quick]`: keypool's resident memory idle, over 10,000
@@ -33,6 +36,7 @@ fn main() -> anyhow::Result<()> {
     match args.first().map(String::as_str) {
         Some("ci") => ci(&root),
         Some("bench") => bench::run(&root, &args[1..]),
+        Some("ab") => bench::ab::run(&root, &args[1..]),
         Some("endurance") => endurance::run(&root, &args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
@@ -51,6 +55,7 @@ fn print_help() {
          commands:\n  \
          ci     cargo fmt --check, cargo clippy -D warnings, and the whole test suite\n  \
          bench  [--quick] [--peers] overhead and throughput on loopback, target/bench/report.json\n  \
+         ab     REV [--rounds N] [--seconds S] [--pool NAME] [--concurrency C] this tree against commit REV, interleaved\n  \
          endurance  [--quick] keypool's memory idle, over 10,000 streams and 1,000 at once"
     );
 }

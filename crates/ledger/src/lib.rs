@@ -56,11 +56,14 @@
 //!   shared store has not taken yet.
 //! - [`recent`]: [`RecentRecords`], the last records, for request lookup.
 //! - [`history`]: [`MinuteHistory`], the last hour per minute.
+//! - [`limits`]: SPEC 12's caller limits: [`Limits`], the GCRA [`Rate`], budgets and
+//!   their [`LimitBook`] of reservations.
 //! - [`error`]: the crate error, [`LedgerError`].
 
 pub mod aggregates;
 pub mod error;
 pub mod history;
+pub mod limits;
 pub mod period;
 pub mod price;
 pub mod recent;
@@ -70,6 +73,10 @@ pub mod totals;
 pub use aggregates::{AggregateKey, Aggregates, Dimension, keys_of};
 pub use error::LedgerError;
 pub use history::{Minute, MinuteHistory};
+pub use limits::{
+    Ask, Budget, LimitBook, LimitKind, Limits, Rate, Refusal, Reservation, Spend, SpendEntry,
+    SpendKey, Who, worst_case,
+};
 pub use period::{Day, Month, Period};
 pub use price::{
     DEFAULT_PRICES_DATE, DEFAULT_PRICES_SOURCE, ModelGlob, NANO_PER_USD, NanoUsd, PerMillion,

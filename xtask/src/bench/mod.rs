@@ -25,7 +25,9 @@
 //! - `driver`: the hyper load driver.
 //! - `procs`: child processes and `/proc`.
 //! - `setup`: generated configs, keygen, the peers' cached installs.
+//! - `ab`: `cargo xtask ab REV`, this tree against an older commit, interleaved.
 
+pub mod ab;
 pub mod driver;
 pub mod procs;
 pub mod report;

@@ -1,0 +1,487 @@
+//! `cargo xtask ab REV [--rounds N] [--seconds S] [--pool NAME] [--concurrency C]`:
+//! this tree's keypool against the keypool of commit `REV`, side by side, in one run.
+//!
+//! The question it answers is "what did this change cost on the hot path?", on a shared
+//! and noisy machine, so it measures the two binaries *alternately* (A B, B A, A B, …),
+//! in front of the same simulator, with the same generated configuration (the
+//! `cargo xtask bench` pools), and reports each round and the medians: requests per
+//! second of a closed loop at concurrency `C` (16) and CPU time per request of the
+//! keypool process group (`utime + stime` from `/proc`, the figure noise affects
+//! least).
+//!
+//! The baseline is built from `git archive REV` into `target/bench/ab/src-<commit>`
+//! with its own target directory (`target/bench/ab/target`, so the two builds never
+//! evict each other); both are kept for the next run. The table goes to stdout and
+//! `target/bench/ab.json`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use super::driver::{self, Bounds, Endpoint, HttpClient};
+use super::procs::{self, Proc};
+use super::{MODEL, body, common_headers, setup, sim_command, uri, wait_http};
+
+/// What `cargo xtask ab` was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbOptions {
+    /// The baseline commit (anything `git rev-parse` takes).
+    pub rev: String,
+    /// Rounds; each measures both binaries once.
+    pub rounds: u32,
+    /// Length of one measurement.
+    pub seconds: u64,
+    /// The pool of the generated config to send to.
+    pub pool: String,
+    /// Closed-loop concurrency.
+    pub concurrency: usize,
+}
+
+const USAGE: &str = "cargo xtask ab REV [--rounds N] [--seconds S] [--pool NAME] [--concurrency C]";
+
+impl AbOptions {
+    /// Parses the arguments after `ab`.
+    pub fn parse(args: &[String]) -> anyhow::Result<Self> {
+        let mut o = Self {
+            rev: String::new(),
+            rounds: 6,
+            seconds: 5,
+            pool: "rr8".into(),
+            concurrency: 16,
+        };
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let mut value = |name: &str| {
+                it.next()
+                    .cloned()
+                    .with_context(|| format!("{name} needs a value ({USAGE})"))
+            };
+            match a.as_str() {
+                "--rounds" => o.rounds = number(&value("--rounds")?, "--rounds", 1, 100)?,
+                "--seconds" => o.seconds = number(&value("--seconds")?, "--seconds", 1, 600)?,
+                "--concurrency" => {
+                    o.concurrency = number(&value("--concurrency")?, "--concurrency", 1, 1024)?;
+                }
+                "--pool" => {
+                    let pool = value("--pool")?;
+                    if !setup::POOLS.iter().any(|p| p.name == pool) {
+                        let names: Vec<&str> = setup::POOLS.iter().map(|p| p.name).collect();
+                        bail!("--pool {pool:?} is not one of {}", names.join(", "));
+                    }
+                    o.pool = pool;
+                }
+                flag if flag.starts_with('-') => bail!("unknown option {flag:?} ({USAGE})"),
+                rev if o.rev.is_empty() => o.rev = rev.to_owned(),
+                extra => bail!("one baseline only, got {:?} and {extra:?} ({USAGE})", o.rev),
+            }
+        }
+        if o.rev.is_empty() {
+            bail!("which commit is the baseline? ({USAGE})");
+        }
+        Ok(o)
+    }
+}
+
+fn number<T: TryFrom<u64>>(text: &str, name: &str, min: u64, max: u64) -> anyhow::Result<T> {
+    text.parse::<u64>()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .and_then(|n| T::try_from(n).ok())
+        .with_context(|| format!("{name} {text:?} must be a whole number from {min} to {max}"))
+}
+
+/// Entry point of `cargo xtask ab`.
+pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
+    let options = AbOptions::parse(args)?;
+    let Some((target, bins)) = super::release_build(root, "ab", args)? else {
+        return Ok(());
+    };
+    let dir = target.join("bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let (commit, baseline) = build_baseline(root, &target, &options.rev)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    let rows = runtime.block_on(measure(&options, &bins, &baseline, &dir))?;
+    let report = Report {
+        options: &options,
+        commit: &commit,
+        rows: &rows,
+    };
+    println!("{}", report.table());
+    let json = dir.join("ab.json");
+    std::fs::write(&json, report.json().to_string())
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    eprintln!("ab: wrote {}", json.display());
+    Ok(())
+}
+
+/// Extracts `rev` with `git archive` and builds its keypool in release mode; the full
+/// commit id and the binary.
+fn build_baseline(root: &Path, target: &Path, rev: &str) -> anyhow::Result<(String, PathBuf)> {
+    let out = Command::new("git")
+        .current_dir(root)
+        .args(["rev-parse", "--verify", &format!("{rev}^{{commit}}")])
+        .output()
+        .context("cannot run git rev-parse")?;
+    if !out.status.success() {
+        bail!("{rev:?} is not a commit of this repository");
+    }
+    let commit = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let ab = target.join("bench").join("ab");
+    let src = ab.join(format!("src-{}", &commit[..12]));
+    if !src.join("Cargo.toml").is_file() {
+        std::fs::create_dir_all(&src)
+            .with_context(|| format!("cannot create {}", src.display()))?;
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "git -C '{}' archive '{commit}' | tar -x -C '{}'",
+                root.display(),
+                src.display()
+            ))
+            .status()
+            .context("cannot run git archive")?;
+        if !status.success() {
+            let _ = std::fs::remove_dir_all(&src);
+            bail!("git archive {commit} failed ({status})");
+        }
+    }
+    let build_target = ab.join("target");
+    eprintln!(
+        "ab: building the baseline {} in {}",
+        &commit[..12],
+        src.display()
+    );
+    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .current_dir(&src)
+        .env("CARGO_TARGET_DIR", &build_target)
+        .args(["build", "--release", "-p", "keypool"])
+        .status()
+        .context("cannot run cargo")?;
+    if !status.success() {
+        bail!("the baseline {commit} does not build ({status})");
+    }
+    Ok((commit, build_target.join("release").join("keypool")))
+}
+
+/// One measurement of one binary.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    round: u32,
+    /// `false`: the baseline; `true`: this tree.
+    current: bool,
+    requests: u64,
+    errors: u64,
+    elapsed: Duration,
+    cpu_ticks: u64,
+    ticks_per_second: u64,
+}
+
+impl Row {
+    fn rate(&self) -> f64 {
+        super::stats::rate(self.requests, self.elapsed)
+    }
+
+    /// CPU µs per request.
+    fn cpu_us(&self) -> Option<f64> {
+        super::stats::cpu_seconds_per_1k(self.cpu_ticks, self.ticks_per_second, self.requests)
+            .map(|s| s * 1000.0)
+    }
+}
+
+/// A keypool under test.
+struct Gateway {
+    proc: Proc,
+    endpoint: Endpoint,
+}
+
+async fn start_gateway(
+    client: &HttpClient,
+    name: &str,
+    binary: &Path,
+    dir: &Path,
+    fast_base: &str,
+    key: &setup::LbKey,
+    pool: &str,
+) -> anyhow::Result<Gateway> {
+    let addr = procs::free_addr()?;
+    let config = dir.join(format!("ab-{name}.toml"));
+    // Both pools' upstream is the one fast simulator (the slow pools are not measured).
+    std::fs::write(
+        &config,
+        setup::keypool_config(addr, fast_base, fast_base, &key.sha256),
+    )
+    .with_context(|| format!("cannot write {}", config.display()))?;
+    let mut serve = Command::new(binary);
+    serve.arg("serve").arg("--config").arg(&config);
+    let mut proc = Proc::spawn(
+        &format!("keypool ({name})"),
+        serve,
+        &dir.join(format!("ab-{name}.log")),
+    )?;
+    wait_http(
+        client,
+        &mut proc,
+        &uri(addr, "/healthz")?,
+        Duration::from_secs(20),
+    )
+    .await?;
+    let endpoint = Endpoint {
+        uri: uri(addr, &format!("/{}/{pool}/v1/messages", setup::ORG))?,
+        headers: common_headers(("x-api-key", &key.key))?,
+        body: body(MODEL, false),
+        stream: false,
+    };
+    let check = driver::closed_loop(
+        client,
+        &endpoint,
+        1,
+        Bounds {
+            requests: Some(1),
+            duration: Duration::from_secs(30),
+            pause: Duration::ZERO,
+        },
+    )
+    .await;
+    if check.ok != 1 {
+        bail!(
+            "keypool ({name}) does not answer: {}",
+            check.first_errors.join("; ")
+        );
+    }
+    Ok(Gateway { proc, endpoint })
+}
+
+async fn measure(
+    options: &AbOptions,
+    bins: &super::Bins,
+    baseline: &Path,
+    dir: &Path,
+) -> anyhow::Result<Vec<Row>> {
+    let client = driver::client();
+    let ticks_per_second = procs::clock_ticks_per_second();
+    let fast_addr = procs::free_addr()?;
+    let mut sim = Proc::spawn(
+        "keypool-sim",
+        sim_command(&bins.sim, fast_addr, false),
+        &dir.join("ab-sim.log"),
+    )?;
+    wait_http(
+        &client,
+        &mut sim,
+        &uri(fast_addr, "/")?,
+        Duration::from_secs(10),
+    )
+    .await?;
+    let fast_base = format!("http://{fast_addr}");
+    let key = setup::keygen(&bins.keypool)?;
+    let mut gateways = [
+        start_gateway(
+            &client,
+            "baseline",
+            baseline,
+            dir,
+            &fast_base,
+            &key,
+            &options.pool,
+        )
+        .await?,
+        start_gateway(
+            &client,
+            "current",
+            &bins.keypool,
+            dir,
+            &fast_base,
+            &key,
+            &options.pool,
+        )
+        .await?,
+    ];
+    let warm = Bounds {
+        requests: Some(500),
+        duration: Duration::from_secs(10),
+        pause: Duration::ZERO,
+    };
+    let run = Bounds {
+        requests: None,
+        duration: Duration::from_secs(options.seconds),
+        pause: Duration::ZERO,
+    };
+    for g in &gateways {
+        driver::closed_loop(&client, &g.endpoint, options.concurrency, warm).await;
+    }
+    let mut rows = Vec::new();
+    for round in 1..=options.rounds {
+        // A B, then B A: neither binary always goes first.
+        let order = if round % 2 == 1 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let g = &mut gateways[i];
+            g.proc.check_alive()?;
+            let before = procs::group_usage(g.proc.pid());
+            let out = driver::closed_loop(&client, &g.endpoint, options.concurrency, run).await;
+            let after = procs::group_usage(g.proc.pid());
+            let row = Row {
+                round,
+                current: i == 1,
+                requests: out.ok,
+                errors: out.errors,
+                elapsed: out.elapsed,
+                cpu_ticks: after.cpu_ticks.saturating_sub(before.cpu_ticks),
+                ticks_per_second,
+            };
+            eprintln!(
+                "ab: round {round} {:<8} {:>8.0} req/s  {:>6.1} µs CPU/request{}",
+                if row.current { "current" } else { "baseline" },
+                row.rate(),
+                row.cpu_us().unwrap_or(f64::NAN),
+                if out.errors > 0 {
+                    format!("  ({} errors: {})", out.errors, out.first_errors.join("; "))
+                } else {
+                    String::new()
+                }
+            );
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.retain(|v| v.is_finite());
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+struct Report<'a> {
+    options: &'a AbOptions,
+    commit: &'a str,
+    rows: &'a [Row],
+}
+
+impl Report<'_> {
+    fn medians(&self, current: bool) -> (Option<f64>, Option<f64>) {
+        let mine = || self.rows.iter().filter(move |r| r.current == current);
+        (
+            median(mine().map(Row::rate).collect()),
+            median(mine().filter_map(Row::cpu_us).collect()),
+        )
+    }
+
+    fn table(&self) -> String {
+        use std::fmt::Write as _;
+        let o = self.options;
+        let mut t = format!(
+            "cargo xtask ab {} --rounds {} --seconds {} --pool {} --concurrency {}\n\
+             baseline {} against this tree; closed loop at concurrency {}, {} s per measurement\n\n\
+             | round | baseline req/s | current req/s | baseline CPU µs/req | current CPU µs/req |\n\
+             | --- | --- | --- | --- | --- |\n",
+            o.rev,
+            o.rounds,
+            o.seconds,
+            o.pool,
+            o.concurrency,
+            &self.commit[..12],
+            o.concurrency,
+            o.seconds
+        );
+        let cpu = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
+        for round in 1..=o.rounds {
+            let find = |current| {
+                self.rows
+                    .iter()
+                    .find(|r| r.round == round && r.current == current)
+            };
+            if let (Some(b), Some(c)) = (find(false), find(true)) {
+                let _ = writeln!(
+                    t,
+                    "| {round} | {:.0} | {:.0} | {} | {} |",
+                    b.rate(),
+                    c.rate(),
+                    cpu(b.cpu_us()),
+                    cpu(c.cpu_us())
+                );
+            }
+        }
+        let (b_rate, b_cpu) = self.medians(false);
+        let (c_rate, c_cpu) = self.medians(true);
+        let pct = |c: Option<f64>, b: Option<f64>| match (c, b) {
+            (Some(c), Some(b)) if b > 0.0 => format!("{:+.1} %", (c - b) * 100.0 / b),
+            _ => "-".to_owned(),
+        };
+        let _ = writeln!(
+            t,
+            "| **median** | **{:.0}** | **{:.0}** ({}) | **{}** | **{}** ({}) |",
+            b_rate.unwrap_or(0.0),
+            c_rate.unwrap_or(0.0),
+            pct(c_rate, b_rate),
+            cpu(b_cpu),
+            cpu(c_cpu),
+            pct(c_cpu, b_cpu)
+        );
+        let errors: u64 = self.rows.iter().map(|r| r.errors).sum();
+        if errors > 0 {
+            let _ = writeln!(t, "\n{errors} failed requests (see the progress lines)");
+        }
+        t
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let (b_rate, b_cpu) = self.medians(false);
+        let (c_rate, c_cpu) = self.medians(true);
+        serde_json::json!({
+            "baseline": self.commit,
+            "pool": self.options.pool,
+            "concurrency": self.options.concurrency,
+            "seconds": self.options.seconds,
+            "rounds": self.rows.iter().map(|r| serde_json::json!({
+                "round": r.round,
+                "binary": if r.current { "current" } else { "baseline" },
+                "requests": r.requests,
+                "errors": r.errors,
+                "req_per_s": r.rate(),
+                "cpu_us_per_request": r.cpu_us(),
+            })).collect::<Vec<_>>(),
+            "median": {
+                "baseline": {"req_per_s": b_rate, "cpu_us_per_request": b_cpu},
+                "current": {"req_per_s": c_rate, "cpu_us_per_request": c_cpu},
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn options() {
+        let o = AbOptions::parse(&args(&["HEAD~1", "--rounds", "4", "--pool", "rr1000"])).unwrap();
+        assert_eq!((o.rev.as_str(), o.rounds, o.seconds), ("HEAD~1", 4, 5));
+        assert_eq!((o.pool.as_str(), o.concurrency), ("rr1000", 16));
+        assert!(AbOptions::parse(&args(&[])).is_err());
+        assert!(AbOptions::parse(&args(&["a", "b"])).is_err());
+        assert!(AbOptions::parse(&args(&["a", "--rounds", "0"])).is_err());
+        assert!(AbOptions::parse(&args(&["a", "--pool", "nope"])).is_err());
+        assert!(AbOptions::parse(&args(&["a", "--seconds"])).is_err());
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(vec![f64::NAN]), None);
+    }
+}
