@@ -37,7 +37,7 @@ proptest! {
                     prop_assert!(wait_us > 0);
                     let at_us = now * 1000 + wait_us;
                     prop_assert!(rate.admit(tat, at_us.div_ceil(1000)).is_ok());
-                    if at_us % 1000 == 0 && at_us / 1000 > now {
+                    if at_us.is_multiple_of(1000) && at_us / 1000 > now {
                         prop_assert!(rate.admit(tat, at_us / 1000 - 1).is_err());
                     }
                 }
