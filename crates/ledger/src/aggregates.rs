@@ -80,43 +80,152 @@ pub fn keys_of(record: &UsageRecord) -> impl Iterator<Item = AggregateKey> + '_ 
 /// delta until a shared store takes it ([`Aggregates::take_deltas`]), so that a store
 /// outage loses nothing: what it could not take is given back
 /// ([`Aggregates::restore_deltas`]) and sent again.
+///
+/// The map hashes with `foldhash` (randomly seeded per map): six keys are hashed per
+/// request, and SipHash was most of the ledger's cost on the request path
+/// (`docs/BENCHMARKS.md`); every key is an org, key id, account id or a served model,
+/// and the model keys are capped ([`MAX_MODELS`]).
 #[derive(Debug, Default)]
 pub struct Aggregates {
-    totals: DashMap<AggregateKey, Totals>,
-    deltas: Option<Mutex<HashMap<AggregateKey, Totals>>>,
+    totals: DashMap<AggregateKey, Totals, Hasher>,
+    deltas: Option<Mutex<HashMap<AggregateKey, Totals, Hasher>>>,
+    /// Distinct models per period (touched only when a model is new in a period).
+    models: Mutex<HashMap<Period, usize>>,
+    /// Records added but not yet folded into `totals` (see [`Aggregates::record`]).
+    queued: Mutex<Vec<Arc<UsageRecord>>>,
+}
+
+type Hasher = foldhash::fast::RandomState;
+
+/// The most distinct models one period counts; a model past it is counted under
+/// [`OTHER_MODELS`], so made-up model names cannot grow the books without bound.
+pub const MAX_MODELS: usize = 1_000;
+
+/// The model key of the models past [`MAX_MODELS`].
+pub const OTHER_MODELS: &str = "(other models)";
+
+/// Records queued before [`Aggregates::record`] folds them itself.
+pub const FOLD_EVERY: usize = 256;
+
+/// Whether two records add to exactly the same aggregates.
+fn same_aggregates(a: &UsageRecord, b: &UsageRecord) -> bool {
+    fn eq(a: &Arc<str>, b: &Arc<str>) -> bool {
+        Arc::ptr_eq(a, b) || a == b
+    }
+    Day::of(a.at) == Day::of(b.at)
+        && eq(&a.org, &b.org)
+        && eq(&a.caller.id, &b.caller.id)
+        && match (&a.account, &b.account) {
+            (Some(x), Some(y)) => eq(x.as_arc(), y.as_arc()),
+            (None, None) => true,
+            _ => false,
+        }
+        && match (a.counted_model(), b.counted_model()) {
+            (Some(x), Some(y)) => eq(x, y),
+            (None, None) => true,
+            _ => false,
+        }
 }
 
 impl Aggregates {
     /// Empty aggregates; `track_deltas` for a shared store.
     pub fn new(track_deltas: bool) -> Self {
         Self {
-            totals: DashMap::new(),
-            deltas: track_deltas.then(|| Mutex::new(HashMap::new())),
+            totals: DashMap::default(),
+            deltas: track_deltas.then(|| Mutex::new(HashMap::default())),
+            models: Mutex::default(),
+            queued: Mutex::default(),
         }
     }
 
     /// Adds one record to its aggregates.
-    pub fn record(&self, record: &UsageRecord) {
-        let add = Totals::of(record);
+    ///
+    /// On the request path this is a push: records are queued and folded in batches
+    /// (every [`FOLD_EVERY`] records, and before anything reads the totals), where
+    /// records of the same caller, account, model and day are summed first, so the
+    /// maps are touched once per distinct group instead of six times per request.
+    pub fn record(&self, record: Arc<UsageRecord>) {
+        let full = {
+            let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
+            queued.push(record);
+            queued.len() >= FOLD_EVERY
+        };
+        if full {
+            self.fold();
+        }
+    }
+
+    /// Folds the queued records into the totals (and the deltas).
+    fn fold(&self) {
+        let queued =
+            std::mem::take(&mut *self.queued.lock().unwrap_or_else(PoisonError::into_inner));
+        if queued.is_empty() {
+            return;
+        }
+        let mut groups: Vec<(&UsageRecord, Totals)> = Vec::new();
+        for record in &queued {
+            let add = Totals::of(record);
+            // The newest groups first, and only a few: past them a record is a group of
+            // its own (many distinct groups in one batch gain nothing from the search).
+            match groups
+                .iter_mut()
+                .rev()
+                .take(16)
+                .find(|(r, _)| same_aggregates(r, record))
+            {
+                Some((_, totals)) => totals.add(&add),
+                None => groups.push((record, add)),
+            }
+        }
         let mut deltas = self
             .deltas
             .as_ref()
             .map(|d| d.lock().unwrap_or_else(PoisonError::into_inner));
-        for key in keys_of(record) {
-            if let Some(deltas) = deltas.as_mut() {
-                deltas.entry(key.clone()).or_default().add(&add);
+        for (record, add) in groups {
+            for mut key in keys_of(record) {
+                if key.dimension == Dimension::Model && !self.totals.contains_key(&key) {
+                    key = self.admit_model(key);
+                }
+                if let Some(deltas) = deltas.as_mut() {
+                    deltas.entry(key.clone()).or_default().add(&add);
+                }
+                self.totals.entry(key).or_default().add(&add);
             }
-            self.totals.entry(key).or_default().add(&add);
         }
+    }
+
+    /// A model new in its period: counted, or [`OTHER_MODELS`] past [`MAX_MODELS`].
+    fn admit_model(&self, mut key: AggregateKey) -> AggregateKey {
+        let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = models.entry(key.period).or_default();
+        if *n >= MAX_MODELS {
+            key.key = Arc::from(OTHER_MODELS);
+        } else {
+            *n += 1;
+        }
+        key
+    }
+
+    /// Recounts the distinct models per period (after an import or a prune).
+    fn recount_models(&self) {
+        let mut counts: HashMap<Period, usize> = HashMap::new();
+        for e in &self.totals {
+            if e.key().dimension == Dimension::Model && &*e.key().key != OTHER_MODELS {
+                *counts.entry(e.key().period).or_default() += 1;
+            }
+        }
+        *self.models.lock().unwrap_or_else(PoisonError::into_inner) = counts;
     }
 
     /// The totals of `key` (zero when nothing was added).
     pub fn get(&self, key: &AggregateKey) -> Totals {
+        self.fold();
         self.totals.get(key).map(|t| *t).unwrap_or_default()
     }
 
     /// Every `(org, key, totals)` of `period` and `dimension`, sorted by org and key.
     pub fn rows(&self, period: Period, dimension: Dimension) -> Vec<(Arc<str>, Arc<str>, Totals)> {
+        self.fold();
         let mut rows: Vec<_> = self
             .totals
             .iter()
@@ -129,6 +238,7 @@ impl Aggregates {
 
     /// Everything, for the state file.
     pub fn export(&self) -> Vec<(AggregateKey, Totals)> {
+        self.fold();
         let mut rows: Vec<_> = self
             .totals
             .iter()
@@ -141,24 +251,33 @@ impl Aggregates {
     /// Sets every aggregate of `rows` to its totals (a state file at boot, or the
     /// shared store's totals, which include this process's flushed additions).
     pub fn import(&self, rows: impl IntoIterator<Item = (AggregateKey, Totals)>) {
+        self.fold();
         for (key, totals) in rows {
             self.totals.insert(key, totals);
         }
+        self.recount_models();
     }
 
     /// Drops the aggregates of days and months that ended more than `keep_days` days
     /// before `now`.
     pub fn prune(&self, now: UnixMs, keep_days: u32) {
+        self.fold();
         let horizon = Day::of(now).minus(keep_days).start();
         self.totals.retain(|k, _| k.period.end() > horizon);
+        self.recount_models();
     }
 
     /// The additions no shared store has taken yet, taken now (empty without
     /// `track_deltas`).
     pub fn take_deltas(&self) -> HashMap<AggregateKey, Totals> {
+        self.fold();
         self.deltas
             .as_ref()
-            .map(|d| std::mem::take(&mut *d.lock().unwrap_or_else(PoisonError::into_inner)))
+            .map(|d| {
+                std::mem::take(&mut *d.lock().unwrap_or_else(PoisonError::into_inner))
+                    .into_iter()
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -174,6 +293,7 @@ impl Aggregates {
 
     /// The deltas waiting of `period` and `dimension`, left in place.
     pub fn peek_deltas(&self, period: Period, dimension: Dimension) -> Vec<(AggregateKey, Totals)> {
+        self.fold();
         self.deltas.as_ref().map_or_else(Vec::new, |d| {
             d.lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -186,6 +306,7 @@ impl Aggregates {
 
     /// How many aggregates have deltas waiting.
     pub fn pending(&self) -> usize {
+        self.fold();
         self.deltas.as_ref().map_or(0, |d| {
             d.lock().unwrap_or_else(PoisonError::into_inner).len()
         })

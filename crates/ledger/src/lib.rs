@@ -39,7 +39,7 @@
 //!     stream_end: None,
 //! };
 //! let aggregates = Aggregates::new(false);
-//! aggregates.record(&record);
+//! aggregates.record(Arc::new(record));
 //! let day = "2026-12-01".parse::<Day>().unwrap();
 //! let rows = aggregates.rows(Period::Day(day), Dimension::Caller);
 //! assert_eq!(rows[0].2.cost_nano_usd, 10_500_000);
@@ -70,7 +70,7 @@ pub mod recent;
 pub mod record;
 pub mod totals;
 
-pub use aggregates::{AggregateKey, Aggregates, Dimension, keys_of};
+pub use aggregates::{AggregateKey, Aggregates, Dimension, MAX_MODELS, OTHER_MODELS, keys_of};
 pub use error::LedgerError;
 pub use history::{Minute, MinuteHistory};
 pub use limits::{

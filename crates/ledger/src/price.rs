@@ -39,7 +39,12 @@ pub const DEFAULT_PRICES_DATE: &str = "2026-12-01";
 /// character, every other character itself (case-sensitive, as model ids are).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct ModelGlob(Box<str>);
+pub struct ModelGlob {
+    pattern: Box<str>,
+    /// The length of the literal prefix when the pattern is `prefix*` (the usual shape,
+    /// matched with one comparison), found once here rather than per request.
+    prefix: Option<usize>,
+}
 
 impl ModelGlob {
     /// A glob for `pattern`.
@@ -51,23 +56,27 @@ impl ModelGlob {
         if pattern.is_empty() || pattern.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(LedgerError::InvalidGlob(pattern.to_owned()));
         }
-        Ok(Self(pattern.into()))
+        let prefix = pattern
+            .strip_suffix('*')
+            .filter(|p| !p.contains(['*', '?']))
+            .map(str::len);
+        Ok(Self {
+            pattern: pattern.into(),
+            prefix,
+        })
     }
 
     /// The pattern as written.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.pattern
     }
 
     /// Whether `model` matches.
     pub fn matches(&self, model: &str) -> bool {
-        // The usual shape, `prefix*`, is one comparison.
-        if let Some(prefix) = self.0.strip_suffix('*')
-            && !prefix.contains(['*', '?'])
-        {
-            return model.starts_with(prefix);
+        match self.prefix {
+            Some(n) => model.as_bytes().starts_with(&self.pattern.as_bytes()[..n]),
+            None => glob_match(self.pattern.as_bytes(), model.as_bytes()),
         }
-        glob_match(self.0.as_bytes(), model.as_bytes())
     }
 }
 
@@ -80,7 +89,7 @@ impl TryFrom<String> for ModelGlob {
 
 impl From<ModelGlob> for String {
     fn from(glob: ModelGlob) -> Self {
-        glob.0.into()
+        glob.pattern.into()
     }
 }
 

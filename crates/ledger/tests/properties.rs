@@ -88,7 +88,7 @@ proptest! {
     fn rows_add_up_to_their_records(records in records()) {
         let aggregates = Aggregates::new(false);
         for r in &records {
-            aggregates.record(r);
+            aggregates.record(Arc::new(r.clone()));
         }
         let periods: Vec<Period> = records
             .iter()
@@ -132,7 +132,7 @@ proptest! {
             }
         };
         for (i, r) in records.iter().enumerate() {
-            aggregates.record(r);
+            aggregates.record(Arc::new(r.clone()));
             for (at, ok) in &flushes {
                 if *at == i {
                     flush(*ok, &aggregates);
@@ -152,9 +152,9 @@ proptest! {
 #[test]
 fn old_periods_are_pruned_and_recent_ones_kept() {
     let aggregates = Aggregates::new(false);
-    aggregates.record(&record(0, Some(0), 0, 10, 5, T0));
+    aggregates.record(Arc::new(record(0, Some(0), 0, 10, 5, T0)));
     let later = T0 + 401 * 86_400_000;
-    aggregates.record(&record(0, Some(0), 0, 10, 5, later));
+    aggregates.record(Arc::new(record(0, Some(0), 0, 10, 5, later)));
     aggregates.prune(later, 400);
     let periods: Vec<Period> = aggregates.export().iter().map(|(k, _)| k.period).collect();
     assert!(
@@ -164,4 +164,25 @@ fn old_periods_are_pruned_and_recent_ones_kept() {
     );
     assert!(periods.contains(&Period::Day(Day::of(later))));
     assert!(!periods.contains(&Period::Day(Day::of(T0))));
+}
+
+#[test]
+fn made_up_models_past_the_cap_are_counted_together() {
+    let aggregates = Aggregates::new(false);
+    let n = MAX_MODELS + 50;
+    for m in 0..n {
+        let mut r = record(0, None, 0, 10, 5, T0);
+        r.model_sent = Some(Arc::from(format!("made-up-{m}")));
+        aggregates.record(Arc::new(r));
+    }
+    let rows = aggregates.rows(Period::Day(Day::of(T0)), Dimension::Model);
+    assert_eq!(rows.len(), MAX_MODELS + 1);
+    let other = rows
+        .iter()
+        .find(|(_, k, _)| &**k == OTHER_MODELS)
+        .expect("the models past the cap");
+    assert_eq!(other.2.requests, 50);
+    // Every request is still counted once per dimension.
+    let callers = aggregates.rows(Period::Day(Day::of(T0)), Dimension::Caller);
+    assert_eq!(callers[0].2.requests, n as u64);
 }

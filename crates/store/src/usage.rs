@@ -103,13 +103,13 @@ impl Store {
     /// this once per request, when its answer ended).
     pub fn record_usage(&self, record: UsageRecord) {
         let book = self.usage();
-        book.aggregates.record(&record);
         book.history.record(
             record.at.saturating_add(record.total_ms),
             record.is_error(),
             record.usage.total(),
         );
         let record = Arc::new(record);
+        book.aggregates.record(Arc::clone(&record));
         if self.redis().is_some() {
             let mut outbox = book.outbox();
             if outbox.records.len() >= RECORD_OUTBOX {
