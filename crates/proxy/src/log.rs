@@ -73,7 +73,7 @@ impl RequestLog {
 
     /// The usage record of this request, priced with `app`'s price table; `None`
     /// before the caller was authenticated.
-    fn record(&self, app: &App, total_ms: u64) -> Option<UsageRecord> {
+    fn record(&mut self, app: &App, total_ms: u64) -> Option<UsageRecord> {
         let (kind, id) = match self.caller.as_ref()? {
             Caller::User(id) => (CallerKind::User, id.clone()),
             Caller::Client(id) => (CallerKind::Client, id.clone()),
@@ -102,7 +102,7 @@ impl RequestLog {
             stream: self.stream,
             status: self.status,
             account: self.served_by.clone(),
-            attempts: self.attempts.clone(),
+            attempts: std::mem::take(&mut self.attempts),
             usage,
             cost_nano_usd: cost,
             cost_basis: basis,
@@ -110,20 +110,6 @@ impl RequestLog {
             total_ms,
             stream_end: self.stream_end.map(Cow::Borrowed),
         })
-    }
-}
-
-struct Attempts<'a>(&'a [AttemptRecord]);
-
-impl std::fmt::Display for Attempts<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, a) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{}:{}", a.account, a.outcome)?;
-        }
-        Ok(())
     }
 }
 
@@ -158,15 +144,19 @@ fn nth(
 impl Drop for RequestLog {
     fn drop(&mut self) {
         let duration_ms = self.started.elapsed().as_millis() as u64;
-        let record = self
-            .ledger
+        let ledger = self.ledger.take();
+        let record = ledger
             .as_ref()
             .and_then(|app| Some((app, self.record(app, duration_ms)?)));
         let cost = record.as_ref().map(|(_, r)| r.cost_nano_usd);
         let usage = self.usage.unwrap_or_default();
-        let (a1, s1, o1, m1) = nth(&self.attempts, 0);
-        let (a2, s2, o2, m2) = nth(&self.attempts, 1);
-        let (a3, s3, o3, m3) = nth(&self.attempts, 2);
+        // The record took the attempts (without a record they are still here).
+        let attempts = record
+            .as_ref()
+            .map_or(&self.attempts[..], |(_, r)| &r.attempts);
+        let (a1, s1, o1, m1) = nth(attempts, 0);
+        let (a2, s2, o2, m2) = nth(attempts, 1);
+        let (a3, s3, o3, m3) = nth(attempts, 2);
         tracing::info!(
             target: "keypool::request",
             request_id = %self.request_id,
@@ -177,9 +167,9 @@ impl Drop for RequestLog {
             count_tokens = self.count_tokens,
             stream = self.stream,
             model = self.model.as_deref(),
-            model_sent = self.model_sent.as_deref(),
-            attempts = %Attempts(&self.attempts),
-            attempt_count = self.attempts.len(),
+            // Only when an account's `model` override changed it.
+            model_sent = self.model_sent.as_deref().filter(|m| Some(*m) != self.model.as_deref()),
+            attempt_count = attempts.len(),
             attempt1_account = a1,
             attempt1_status = s1,
             attempt1_outcome = o1,

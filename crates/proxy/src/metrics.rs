@@ -12,6 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use dashmap::DashMap;
+
+/// The registry's maps: keys are config names (orgs, URLs, accounts, key ids) or fixed
+/// labels, hashed on every request, so with `foldhash` rather than SipHash.
+type Map<K, V> = DashMap<K, V, foldhash::fast::RandomState>;
 use keypool_cooldown::Classification;
 use keypool_core::{AccountId, UnixMs};
 use keypool_ledger::{CostBasis, NANO_PER_USD, UsageRecord};
@@ -104,22 +108,22 @@ pub enum FanOutRole {
 /// Every series keypool exports.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    requests: DashMap<RequestKey, AtomicU64>,
+    requests: Map<RequestKey, AtomicU64>,
     attempts: Histogram<6>,
-    failovers: DashMap<(&'static str, &'static str), AtomicU64>,
+    failovers: Map<(&'static str, &'static str), AtomicU64>,
     gate: [AtomicU64; 6],
     fired: [AtomicU64; 2],
     wins: [AtomicU64; 2],
     stream_failures: AtomicU64,
-    ttft: DashMap<AccountId, Histogram<12>>,
-    total: DashMap<AccountId, Histogram<12>>,
-    in_flight: DashMap<AccountId, Arc<AtomicI64>>,
+    ttft: Map<AccountId, Histogram<12>>,
+    total: Map<AccountId, Histogram<12>>,
+    in_flight: Map<AccountId, Arc<AtomicI64>>,
     affinity: [AtomicU64; 3],
     queue_rejections: [AtomicU64; 2],
     body_budget_rejections: AtomicU64,
-    local_failures: DashMap<&'static str, AtomicU64>,
+    local_failures: Map<&'static str, AtomicU64>,
     /// Per (org, caller): input, output, cache-write and cache-read tokens, cost (nano).
-    usage: DashMap<(Arc<str>, Arc<str>), [AtomicU64; 5]>,
+    usage: Map<(Arc<str>, Arc<str>), [AtomicU64; 5]>,
     unpriced: AtomicU64,
 }
 
@@ -617,7 +621,7 @@ impl Metrics {
     }
 }
 
-fn observe_account(map: &DashMap<AccountId, Histogram<12>>, account: &AccountId, ms: u64) {
+fn observe_account(map: &Map<AccountId, Histogram<12>>, account: &AccountId, ms: u64) {
     let bucket = latency_bucket(ms);
     with_value(map, account, || account.clone(), |h| h.observe(bucket, ms));
 }
@@ -626,7 +630,7 @@ fn observe_account(map: &DashMap<AccountId, Histogram<12>>, account: &AccountId,
 /// (every call after the first), else on a default value inserted with the key `owned`
 /// makes (only then: no clone of the key on the usual path).
 fn with_value<K, Q, V, R>(
-    map: &DashMap<K, V>,
+    map: &Map<K, V>,
     key: &Q,
     owned: impl FnOnce() -> K,
     f: impl FnOnce(&V) -> R,
