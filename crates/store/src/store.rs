@@ -70,6 +70,24 @@ pub struct BackendStatus {
     pub state_file_write_failures: u64,
 }
 
+/// The outcomes of config reloads since boot ([`Store::reload_outcomes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReloadOutcomes {
+    /// Reloads whose file was valid and replaced the configuration.
+    pub applied: u64,
+    /// Reloads refused (invalid or unreadable file; the old configuration kept serving).
+    pub rejected: u64,
+    /// When the last applied reload happened, unix ms.
+    pub last_applied_at: Option<UnixMs>,
+}
+
+#[derive(Debug, Default)]
+struct ReloadCounts {
+    applied: AtomicU64,
+    rejected: AtomicU64,
+    last_applied_at: AtomicU64,
+}
+
 /// What the store found at boot.
 #[derive(Debug)]
 pub enum BootState {
@@ -109,6 +127,7 @@ struct Inner {
     sessions: SessionBook,
     slots: SlotBook,
     last_purged: AtomicU64,
+    reloads: ReloadCounts,
 }
 
 /// How the state file's writes went: the last failure (cleared by a success) and the
@@ -263,6 +282,7 @@ impl Store {
             sessions: SessionBook::new(),
             slots,
             last_purged: AtomicU64::new(now),
+            reloads: ReloadCounts::default(),
             config: ArcSwap::from_pointee(config),
             state,
             snapshots: DashMap::new(),
@@ -352,9 +372,29 @@ impl Store {
     /// that still exist is kept. Changing `listen`, `workers`, `redis_url`, `state_file`
     /// or the rating weights takes a restart (a warning is logged).
     pub fn reload(&self, path: &Path) -> Result<(), StoreError> {
-        let config = Config::load(path)?;
+        let config = match Config::load(path) {
+            Ok(config) => config,
+            Err(e) => {
+                self.inner.reloads.rejected.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
         self.install(config);
+        let reloads = &self.inner.reloads;
+        reloads.applied.fetch_add(1, Ordering::Relaxed);
+        reloads.last_applied_at.store(now_ms(), Ordering::Relaxed);
         Ok(())
+    }
+
+    /// What the reloads of the config file ([`Store::reload`]: `SIGHUP`,
+    /// `POST /admin/reload`) did since boot, for the metrics.
+    pub fn reload_outcomes(&self) -> ReloadOutcomes {
+        let r = &self.inner.reloads;
+        ReloadOutcomes {
+            applied: r.applied.load(Ordering::Relaxed),
+            rejected: r.rejected.load(Ordering::Relaxed),
+            last_applied_at: Some(r.last_applied_at.load(Ordering::Relaxed)).filter(|&t| t > 0),
+        }
     }
 
     /// Installs an already validated config (see [`Store::reload`]).
