@@ -1,7 +1,15 @@
 //! The one log line per request (SPEC 10): request id, org, URL config, caller id,
-//! strategy, every attempt with its account id and outcome, final status, TTFT and
-//! duration. It never holds a secret or an LB key: callers are named by key id.
+//! strategy, every attempt with its account id, outcome and upstream status, final
+//! status, TTFT and duration, the client's address and user agent. It never holds a
+//! secret or an LB key: callers are named by key id, and a user agent that carries
+//! `sk-` is not logged.
+//!
+//! The caller is two fields (`user_api_key_id` or `client_api_key_id`), and
+//! `attempts` and `upstream_statuses` are JSON arrays written as the fields' text
+//! ([`JSON_FIELDS`]): the binary's JSON log format embeds them as arrays, the plain
+//! format shows the same text.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,7 +28,7 @@ pub(crate) struct RequestLog {
     pub strategy: Option<Strategy>,
     pub count_tokens: bool,
     pub stream: bool,
-    pub attempts: Vec<(AccountId, &'static str)>,
+    pub attempts: Vec<(AccountId, &'static str, Option<u16>)>,
     pub served_by: Option<AccountId>,
     pub upstream_request_id: Option<String>,
     pub status: u16,
@@ -28,6 +36,28 @@ pub(crate) struct RequestLog {
     pub usage: Option<Usage>,
     pub stream_end: Option<&'static str>,
     pub started: Instant,
+    pub client: Option<SocketAddr>,
+    pub user_agent: Option<String>,
+}
+
+/// The fields of the request line whose text is a JSON value (an array): a JSON log
+/// format writes them as JSON, not as strings.
+pub const JSON_FIELDS: [&str; 2] = ["attempts", "upstream_statuses"];
+
+/// The longest user agent logged (longer ones are cut at a character boundary).
+const MAX_USER_AGENT: usize = 256;
+
+/// The user agent as logged: at most [`MAX_USER_AGENT`] bytes, and none at all when it
+/// holds something that looks like a key (`sk-`), which a log must never show.
+pub(crate) fn loggable_user_agent(value: &str) -> Option<String> {
+    if value.contains("sk-") {
+        return Some("[redacted]".to_owned());
+    }
+    let mut end = value.len().min(MAX_USER_AGENT);
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(value[..end].to_owned())
 }
 
 impl RequestLog {
@@ -48,32 +78,44 @@ impl RequestLog {
             usage: None,
             stream_end: None,
             started,
+            client: None,
+            user_agent: None,
         }
     }
 }
 
-struct Attempts<'a>(&'a [(AccountId, &'static str)]);
+type AttemptRow = (AccountId, &'static str, Option<u16>);
+
+/// `[{"account":"a","outcome":"timeout","status":null},…]`.
+struct Attempts<'a>(&'a [AttemptRow]);
 
 impl std::fmt::Display for Attempts<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, (account, outcome)) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{account}:{outcome}")?;
-        }
-        Ok(())
+        let rows: Vec<serde_json::Value> = self
+            .0
+            .iter()
+            .map(|(account, outcome, status)| {
+                serde_json::json!({"account": account.as_str(), "outcome": outcome, "status": status})
+            })
+            .collect();
+        write!(f, "{}", serde_json::Value::Array(rows))
     }
 }
 
-struct CallerId<'a>(&'a Caller);
+/// `[429,200]`: the status of every attempt that got an upstream answer, in order.
+struct Statuses<'a>(&'a [AttemptRow]);
 
-impl std::fmt::Display for CallerId<'_> {
+impl std::fmt::Display for Statuses<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Caller::User(id) => write!(f, "user_api_key_id={id}"),
-            Caller::Client(id) => write!(f, "client_api_key_id={id}"),
+        f.write_str("[")?;
+        let mut first = true;
+        for status in self.0.iter().filter_map(|row| row.2) {
+            if !std::mem::take(&mut first) {
+                f.write_str(",")?;
+            }
+            write!(f, "{status}")?;
         }
+        f.write_str("]")
     }
 }
 
@@ -86,11 +128,13 @@ impl Drop for RequestLog {
             request_id = %self.request_id,
             org = self.org.as_deref().unwrap_or("-"),
             url = self.url.as_deref().unwrap_or("-"),
-            caller = %self.caller.as_ref().map(CallerId).map_or_else(|| "-".to_owned(), |c| c.to_string()),
+            user_api_key_id = self.caller.as_ref().and_then(Caller::user_api_key_id),
+            client_api_key_id = self.caller.as_ref().and_then(Caller::client_api_key_id),
             strategy = self.strategy.map_or("-", Strategy::as_str),
             count_tokens = self.count_tokens,
             stream = self.stream,
             attempts = %Attempts(&self.attempts),
+            upstream_statuses = %Statuses(&self.attempts),
             served_by = self.served_by.as_ref().map_or("-", AccountId::as_str),
             upstream_request_id = self.upstream_request_id.as_deref().unwrap_or("-"),
             status = self.status,
@@ -99,6 +143,8 @@ impl Drop for RequestLog {
             duration_ms,
             input_tokens = usage.input_tokens,
             output_tokens = usage.output_tokens,
+            client = self.client.map(tracing::field::display),
+            user_agent = self.user_agent.as_deref(),
             "request"
         );
     }

@@ -78,6 +78,7 @@ fn credit_failure(
     };
     store.record_rating(attempt.account, sample, now);
     app.metrics().failover(&c);
+    app.metrics().account_failure(attempt.account, &c);
     c
 }
 
@@ -103,7 +104,11 @@ pub(super) fn commit(
     let app = call.app;
     let account = ready.account.id().clone();
     app.metrics().ttft(&account, ready.ttft_ms);
-    ctx.attempt(&account, "ok");
+    let status = match &ready.kind {
+        ReadyKind::Full { status, .. } => status.as_u16(),
+        ReadyKind::Stream { .. } => StatusCode::OK.as_u16(),
+    };
+    ctx.attempt_answered(&account, "ok", Some(status));
     if let Some(log) = ctx.log_mut() {
         log.served_by = Some(account.clone());
         log.ttft_ms = Some(ready.ttft_ms);

@@ -409,7 +409,11 @@ impl<'c> Walker<'c> {
             self.stopped = Some(Stopped::Local);
             return;
         };
-        ctx.attempt(&candidate.id, c.trigger.as_str());
+        let status = match &failure {
+            Failure::Status { status, .. } => Some(status.as_u16()),
+            _ => None,
+        };
+        ctx.attempt_answered(&candidate.id, c.trigger.as_str(), status);
         let in_flight = self.running.iter().filter(|r| r.is_some()).count();
         self.ceiling.failed(c.is_request_error(), in_flight);
         self.last_failure = Some((failure, running.index));
