@@ -77,7 +77,11 @@ fn level_label(level: Level) -> &'static str {
 }
 
 /// Writes `2026-11-30T00:18:12.970542Z` for `secs` since the epoch (UTC) and `micros`.
-fn write_rfc3339_micros(out: &mut impl fmt::Write, secs: u64, micros: u32) -> fmt::Result {
+pub(crate) fn write_rfc3339_micros(
+    out: &mut impl fmt::Write,
+    secs: u64,
+    micros: u32,
+) -> fmt::Result {
     let t = keypool_core::UtcDateTime::from_unix_secs(secs);
     let mut buf = *b"0000-00-00T00:00:00.000000Z";
     put_digits(&mut buf[0..4], t.year);
