@@ -25,7 +25,7 @@ use crate::headers::{X_REQUEST_ID, add_legacy_headers};
 use crate::metrics::{InternalRoute, Metrics, UNRESOLVED};
 use crate::reject::Reject;
 use crate::route::{RouteMatch, match_path};
-use crate::upstream::{UpstreamClient, build_client};
+use crate::upstream::{Egress, UpstreamClient, build_client_with};
 use crate::{admin, failover};
 
 /// The proxy application: the store, the upstream client, metrics and per-pool hedge
@@ -37,6 +37,11 @@ pub struct App {
     /// The upstream connection pool: shared by clones, replaced by
     /// [`App::with_own_client`] (one per worker thread).
     client: Arc<UpstreamClient>,
+    /// The pools of accounts with their own `proxy_url`, by proxy URL (made on first
+    /// use; one map per worker thread, like `client`).
+    proxied: Arc<DashMap<Arc<str>, Arc<UpstreamClient>>>,
+    /// Where the shared pool's connections go (the proxy environment at start).
+    egress: Arc<Egress>,
 }
 
 struct Inner {
@@ -82,8 +87,11 @@ impl App {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id()).rotate_left(32);
+        let egress = Egress::from_env();
         Self {
-            client: Arc::new(build_client()),
+            client: Arc::new(build_client_with(egress.clone())),
+            proxied: Arc::new(DashMap::new()),
+            egress: Arc::new(egress),
             inner: Arc::new(Inner {
                 store,
                 metrics: Metrics::new(),
@@ -136,18 +144,39 @@ impl App {
         &self.inner.metrics
     }
 
-    pub(crate) fn client(&self) -> &UpstreamClient {
-        &self.client
-    }
-
     /// The same application (store, metrics, budgets, ids) with a fresh upstream
     /// connection pool: each [`run_workers`](crate::run_workers) thread gets one, so
     /// that its requests use connections driven by its own runtime.
     pub fn with_own_client(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
-            client: Arc::new(build_client()),
+            client: Arc::new(build_client_with((*self.egress).clone())),
+            proxied: Arc::new(DashMap::new()),
+            egress: self.egress.clone(),
         }
+    }
+
+    /// The upstream client of `account`: the shared pool, or the pool of its own
+    /// `proxy_url`.
+    pub(crate) fn client_for(
+        &self,
+        account: &keypool_store::config::Account,
+    ) -> Arc<UpstreamClient> {
+        let Some(url) = account.proxy_url() else {
+            return self.client.clone();
+        };
+        if let Some(client) = self.proxied.get(url.expose()) {
+            return client.clone();
+        }
+        self.proxied
+            .entry(Arc::from(url.expose()))
+            .or_insert_with(|| {
+                Arc::new(build_client_with(Egress::for_account(
+                    account,
+                    &self.egress,
+                )))
+            })
+            .clone()
     }
 
     /// A seed for one request's random choices (ties between cooldown expiries).
