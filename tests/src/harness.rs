@@ -119,6 +119,14 @@ pub struct HarnessBuilder {
     extra_keys: Vec<(String, String, String)>,
     seed: u64,
     workers: Option<usize>,
+    listeners: ListenerSpec,
+}
+
+/// How the harness listens beyond its plain public listener (issue 21).
+#[derive(Debug, Clone, Default)]
+struct ListenerSpec {
+    tls: Option<keypool_proxy::TlsCertificates>,
+    admin: bool,
 }
 
 impl Default for HarnessBuilder {
@@ -148,6 +156,7 @@ impl Default for HarnessBuilder {
             extra_keys: Vec::new(),
             seed: 0x6b65_7970_6f6f_6c00,
             workers: None,
+            listeners: ListenerSpec::default(),
         }
     }
 }
@@ -206,6 +215,24 @@ impl HarnessBuilder {
         self
     }
 
+    /// Terminates TLS on the public listener with `tls` ([`Harness::base_url`] is
+    /// then `https://localhost:<port>`).
+    pub fn tls(mut self, tls: keypool_proxy::TlsCertificates) -> Self {
+        self.listeners.tls = Some(tls);
+        self
+    }
+
+    /// Also listens on an admin listener ([`Harness::admin_url`]), with `admin_listen`
+    /// in the configuration, so that `/admin` and `/metrics` are served only there.
+    pub fn admin_listener(mut self) -> Self {
+        self.listeners.admin = true;
+        // a placeholder address: the harness binds its own port; the configuration
+        // only has to say that an admin listener exists
+        self.server
+            .insert("admin_listen".to_owned(), "\"127.0.0.1:1\"".to_owned());
+        self
+    }
+
     /// The seed of the LB keys' generation.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = seed;
@@ -234,14 +261,26 @@ impl HarnessBuilder {
             .await
             .expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
+        let mut listeners = keypool_proxy::Listeners::new(listener);
+        let mut admin_addr = None;
+        if self.listeners.admin {
+            let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind the admin listener");
+            admin_addr = Some(admin.local_addr().expect("admin addr"));
+            listeners = listeners.with_admin(admin);
+        }
+        if let Some(tls) = &self.listeners.tls {
+            listeners = listeners.with_tls(tls.clone());
+        }
         let (stop, stopped) = oneshot::channel::<()>();
         let stopped = async move {
             let _ = stopped.await;
         };
         let server = match self.workers {
-            None => tokio::spawn(keypool_proxy::run(listener, app.clone(), stopped)),
+            None => tokio::spawn(keypool_proxy::run(listeners, app.clone(), stopped)),
             Some(n) => tokio::spawn(keypool_proxy::run_workers(
-                listener,
+                listeners,
                 app.clone(),
                 n,
                 stopped,
@@ -257,6 +296,8 @@ impl HarnessBuilder {
             keys: Arc::new(keys),
             client: Client::new(),
             toml,
+            admin_addr,
+            tls: self.listeners.tls.is_some(),
         }
     }
 
@@ -351,6 +392,8 @@ pub struct Harness {
     keys: Arc<BTreeMap<String, String>>,
     client: Client,
     toml: String,
+    admin_addr: Option<SocketAddr>,
+    tls: bool,
 }
 
 impl std::fmt::Debug for Harness {
@@ -397,9 +440,28 @@ impl Harness {
         &self.toml
     }
 
-    /// `http://127.0.0.1:<port>`, keypool's base URL.
+    /// `http://127.0.0.1:<port>`, keypool's base URL (`https://localhost:<port>` with
+    /// [`HarnessBuilder::tls`]).
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        if self.tls {
+            format!("https://localhost:{}", self.addr.port())
+        } else {
+            format!("http://{}", self.addr)
+        }
+    }
+
+    /// The public listener's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The admin listener's URL for `path`.
+    ///
+    /// # Panics
+    /// Without [`HarnessBuilder::admin_listener`].
+    pub fn admin_url(&self, path: &str) -> String {
+        let addr = self.admin_addr.expect("the harness has no admin listener");
+        format!("http://{addr}{path}")
     }
 
     /// keypool's URL for `path` (which starts with `/`).
@@ -434,10 +496,14 @@ impl Harness {
         &self.client
     }
 
-    /// The text of `GET /metrics`.
+    /// The text of `GET /metrics` (on the admin listener when there is one).
     pub async fn metrics(&self) -> String {
+        let url = match self.admin_addr {
+            Some(_) => self.admin_url("/metrics"),
+            None => self.url("/metrics"),
+        };
         self.client
-            .request(http::Method::GET, self.url("/metrics"))
+            .request(http::Method::GET, url)
             .send()
             .await
             .text()
