@@ -90,7 +90,8 @@ impl AccountSpec {
     }
 
     /// Points the account at another upstream than the simulator (e.g. a
-    /// [`FakeUpstream`](crate::fake_upstream::FakeUpstream)).
+    /// [`FakeUpstream`](crate::fake_upstream::FakeUpstream)); `{sim_port}` in `url` is
+    /// replaced by the simulator's port (a host name only a test proxy resolves).
     pub fn base_url(mut self, url: &str) -> Self {
         self.base_url = Some(url.to_owned());
         self
@@ -321,7 +322,9 @@ impl HarnessBuilder {
         let _ = writeln!(t, "\n[[orgs]]\nslug = \"{ORG}\"");
         for a in &self.accounts {
             let base = match (&a.base_url, &a.url_label) {
-                (Some(url), _) => url.clone(),
+                (Some(url), _) => {
+                    url.replace("{sim_port}", sim_url.rsplit(':').next().unwrap_or(""))
+                }
                 (None, Some(label)) => format!("{sim_url}/{label}"),
                 (None, None) => sim_url.to_owned(),
             };
