@@ -348,7 +348,7 @@ async fn http2_requests_keep_the_body_limit_the_body_timeout_and_the_body_budget
     while !h
         .metrics()
         .await
-        .contains("keypool_body_bytes_in_flight{kind=\"request\"} 900")
+        .contains("keypool_body_in_flight_bytes{kind=\"request\"} 900")
     {
         assert!(
             Instant::now() < deadline,

@@ -249,7 +249,7 @@ impl Metrics {
     pub fn render_body_budget(&self, out: &mut String, requests: u64, answers: u64) {
         let _ = writeln!(
             out,
-            "# HELP keypool_body_bytes_in_flight Bytes held in memory now, by kind: request bodies and buffered (non-streaming) upstream answers, each bounded by max_body_bytes_in_flight.\n# TYPE keypool_body_bytes_in_flight gauge\nkeypool_body_bytes_in_flight{{kind=\"request\"}} {requests}\nkeypool_body_bytes_in_flight{{kind=\"answer\"}} {answers}\n# HELP keypool_body_budget_rejections_total Requests answered 503 because their body did not fit in max_body_bytes_in_flight.\n# TYPE keypool_body_budget_rejections_total counter\nkeypool_body_budget_rejections_total {}",
+            "# HELP keypool_body_in_flight_bytes Bytes held in memory now, by kind: request bodies and buffered (non-streaming) upstream answers, each bounded by max_body_bytes_in_flight.\n# TYPE keypool_body_in_flight_bytes gauge\nkeypool_body_in_flight_bytes{{kind=\"request\"}} {requests}\nkeypool_body_in_flight_bytes{{kind=\"answer\"}} {answers}\n# HELP keypool_body_budget_rejections_total Requests answered 503 because their body did not fit in max_body_bytes_in_flight.\n# TYPE keypool_body_budget_rejections_total counter\nkeypool_body_budget_rejections_total {}",
             self.body_budget_rejections.load(Ordering::Relaxed)
         );
         let mut rows: Vec<_> = self
