@@ -25,6 +25,8 @@
 //! - [`logs`]: [`LogLines`], log lines captured in memory.
 //! - [`raw`]: raw HTTP/1.1 over TCP for hostile-input tests.
 //! - [`binary`]: the real `keypool` binary as a child process.
+//! - [`prometheus`]: a scrape's families, the Prometheus naming rules, the metric
+//!   names a PromQL expression uses.
 //! - [`tls`]: test certificates (a CA and a `localhost` leaf) made at run time, and a
 //!   TLS client that trusts them.
 //! - [`egress_proxy`]: an HTTP `CONNECT` / SOCKS5 proxy on loopback that records its
@@ -38,6 +40,7 @@ pub mod egress_proxy;
 pub mod fake_upstream;
 pub mod harness;
 pub mod logs;
+pub mod prometheus;
 pub mod raw;
 pub mod tls;
 pub mod venv;
