@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use keypool_core::{AccountId, AuthType, Provider};
 
-use super::{Context, Issues, parse_named, resolve_secret, supported_auth_types};
+use super::{Context, Issues, is_env_name, parse_named, resolve_secret, supported_auth_types};
 use crate::config::raw::RawAccount;
 use crate::config::{Account, Secret, Threshold, Weight};
 
@@ -149,11 +149,9 @@ fn validate_account(
 
 /// Whether `secret` is a well-formed `$ENV_NAME` whose variable is unset or empty.
 fn unset_env_secret(secret: &str, env: &dyn Fn(&str) -> Option<String>) -> bool {
-    secret.strip_prefix('$').is_some_and(|name| {
-        !name.is_empty()
-            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-            && env(name).is_none_or(|v| v.is_empty())
-    })
+    secret
+        .strip_prefix('$')
+        .is_some_and(|name| is_env_name(name) && env(name).is_none_or(|v| v.is_empty()))
 }
 
 /// `proxy_url`: `http://[user:password@]host:port` (HTTP CONNECT) or
