@@ -4,7 +4,7 @@
 //!   suite. This is the README's test command and what `.ci/run` calls. Before the
 //!   tests it creates the Anthropic SDK venv (`target/py-sdk`) the SDK suites use,
 //!   installs the Debian packages the tests need when missing (`chromium`, `curl`,
-//!   `prometheus` for `promtool`, `redis-server`) and runs `promtool check rules` on
+//!   `prometheus` for `promtool`, `redis-server`, `redis-tools`) and runs `promtool check rules` on
 //!   `deploy/prometheus/*-rules.yaml`.
 //! - `cargo xtask bench [--quick] [--peers]`: keypool's overhead and throughput against
 //!   the bare upstream simulator and, with `--peers`, LiteLLM and Portkey (`bench`).
@@ -83,7 +83,7 @@ fn cargo(root: &Path, args: &[&str]) -> anyhow::Result<()> {
 /// it)`: installed when the program is missing (CI runs as root with apt reachable). A
 /// failure is reported here, and the test that needs the program then fails with the
 /// reason under `CI=true`.
-const DEBIAN_TOOLS: [(&str, &str, &str); 4] = [
+const DEBIAN_TOOLS: [(&str, &str, &str); 5] = [
     (
         "chromium",
         "chromium",
@@ -99,6 +99,11 @@ const DEBIAN_TOOLS: [(&str, &str, &str); 4] = [
         "redis-server",
         "redis-server",
         "the Redis suites (crates/store/tests, tests/)",
+    ),
+    (
+        "redis-cli",
+        "redis-tools",
+        "the Redis Cluster test (redis-cli --cluster create)",
     ),
 ];
 

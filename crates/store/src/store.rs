@@ -227,7 +227,9 @@ impl Store {
                 let mirror = connected.mirror;
                 let mut loaded = false;
                 if connected.connected {
-                    loaded = reconcile(&mirror, &state, now).await.is_ok();
+                    loaded = reconcile(&mirror, &state, &account_ids(&config), now)
+                        .await
+                        .is_ok();
                 }
                 (
                     Backend::Redis(Arc::new(mirror)),
@@ -754,6 +756,16 @@ impl Store {
         }
     }
 
+    /// With Redis, every `host:port` keypool's Redis client was relayed to through the
+    /// reply guard so far (the server; the sentinels and the primary; or the cluster's
+    /// nodes); empty without Redis.
+    pub fn redis_relay_targets(&self) -> Vec<String> {
+        match &self.inner.backend {
+            Backend::Redis(m) => m.relay_targets(),
+            Backend::Memory { .. } => Vec::new(),
+        }
+    }
+
     /// Everything in memory, with absolute times.
     pub fn export_state(&self, now: UnixMs) -> StateExport {
         self.inner.state.export(now)
@@ -780,7 +792,8 @@ impl Store {
             }
             Backend::Redis(mirror) => {
                 if mirror.needs_reconcile() {
-                    match reconcile(mirror, &self.inner.state, now).await {
+                    let accounts = account_ids(&self.config());
+                    match reconcile(mirror, &self.inner.state, &accounts, now).await {
                         Ok(()) => tracing::info!("redis answers; state reconciled"),
                         Err(e) => tracing::debug!(error = %e, "redis still unavailable"),
                     }
@@ -841,16 +854,23 @@ impl Counter for Store {
     }
 }
 
-/// Pulls Redis state into memory (later expiry wins), then pushes local state back.
+/// The ids of the configured accounts (whose state is pulled from Redis).
+fn account_ids(config: &Config) -> Vec<AccountId> {
+    config.accounts().map(|a| a.id().clone()).collect()
+}
+
+/// Pulls the state of `accounts` from Redis into memory (later expiry wins), then
+/// pushes local state back.
 async fn reconcile(
     mirror: &RedisMirror,
     state: &RuntimeState,
+    accounts: &[AccountId],
     now: UnixMs,
 ) -> Result<(), StoreError> {
     mirror.begin_reconcile();
     mirror.ping().await?;
     mirror.ensure_subscribed().await?;
-    let remote = mirror.pull().await?;
+    let remote = mirror.pull(accounts).await?;
     state.rating.import(&remote.rating);
     log_import_corrections(&state.health.import(remote.health, now), "redis");
     let local = state.health.export(now);

@@ -535,47 +535,53 @@ fn redis_url_problems_never_show_the_url() {
 }
 
 #[test]
-fn redis_url_takes_one_plain_redis_server_and_says_what_is_supported_otherwise() {
+fn redis_url_takes_a_server_a_sentinel_or_a_cluster_and_says_what_is_supported_otherwise() {
     let with = |url: &str| BASE.to_owned() + &format!("[server]\nredis_url = {url:?}\n");
     for ok in [
         "redis://127.0.0.1:6379/",
         "redis://redis.internal",
         "redis://:SECRET-VALUE@10.0.0.7:6380/3",
         "redis://user:SECRET-VALUE@[::1]:6379/0",
+        // issue 21: Sentinel and Cluster, behind the reply guard like one server
+        "redis-cluster://:SECRET-VALUE@a:7000?node=b:7001&node=c:7002",
+        "redis-cluster://a:7000",
+        "redis-sentinel://a:26379/0?sentinelServiceName=mymaster",
+        "redis-sentinel://:SECRET-VALUE@a:26379/2?sentinelServiceName=mymaster&node=b:26379&sentinelPassword=SECRET-VALUE",
     ] {
         let c = parse(&with(ok)).unwrap_or_else(|e| panic!("{ok} refused: {e}"));
         assert!(c.server().redis_url.is_some());
     }
-    // each refused form: the message names what is not supported and the form that is
+    // each refused form: the message names what is not supported and the forms that are
     for (url, names) in [
         ("rediss://:SECRET-VALUE@redis.internal:6380/0", "TLS"),
+        ("rediss-cluster://:SECRET-VALUE@a:7000", "TLS"),
         ("valkeys://redis.internal:6380", "TLS"),
         ("redis+unix:///run/redis.sock", "Unix sockets"),
         ("unix:///run/redis.sock", "Unix sockets"),
         (
-            "redis-cluster://:SECRET-VALUE@a:7000?node=b:7001",
-            "Cluster",
-        ),
-        (
-            "redis-sentinel://a:26379/0?sentinelServiceName=mymaster",
-            "Sentinel",
+            "redis-sentinel://:SECRET-VALUE@a:26379/0",
+            "needs ?sentinelServiceName=",
         ),
         (
             "redis://:SECRET-VALUE@a:26379/0?sentinelServiceName=mymaster",
-            "Sentinel",
+            "redis-sentinel://",
         ),
-        ("http://user:SECRET-VALUE@host", "redis:// URL"),
+        ("http://user:SECRET-VALUE@host", "redis-cluster:// URL"),
         ("redis://:SECRET-VALUE@host:notaport/0", "not a valid"),
         ("redis://:SECRET-VALUE@host/a/b", "not a valid"),
+        ("redis-cluster://:SECRET-VALUE@a:7000?node=b", "not a valid"),
     ] {
         let errs = errors(&with(url));
         assert_eq!(locations(&errs), ["server.redis_url"], "{url}");
         let message = errs.to_string();
         assert!(message.contains(names), "{url}: {message}");
-        assert!(
-            message.contains("redis://[[user]:password@]host[:port][/db]"),
-            "{url}: {message}"
-        );
+        for form in [
+            "redis://[[user]:password@]host[:port][/db]",
+            "redis-sentinel://",
+            "redis-cluster://",
+        ] {
+            assert!(message.contains(form), "{url}: {message}");
+        }
     }
 }
 

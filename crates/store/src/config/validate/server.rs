@@ -391,7 +391,7 @@ fn redis_url(
 ) -> Option<crate::config::Secret> {
     let u = s.redis_url.as_deref()?;
     let secret = resolve_secret(u, s.redis_url_from_env, "server.redis_url", env, issues)?;
-    match crate::state::redis::redis_target(secret.expose()) {
+    match crate::state::redis::redis_target(secret.expose()).map(drop) {
         Ok(_) => Some(secret),
         Err(problem) => {
             issues.push("server.redis_url", problem);
