@@ -40,31 +40,40 @@ where
             since_epoch.as_secs(),
             since_epoch.subsec_micros(),
         )?;
-        let mut object = Map::new();
-        object.insert("timestamp".into(), Value::String(timestamp));
-        object.insert(
-            "level".into(),
-            Value::String(event.metadata().level().to_string()),
-        );
+        // keys in the order they are written (serde_json's Map would sort them)
+        let mut object: Vec<(String, Value)> = vec![
+            ("timestamp".into(), Value::String(timestamp)),
+            (
+                "level".into(),
+                Value::String(event.metadata().level().to_string()),
+            ),
+        ];
         let mut fields = JsonVisitor {
             fields: &mut object,
             arrays: event.metadata().target() == "keypool::request",
         };
         event.record(&mut fields);
-        object.insert(
+        object.push((
             "target".into(),
             Value::String(event.metadata().target().to_owned()),
-        );
+        ));
         if let Some(scope) = ctx.event_scope() {
             let spans: Vec<Value> = scope.from_root().map(|span| span_object(&span)).collect();
             if let Some(current) = spans.last() {
-                object.insert("span".into(), current.clone());
+                object.push(("span".into(), current.clone()));
             }
-            object.insert("spans".into(), Value::Array(spans));
+            object.push(("spans".into(), Value::Array(spans)));
         }
-        let line = serde_json::to_string(&Value::Object(object)).map_err(|_| fmt::Error)?;
-        writer.write_str(&line)?;
-        writer.write_char('\n')
+        writer.write_char('{')?;
+        for (i, (key, value)) in object.iter().enumerate() {
+            if i > 0 {
+                writer.write_char(',')?;
+            }
+            let key = serde_json::to_string(key).map_err(|_| fmt::Error)?;
+            let value = serde_json::to_string(value).map_err(|_| fmt::Error)?;
+            write!(writer, "{key}:{value}")?;
+        }
+        writer.write_str("}\n")
     }
 }
 
@@ -85,7 +94,7 @@ where
 /// Collects an event's fields; with `arrays`, a [`keypool_proxy::log::JSON_FIELDS`]
 /// field whose text is valid JSON goes in as that JSON.
 struct JsonVisitor<'a> {
-    fields: &'a mut Map<String, Value>,
+    fields: &'a mut Vec<(String, Value)>,
     arrays: bool,
 }
 
@@ -96,7 +105,7 @@ impl JsonVisitor<'_> {
             return;
         }
         self.fields
-            .insert(name.strip_prefix("r#").unwrap_or(name).to_owned(), value);
+            .push((name.strip_prefix("r#").unwrap_or(name).to_owned(), value));
     }
 
     fn text(&mut self, field: &Field, text: String) {
@@ -209,6 +218,29 @@ mod tests {
         assert_eq!(line["stream"], false);
         assert_eq!(line["timestamp"].as_str().unwrap().len(), 27);
         assert_eq!(lines[1]["attempts"], "[1]");
+    }
+
+    #[test]
+    fn keys_keep_their_order() {
+        let capture = Capture::default();
+        let writer = {
+            let c = capture.clone();
+            move || c.clone()
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(writer)
+            .fmt_fields(JsonFields::new())
+            .event_format(JsonFormat)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(zeta = 1u64, alpha = "a", "hello");
+        });
+        let text = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+        let rest = text.split_once(r#""level":"INFO","#).unwrap().1;
+        assert_eq!(
+            rest,
+            "\"message\":\"hello\",\"zeta\":1,\"alpha\":\"a\",\"target\":\"keypool::logjson::tests\"}\n"
+        );
     }
 
     #[test]
