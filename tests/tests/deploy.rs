@@ -533,3 +533,25 @@ async fn the_dockerfile_and_the_compose_file_run_the_binary_the_way_it_answers()
     assert!(body.starts_with("ready"), "{body}");
     drop(k);
 }
+
+#[test]
+fn the_systemd_unit_serves_reloads_and_drains_like_the_binary() {
+    let unit = read(&deploy("systemd/keypool.service"));
+    let value = |key: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key}= in the unit"))
+            .to_owned()
+    };
+    let start = value("ExecStart");
+    assert!(start.contains(" serve --config "), "{start}");
+    assert!(value("ExecStartPre").contains(" check-config "));
+    assert_eq!(value("ExecReload"), "/bin/kill -HUP $MAINPID");
+    assert_eq!(value("KillSignal"), "SIGTERM");
+    // longer than the default shutdown_grace_secs (30): streams can finish
+    let stop: u64 = value("TimeoutStopSec").parse().unwrap();
+    assert!(stop > 30, "TimeoutStopSec {stop}");
+    // the flags it passes exist
+    let (code, _, err) = keypool_command(&["--log-format", "json", "serve", "--help"], &[]);
+    assert_eq!(code, Some(0), "{err}");
+}

@@ -408,9 +408,11 @@ impl Store {
             || a.rating != b.rating
             || a.listen != b.listen
             || a.workers != b.workers
+            || a.admin_listen != b.admin_listen
+            || a.tls != b.tls
         {
             tracing::warn!(
-                "listen, workers, redis_url, state_file and [server.rating] changes take effect at the next restart"
+                "listen, admin_listen, the TLS file paths, workers, redis_url, state_file and [server.rating] changes take effect at the next restart"
             );
         }
         self.inner
