@@ -66,20 +66,13 @@ impl KeypoolProcess {
             .arg(config)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&stderr).expect("the stderr file"));
-        for name in [
+        let own = [
             "KEYPOOL_LISTEN",
             "KEYPOOL_ADMIN_LISTEN",
             "REDIS_URL",
             "KEYPOOL_ADMIN_TOKEN",
-            "HTTPS_PROXY",
-            "https_proxy",
-            "HTTP_PROXY",
-            "http_proxy",
-            "ALL_PROXY",
-            "all_proxy",
-            "NO_PROXY",
-            "no_proxy",
-        ] {
+        ];
+        for name in own.into_iter().chain(keypool_proxy::upstream::PROXY_ENV) {
             command.env_remove(name);
         }
         command.envs(env.iter().copied());

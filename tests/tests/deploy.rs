@@ -36,6 +36,15 @@ fn str_of<'a>(y: &'a Yaml, what: &str) -> &'a str {
         .unwrap_or_else(|| panic!("{what} is not a string: {y:?}"))
 }
 
+/// A YAML list of strings.
+fn strings<'a>(y: &'a Yaml, what: &str) -> Vec<&'a str> {
+    y.as_vec()
+        .unwrap_or_else(|| panic!("{what} is not a list: {y:?}"))
+        .iter()
+        .map(|v| str_of(v, what))
+        .collect()
+}
+
 /// Every file under `dir` whose name ends with one of `suffixes`, sorted.
 fn files(dir: &Path, suffixes: &[&str]) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -423,37 +432,21 @@ async fn the_dockerfile_and_the_compose_file_run_the_binary_the_way_it_answers()
     );
 
     // the compose replicas: same health check, the config mounted where the probe reads
-    let env_names: BTreeSet<String>;
     let mut env: Vec<(String, String)> = Vec::new();
     for name in ["keypool-1", "keypool-2"] {
         let service = merged(&services[&Yaml::String(name.into())]);
-        let test: Vec<&str> = service["healthcheck"]["test"]
-            .as_vec()
-            .unwrap()
-            .iter()
-            .map(|t| str_of(t, "test"))
-            .collect();
+        let test: Vec<&str> = strings(&service["healthcheck"]["test"], "test");
         assert_eq!(
             test[2..],
             ["probe", "--config", image_config.as_str()],
             "{name}"
         );
-        let volumes: Vec<&str> = service["volumes"]
-            .as_vec()
-            .unwrap()
-            .iter()
-            .map(|v| str_of(v, "volume"))
-            .collect();
+        let volumes: Vec<&str> = strings(&service["volumes"], "volume");
         assert!(
             volumes.contains(&format!("./compose/keypool.toml:{image_config}:ro").as_str()),
             "{volumes:?}"
         );
-        let ports: Vec<&str> = service["ports"]
-            .as_vec()
-            .unwrap()
-            .iter()
-            .map(|v| str_of(v, "port"))
-            .collect();
+        let ports: Vec<&str> = strings(&service["ports"], "port");
         assert!(
             ports
                 .iter()
@@ -474,16 +467,14 @@ async fn the_dockerfile_and_the_compose_file_run_the_binary_the_way_it_answers()
             env.push((str_of(k, "name").to_owned(), value));
         }
     }
-    env_names = env.iter().map(|(k, _)| k.clone()).collect();
+    let env_names: BTreeSet<String> = env.iter().map(|(k, _)| k.clone()).collect();
     assert!(env_names.contains("REDIS_URL") && env_names.contains("KEYPOOL_ADMIN_TOKEN"));
     // Prometheus scrapes both replicas on the admin port and loads the rules
     let prometheus = &yaml(&deploy("prometheus/prometheus.yml"))[0];
-    let targets: Vec<&str> = prometheus["scrape_configs"][0]["static_configs"][0]["targets"]
-        .as_vec()
-        .unwrap()
-        .iter()
-        .map(|t| str_of(t, "target"))
-        .collect();
+    let targets: Vec<&str> = strings(
+        &prometheus["scrape_configs"][0]["static_configs"][0]["targets"],
+        "target",
+    );
     assert_eq!(
         targets,
         vec![
@@ -500,12 +491,7 @@ async fn the_dockerfile_and_the_compose_file_run_the_binary_the_way_it_answers()
     );
     let rules = str_of(&prometheus["rule_files"][0], "rule file");
     let prometheus_service = merged(&services[&Yaml::String("prometheus".into())]);
-    let mounts: Vec<&str> = prometheus_service["volumes"]
-        .as_vec()
-        .unwrap()
-        .iter()
-        .map(|v| str_of(v, "volume"))
-        .collect();
+    let mounts: Vec<&str> = strings(&prometheus_service["volumes"], "volume");
     assert!(
         mounts.contains(&format!("./prometheus/keypool-rules.yaml:{rules}:ro").as_str()),
         "{mounts:?}"

@@ -12,8 +12,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use keypool_core::{AccountId, Window};
@@ -22,6 +22,7 @@ use keypool_store::config::Config;
 use keypool_store::keys::LB_KEY_PREFIX;
 use keypool_store::testing::{FakeRedis, FakeReply, FaultyRedis, RedisServer};
 use keypool_store::{Store, now_ms};
+use keypool_tests::binary::{free_port, keypool_binary};
 use keypool_tests::{
     AccountSpec, Client, Harness, HarnessBuilder, KEY, MODEL, Reply, admin_account, message_body,
     secret_of,
@@ -29,35 +30,6 @@ use keypool_tests::{
 use serde_json::Value;
 
 const ADMIN_TOKEN: &str = "faults-admin-token-0a1b2c3d4e5f";
-
-/// The `keypool` binary, built once per test process.
-fn keypool_binary() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = keypool_tests::workspace_root();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .current_dir(&root)
-            .args(["build", "-p", "keypool", "--bin", "keypool"])
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "cargo build -p keypool failed");
-        let target =
-            std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-        let bin = target.join("debug").join("keypool");
-        assert!(bin.exists(), "{} after the build", bin.display());
-        bin
-    })
-    .clone()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A fresh temporary folder (see [`temp_dir`]) holding `keypool.toml` = `text`: the
 /// folder and the file.

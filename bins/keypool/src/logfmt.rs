@@ -31,14 +31,7 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let since_epoch = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        write_rfc3339_micros(
-            &mut writer,
-            since_epoch.as_secs(),
-            since_epoch.subsec_micros(),
-        )?;
+        write_now(&mut writer)?;
         writer.write_str(level_label(*event.metadata().level()))?;
         if let Some(scope) = ctx.event_scope() {
             for span in scope.from_root() {
@@ -76,12 +69,16 @@ fn level_label(level: Level) -> &'static str {
     }
 }
 
+/// Writes the current time as `2026-11-30T00:18:12.970542Z` (UTC).
+pub(crate) fn write_now(out: &mut impl fmt::Write) -> fmt::Result {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    write_rfc3339_micros(out, since_epoch.as_secs(), since_epoch.subsec_micros())
+}
+
 /// Writes `2026-11-30T00:18:12.970542Z` for `secs` since the epoch (UTC) and `micros`.
-pub(crate) fn write_rfc3339_micros(
-    out: &mut impl fmt::Write,
-    secs: u64,
-    micros: u32,
-) -> fmt::Result {
+fn write_rfc3339_micros(out: &mut impl fmt::Write, secs: u64, micros: u32) -> fmt::Result {
     let t = keypool_core::UtcDateTime::from_unix_secs(secs);
     let mut buf = *b"0000-00-00T00:00:00.000000Z";
     put_digits(&mut buf[0..4], t.year);
@@ -236,13 +233,22 @@ impl Visit for PlainFields<'_, '_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io;
     use std::sync::{Arc, Mutex};
 
+    /// A writer that keeps what a test's subscriber writes (shared with `logjson`'s
+    /// tests).
     #[derive(Clone, Default)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
+    pub(crate) struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl Capture {
+        /// What was written so far.
+        pub(crate) fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
 
     impl io::Write for Capture {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {

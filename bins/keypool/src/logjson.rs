@@ -7,7 +7,6 @@
 //! parsing a joined string.
 
 use std::fmt;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
@@ -31,15 +30,8 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let since_epoch = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
         let mut timestamp = String::with_capacity(27);
-        crate::logfmt::write_rfc3339_micros(
-            &mut timestamp,
-            since_epoch.as_secs(),
-            since_epoch.subsec_micros(),
-        )?;
+        crate::logfmt::write_now(&mut timestamp)?;
         // keys in the order they are written (serde_json's Map would sort them)
         let mut object: Vec<(String, Value)> = vec![
             ("timestamp".into(), Value::String(timestamp)),
@@ -152,23 +144,10 @@ impl Visit for JsonVisitor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io;
-    use std::sync::{Arc, Mutex};
+    use crate::logfmt::tests::Capture;
 
-    #[derive(Clone, Default)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
-
-    impl io::Write for Capture {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    fn lines(emit: impl Fn()) -> Vec<Value> {
+    /// What `emit` logs through the JSON format.
+    fn text(emit: impl Fn()) -> String {
         let capture = Capture::default();
         let writer = {
             let c = capture.clone();
@@ -180,8 +159,12 @@ mod tests {
             .event_format(JsonFormat)
             .finish();
         tracing::subscriber::with_default(subscriber, emit);
-        let text = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
-        text.lines()
+        capture.text()
+    }
+
+    fn lines(emit: impl Fn()) -> Vec<Value> {
+        text(emit)
+            .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
     }
@@ -222,20 +205,9 @@ mod tests {
 
     #[test]
     fn keys_keep_their_order() {
-        let capture = Capture::default();
-        let writer = {
-            let c = capture.clone();
-            move || c.clone()
-        };
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(writer)
-            .fmt_fields(JsonFields::new())
-            .event_format(JsonFormat)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let text = text(|| {
             tracing::info!(zeta = 1u64, alpha = "a", "hello");
         });
-        let text = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
         let rest = text.split_once(r#""level":"INFO","#).unwrap().1;
         assert_eq!(
             rest,

@@ -111,45 +111,56 @@ pub(crate) async fn serve(
 ) {
     let _ = stream.set_nodelay(true);
     let deadline = tokio::time::Instant::now() + protocols.first_bytes;
-    match tls {
-        None => {
-            let mut stream = stream;
-            let Some((prefix, protocol)) = first_bytes(&mut stream, deadline, peer).await else {
-                return;
-            };
-            let info = ClientInfo {
-                peer,
-                side,
-                tls: false,
-                protocol,
-            };
-            speak(Rewind::new(prefix, stream), info, protocols, app, watcher).await;
-        }
-        Some(acceptor) => {
-            let mut stream = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await
-            {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "no TLS handshake within header_read_timeout; closed");
-                    return;
-                }
-            };
-            let Some((prefix, protocol)) = first_bytes(&mut stream, deadline, peer).await else {
-                return;
-            };
-            let info = ClientInfo {
-                peer,
-                side,
-                tls: true,
-                protocol,
-            };
-            speak(Rewind::new(prefix, stream), info, protocols, app, watcher).await;
-        }
+    let accepted = Accepted {
+        peer,
+        side,
+        deadline,
+    };
+    let Some(acceptor) = tls else {
+        return handshaken(stream, false, accepted, protocols, app, watcher).await;
+    };
+    match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => handshaken(stream, true, accepted, protocols, app, watcher).await,
+        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(%peer, "no TLS handshake within header_read_timeout; closed"),
     }
+}
+
+/// An accepted connection: who, on which listener, and when its first bytes are due.
+#[derive(Clone, Copy)]
+struct Accepted {
+    peer: SocketAddr,
+    side: Side,
+    deadline: tokio::time::Instant,
+}
+
+/// A connection ready for HTTP (plain, or after its TLS handshake): its first bytes by
+/// the deadline, then the hyper connection of the protocol they show.
+async fn handshaken<IO>(
+    mut io: IO,
+    tls: bool,
+    accepted: Accepted,
+    protocols: &Protocols,
+    app: App,
+    watcher: Watcher,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Accepted {
+        peer,
+        side,
+        deadline,
+    } = accepted;
+    let Some((prefix, protocol)) = first_bytes(&mut io, deadline, peer).await else {
+        return;
+    };
+    let info = ClientInfo {
+        peer,
+        side,
+        tls,
+        protocol,
+    };
+    speak(Rewind::new(prefix, io), info, protocols, app, watcher).await;
 }
 
 /// Reads the first bytes by `deadline`: `None` (the connection is dropped) when the

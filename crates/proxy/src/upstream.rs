@@ -33,6 +33,18 @@ pub type UpstreamClient = Client<HttpsConnector<EgressConnector>, Full<Bytes>>;
 /// How long an idle pooled upstream connection is kept.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// The environment variables [`Egress::from_env`] reads (upper and lower case).
+pub const PROXY_ENV: [&str; 8] = [
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+    "NO_PROXY",
+    "no_proxy",
+];
+
 /// The error of a connection attempt.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -93,15 +105,8 @@ pub enum Egress {
 impl Egress {
     /// The process's proxy environment, [`Egress::Direct`] when none is set.
     pub fn from_env() -> Self {
-        let names = [
-            "HTTPS_PROXY",
-            "https_proxy",
-            "HTTP_PROXY",
-            "http_proxy",
-            "ALL_PROXY",
-            "all_proxy",
-        ];
-        if names
+        // NO_PROXY alone routes nothing through a proxy
+        if PROXY_ENV[..6]
             .iter()
             .any(|n| std::env::var_os(n).is_some_and(|v| !v.is_empty()))
         {

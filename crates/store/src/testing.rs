@@ -145,18 +145,24 @@ impl Drop for RedisServer {
     }
 }
 
+/// The options of every test `redis-server`: `port` on loopback, nothing on disk.
+fn server_args(port: u16) -> [String; 8] {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    .map(str::to_owned)
+}
+
 fn spawn(port: u16, dir: &Path) -> Result<Child, String> {
     Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
+        .args(server_args(port))
         .arg("--dir")
         .arg(dir)
         .stdout(Stdio::null())

@@ -6,6 +6,9 @@
 //! seed node cannot crash the process. Under `CI=true` a missing `redis-server` or
 //! `redis-cli` fails these tests instead of skipping them.
 
+// Test code may unwrap (helpers outside #[test] functions too).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::collections::BTreeSet;

@@ -37,16 +37,7 @@ fn node(port: u16, dir: &Path, args: &[&str]) -> Result<Node, String> {
         command.arg(config);
     }
     command
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
+        .args(super::server_args(port))
         .args(args.iter().filter(|a| !a.ends_with(".conf")))
         .arg("--dir")
         .arg(dir)
