@@ -32,13 +32,16 @@ impl Drop for Node {
 /// Starts `redis-server` with `args` (after the port, bind and no-persistence
 /// options) in `dir`, and waits until it answers `PING`.
 fn node(port: u16, dir: &Path, args: &[&str]) -> Result<Node, String> {
+    // a config file (a sentinel's) must come first
+    let (config, rest) = match args.split_first() {
+        Some((config, rest)) if config.ends_with(".conf") => (Some(*config), rest),
+        _ => (None, args),
+    };
     let mut command = Command::new("redis-server");
-    if let Some(config) = args.first().filter(|a| a.ends_with(".conf")) {
-        command.arg(config);
-    }
     command
+        .args(config)
         .args(super::server_args(port))
-        .args(args.iter().filter(|a| !a.ends_with(".conf")))
+        .args(rest)
         .arg("--dir")
         .arg(dir)
         .stdout(Stdio::null())
@@ -66,6 +69,23 @@ fn until(what: &str, mut ready: impl FnMut() -> Result<bool, String>) -> Result<
         std::thread::sleep(Duration::from_millis(50));
     }
     Err(format!("{what}: not within {START_WITHIN:?}"))
+}
+
+/// Starts a node with `start` on a port from `port`, again on another port (at most
+/// five tries) when it fails to start: between finding a free port and the server
+/// binding it, a test running in parallel may take it.
+fn on_a_free_port(
+    mut port: impl FnMut() -> Result<u16, String>,
+    mut start: impl FnMut(u16) -> Result<Node, String>,
+) -> Result<Node, String> {
+    let mut last = String::new();
+    for _ in 0..5 {
+        match start(port()?) {
+            Ok(node) => return Ok(node),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 /// A port whose cluster bus port (port + 10000) is free too.
@@ -105,20 +125,21 @@ impl RedisCluster {
         let dir = TempDir::new("redis-cluster")?;
         let mut nodes = Vec::new();
         for _ in 0..3 {
-            let port = free_cluster_port()?;
-            let conf = format!("nodes-{port}.conf");
-            nodes.push(node(
-                port,
-                dir.path(),
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    &conf,
-                    "--cluster-node-timeout",
-                    "5000",
-                ],
-            )?);
+            nodes.push(on_a_free_port(free_cluster_port, |port| {
+                let conf = format!("nodes-{port}.conf");
+                node(
+                    port,
+                    dir.path(),
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &conf,
+                        "--cluster-node-timeout",
+                        "5000",
+                    ],
+                )
+            })?);
         }
         let addresses: Vec<String> = nodes
             .iter()
@@ -228,12 +249,8 @@ impl RedisSentinel {
     /// it) names it, and waits until the sentinel reports the primary's address.
     pub fn start() -> Result<Self, String> {
         let dir = TempDir::new("redis-sentinel")?;
-        let primary = node(
-            super::free_port().map_err(|e| e.to_string())?,
-            dir.path(),
-            &[],
-        )?;
-        let sentinel_port = super::free_port().map_err(|e| e.to_string())?;
+        let free = || super::free_port().map_err(|e| e.to_string());
+        let primary = on_a_free_port(free, |port| node(port, dir.path(), &[]))?;
         let conf = dir.path().join("sentinel.conf");
         std::fs::write(
             &conf,
@@ -246,7 +263,7 @@ impl RedisSentinel {
         )
         .map_err(|e| format!("cannot write {}: {e}", conf.display()))?;
         let conf = conf.display().to_string();
-        let sentinel = node(sentinel_port, dir.path(), &[&conf, "--sentinel"])?;
+        let sentinel = on_a_free_port(free, |port| node(port, dir.path(), &[&conf, "--sentinel"]))?;
         let primary_port = primary.port.to_string();
         until("the sentinel knows the primary", || {
             Ok(inline_command(
