@@ -94,7 +94,8 @@ impl AccountSpec {
     }
 
     /// Points the account at another upstream than the simulator (e.g. a
-    /// [`FakeUpstream`](crate::fake_upstream::FakeUpstream)).
+    /// [`FakeUpstream`](crate::fake_upstream::FakeUpstream)); `{sim_port}` in `url` is
+    /// replaced by the simulator's port (a host name only a test proxy resolves).
     pub fn base_url(mut self, url: &str) -> Self {
         self.base_url = Some(url.to_owned());
         self
@@ -130,6 +131,14 @@ pub struct HarnessBuilder {
     extra_keys: Vec<(String, String, String)>,
     seed: u64,
     workers: Option<usize>,
+    listeners: ListenerSpec,
+}
+
+/// How the harness listens beyond its plain public listener (issue 21).
+#[derive(Debug, Clone, Default)]
+struct ListenerSpec {
+    tls: Option<keypool_proxy::TlsCertificates>,
+    admin: bool,
 }
 
 impl Default for HarnessBuilder {
@@ -159,6 +168,7 @@ impl Default for HarnessBuilder {
             extra_keys: Vec::new(),
             seed: 0x6b65_7970_6f6f_6c00,
             workers: None,
+            listeners: ListenerSpec::default(),
         }
     }
 }
@@ -236,6 +246,24 @@ impl HarnessBuilder {
         self
     }
 
+    /// Terminates TLS on the public listener with `tls` ([`Harness::base_url`] is
+    /// then `https://localhost:<port>`).
+    pub fn tls(mut self, tls: keypool_proxy::TlsCertificates) -> Self {
+        self.listeners.tls = Some(tls);
+        self
+    }
+
+    /// Also listens on an admin listener ([`Harness::admin_url`]), with `admin_listen`
+    /// in the configuration, so that `/admin` and `/metrics` are served only there.
+    pub fn admin_listener(mut self) -> Self {
+        self.listeners.admin = true;
+        // a placeholder address: the harness binds its own port; the configuration
+        // only has to say that an admin listener exists
+        self.server
+            .insert("admin_listen".to_owned(), "\"127.0.0.1:1\"".to_owned());
+        self
+    }
+
     /// The seed of the LB keys' generation.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = seed;
@@ -264,14 +292,26 @@ impl HarnessBuilder {
             .await
             .expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
+        let mut listeners = keypool_proxy::Listeners::new(listener);
+        let mut admin_addr = None;
+        if self.listeners.admin {
+            let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind the admin listener");
+            admin_addr = Some(admin.local_addr().expect("admin addr"));
+            listeners = listeners.with_admin(admin);
+        }
+        if let Some(tls) = &self.listeners.tls {
+            listeners = listeners.with_tls(tls.clone());
+        }
         let (stop, stopped) = oneshot::channel::<()>();
         let stopped = async move {
             let _ = stopped.await;
         };
         let server = match self.workers {
-            None => tokio::spawn(keypool_proxy::run(listener, app.clone(), stopped)),
+            None => tokio::spawn(keypool_proxy::run(listeners, app.clone(), stopped)),
             Some(n) => tokio::spawn(keypool_proxy::run_workers(
-                listener,
+                listeners,
                 app.clone(),
                 n,
                 stopped,
@@ -287,6 +327,8 @@ impl HarnessBuilder {
             keys: Arc::new(keys),
             client: Client::new(),
             toml,
+            admin_addr,
+            tls: self.listeners.tls.is_some(),
         }
     }
 
@@ -310,7 +352,9 @@ impl HarnessBuilder {
         let _ = writeln!(t, "\n[[orgs]]\nslug = \"{ORG}\"");
         for a in &self.accounts {
             let base = match (&a.base_url, &a.url_label) {
-                (Some(url), _) => url.clone(),
+                (Some(url), _) => {
+                    url.replace("{sim_port}", sim_url.rsplit(':').next().unwrap_or(""))
+                }
                 (None, Some(label)) => format!("{sim_url}/{label}"),
                 (None, None) => sim_url.to_owned(),
             };
@@ -392,6 +436,8 @@ pub struct Harness {
     keys: Arc<BTreeMap<String, String>>,
     client: Client,
     toml: String,
+    admin_addr: Option<SocketAddr>,
+    tls: bool,
 }
 
 impl std::fmt::Debug for Harness {
@@ -434,9 +480,28 @@ impl Harness {
         &self.toml
     }
 
-    /// `http://127.0.0.1:<port>`, keypool's base URL.
+    /// `http://127.0.0.1:<port>`, keypool's base URL (`https://localhost:<port>` with
+    /// [`HarnessBuilder::tls`]).
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        if self.tls {
+            format!("https://localhost:{}", self.addr.port())
+        } else {
+            format!("http://{}", self.addr)
+        }
+    }
+
+    /// The public listener's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The admin listener's URL for `path`.
+    ///
+    /// # Panics
+    /// Without [`HarnessBuilder::admin_listener`].
+    pub fn admin_url(&self, path: &str) -> String {
+        let addr = self.admin_addr.expect("the harness has no admin listener");
+        format!("http://{addr}{path}")
     }
 
     /// keypool's URL for `path` (which starts with `/`).
@@ -477,9 +542,17 @@ impl Harness {
         self.client.request(http::Method::GET, self.url(path))
     }
 
-    /// The text of `GET /metrics`.
+    /// The text of `GET /metrics` (on the admin listener when there is one).
     pub async fn metrics(&self) -> String {
-        self.get("/metrics").send().await.text()
+        let url = match self.admin_addr {
+            Some(_) => self.admin_url("/metrics"),
+            None => self.url("/metrics"),
+        };
+        self.client
+            .request(http::Method::GET, url)
+            .send()
+            .await
+            .text()
     }
 
     /// `POST /acme/team/v1/messages` with key `alice` and `body`, not yet sent.

@@ -229,7 +229,9 @@ async fn sighup_reload_under_load_swaps_valid_files_and_keeps_serving_on_invalid
         signal(&k.child, "HUP");
         tokio::time::sleep(Duration::from_millis(300)).await;
         let m = metrics(h.client().clone(), k.url("/metrics")).await;
-        let b_off = m.contains("keypool_account_disabled{account=\"b\"} 1");
+        // `active = false` shows in keypool_accounts_inactive (issue 21: the disabled
+        // gauges count only runtime-disabled accounts)
+        let b_off = m.contains("keypool_accounts_inactive 1");
         assert_eq!(
             b_off,
             round % 2 == 0,
@@ -313,11 +315,17 @@ async fn redis_killed_and_restarted_during_load_fails_no_request_and_reconciles(
         .healthy_accounts(&["a", "b", "c"])
         .start()
         .await;
+    // /readyz stays 200 while Redis is away (keypool serves from memory; issue 21): its
+    // body says whether Redis is reachable
     let ready = |h: &Harness| {
         let (client, url) = (h.client().clone(), h.url("/readyz"));
-        async move { client.request(http::Method::GET, url).send().await.status }
+        async move {
+            let r = client.request(http::Method::GET, url).send().await;
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.text() == READY
+        }
     };
-    assert_eq!(ready(&h).await, 200);
+    assert!(ready(&h).await);
     let stop = Arc::new(AtomicBool::new(false));
     let load = tokio::spawn(load(
         h.client().clone(),
@@ -330,10 +338,10 @@ async fn redis_killed_and_restarted_during_load_fails_no_request_and_reconciles(
     redis.kill();
     // readiness says so (the next Redis operation notices)
     let deadline = Instant::now() + Duration::from_secs(5);
-    while ready(&h).await != 503 {
+    while ready(&h).await {
         assert!(
             Instant::now() < deadline,
-            "/readyz still 200 with Redis dead"
+            "/readyz still says ready with Redis dead"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -353,10 +361,10 @@ async fn redis_killed_and_restarted_during_load_fails_no_request_and_reconciles(
     let until = h.cooldown("c").unwrap().until;
     redis.restart().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while ready(&h).await != 200 {
+    while !ready(&h).await {
         assert!(
             Instant::now() < deadline,
-            "/readyz not back 10 s after Redis returned"
+            "/readyz not back to ready 10 s after Redis returned"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -379,11 +387,12 @@ async fn redis_killed_and_restarted_during_load_fails_no_request_and_reconciles(
     h.finish().await;
 }
 
-/// Readiness follows Redis from the first request: a configured Redis that never
-/// answers is `/readyz` 503 (naming Redis) and `keypool_redis_ready 0`, while liveness
-/// does not depend on it. No `redis-server` needed: nothing listens on port 1.
+/// A configured Redis that never answers: keypool serves from memory, so `/readyz` is
+/// 200 (a Redis blip must not take every replica out of a load balancer) with the
+/// degradation in its body and `keypool_redis_ready 0`; liveness does not depend on it.
+/// No `redis-server` needed: nothing listens on port 1.
 #[tokio::test]
-async fn readyz_is_503_while_the_configured_redis_is_unreachable() {
+async fn readyz_is_200_and_says_so_while_the_configured_redis_is_unreachable() {
     let h = Harness::builder()
         .server("redis_url", "\"redis://127.0.0.1:1/\"")
         .server("redis_timeout_ms", "50")
@@ -391,12 +400,18 @@ async fn readyz_is_503_while_the_configured_redis_is_unreachable() {
         .start()
         .await;
     let ready = h.get("/readyz").send().await;
-    assert_eq!(ready.status, 503, "{}", ready.text());
+    assert_eq!(ready.status, 200, "{}", ready.text());
     assert!(ready.header("x-request-id").is_some());
-    assert!(ready.text().contains("redis"), "{}", ready.text());
+    assert_eq!(
+        ready.text(),
+        "ready, serving from memory; but redis is configured but unreachable: state is not shared with other replicas until it answers\n"
+    );
     assert_eq!(h.get("/healthz").send().await.status, 200);
     let metrics = h.metrics().await;
     assert!(metrics.contains("keypool_redis_ready 0"), "{metrics}");
+    // Only a draining keypool is not ready.
+    h.app().begin_drain();
+    assert_eq!(h.get("/readyz").send().await.status, 503);
     h.finish().await;
 }
 
@@ -625,14 +640,17 @@ async fn a_redis_answering_a_million_nested_arrays_never_kills_the_binary_and_re
         &with_redis_url(&binary_config(&h, port, &[]), &url, 500),
     );
     let mut k = KeypoolProcess::start(&file, port).await;
-    let ready_within_10s = async |k: &KeypoolProcess, status: u16| {
-        let what = format!("/readyz {status}");
+    // /readyz is 200 throughout (issue 21); its body says whether Redis is reachable
+    let ready_within_10s = async |k: &KeypoolProcess, ready: bool| {
+        let what = format!("/readyz ready: {ready}");
         until(&what, Duration::from_secs(10), async || {
-            get(&h, k, "/readyz").await.0 == status
+            let (status, body) = get(&h, k, "/readyz").await;
+            assert_eq!(status, 200, "{body}");
+            (body == READY) == ready
         })
         .await;
     };
-    ready_within_10s(&k, 200).await;
+    ready_within_10s(&k, true).await;
     assert_eq!(k.send_message(&h, false).await.status, 200);
     let incr_before = fake.count("INCR");
     assert!(incr_before >= 1, "round_robin asked Redis for its counter");
@@ -652,7 +670,8 @@ async fn a_redis_answering_a_million_nested_arrays_never_kills_the_binary_and_re
         fake.count("INCR") > incr_before,
         "the nested answers were sent to keypool"
     );
-    ready_within_10s(&k, 503).await;
+    ready_within_10s(&k, false).await;
+    assert!(get(&h, &k, "/readyz").await.1.contains(REDIS_AWAY));
     let logs = k.logs();
     assert!(
         logs.lines()
@@ -672,6 +691,13 @@ async fn a_redis_answering_a_million_nested_arrays_never_kills_the_binary_and_re
     std::fs::remove_dir_all(&dir).unwrap();
     h.finish().await;
 }
+
+/// The body of `/readyz` when nothing is degraded.
+const READY: &str = "ready\n";
+
+/// What the `/readyz` body says while Redis is configured but unreachable (the status
+/// stays 200: keypool serves from memory).
+const REDIS_AWAY: &str = "redis is configured but unreachable";
 
 /// `redis_timeout_ms` of the hung-Redis tests: a request that waited on Redis would
 /// take this long, far beyond [`NO_WAIT`].
@@ -760,9 +786,11 @@ async fn requests_are_not_held_by_an_unhealthy_redis(fault: Option<FakeReply>, t
             "a request asked the unhealthy Redis"
         );
     }
+    // still ready: keypool serves from memory, and says so (issue 21)
     let (status, body) = readyz().await;
-    assert_eq!(status, 503, "{body}");
+    assert_eq!(status, 200, "{body}");
     assert!(body.contains("serving from memory"), "{body}");
+    assert!(body.contains(REDIS_AWAY), "{body}");
     assert_eq!(
         first.await.unwrap(),
         200,
@@ -770,8 +798,8 @@ async fn requests_are_not_held_by_an_unhealthy_redis(fault: Option<FakeReply>, t
     );
 
     redis.restore();
-    until("/readyz 200 again", marked, async || {
-        readyz().await.0 == 200
+    until("/readyz ready again", marked, async || {
+        readyz().await == (200, READY.to_owned())
     })
     .await;
     assert_eq!(

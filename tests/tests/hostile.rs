@@ -318,7 +318,7 @@ async fn bodies_in_flight_are_bounded_for_the_whole_process() {
     let metrics = h.metrics().await;
     assert!(
         metrics.contains(&format!(
-            "keypool_body_bytes_in_flight{{kind=\"request\"}} {}",
+            "keypool_body_in_flight_bytes{{kind=\"request\"}} {}",
             2 * LIMIT
         )),
         "{metrics}"
@@ -353,7 +353,7 @@ async fn bodies_in_flight_are_bounded_for_the_whole_process() {
     let released = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
             let m = h.metrics().await;
-            if m.contains("keypool_body_bytes_in_flight{kind=\"request\"} 0") {
+            if m.contains("keypool_body_in_flight_bytes{kind=\"request\"} 0") {
                 return m;
             }
             tokio::task::yield_now().await;
@@ -361,7 +361,7 @@ async fn bodies_in_flight_are_bounded_for_the_whole_process() {
     })
     .await
     .expect("the budget is given back");
-    assert!(released.contains("keypool_body_bytes_in_flight{kind=\"answer\"} 0"));
+    assert!(released.contains("keypool_body_in_flight_bytes{kind=\"answer\"} 0"));
     h.finish().await;
 }
 

@@ -402,7 +402,7 @@ async fn buffered_answers_are_bounded_for_the_whole_process() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("keypool_body_bytes_in_flight{kind=\"answer\"} 0"),
+        metrics.contains("keypool_body_in_flight_bytes{kind=\"answer\"} 0"),
         "{metrics}"
     );
     assert_eq!(
@@ -413,11 +413,11 @@ async fn buffered_answers_are_bounded_for_the_whole_process() {
     h.finish().await;
 }
 
-/// The `keypool_body_bytes_in_flight{kind="answer"}` gauge.
+/// The `keypool_body_in_flight_bytes{kind="answer"}` gauge.
 fn answer_bytes_held(metrics: &str) -> u64 {
     metrics
         .lines()
-        .find_map(|l| l.strip_prefix("keypool_body_bytes_in_flight{kind=\"answer\"} "))
+        .find_map(|l| l.strip_prefix("keypool_body_in_flight_bytes{kind=\"answer\"} "))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }

@@ -2,8 +2,10 @@
 //!
 //! - `cargo xtask ci`: formatting check, clippy with warnings denied, the whole test
 //!   suite. This is the README's test command and what `.ci/run` calls. Before the
-//!   tests it creates the Anthropic SDK venv (`target/py-sdk`) the SDK suite uses and
-//!   installs Debian's `chromium` when missing (the status-page browser test).
+//!   tests it creates the Anthropic SDK venv (`target/py-sdk`) the SDK suites use,
+//!   installs the Debian packages the tests need when missing (`chromium`, `curl`,
+//!   `prometheus` for `promtool`, `redis-server`, `redis-tools`) and runs `promtool check rules` on
+//!   `deploy/prometheus/*-rules.yaml`.
 //! - `cargo xtask bench [--quick] [--peers]`: keypool's overhead and throughput against
 //!   the bare upstream simulator and, with `--peers`, LiteLLM and Portkey (`bench`).
 //! - `cargo xtask ab REV [--rounds N] [--seconds S] [--pool NAME]`: this tree's keypool
@@ -53,7 +55,7 @@ fn print_help() {
     eprintln!(
         "cargo xtask <command>\n\n\
          commands:\n  \
-         ci     cargo fmt --check, cargo clippy -D warnings, and the whole test suite\n  \
+         ci     cargo fmt --check, cargo clippy -D warnings, promtool check rules, and the whole test suite\n  \
          bench  [--quick] [--peers] overhead and throughput on loopback, target/bench/report.json\n  \
          ab     REV [--rounds N] [--seconds S] [--pool NAME] [--concurrency C] this tree against commit REV, interleaved\n  \
          endurance  [--quick] keypool's memory idle, over 10,000 streams and 1,000 at once"
@@ -82,21 +84,58 @@ fn cargo(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The status-page test (`tests/tests/admin_ui.rs`) drives Debian's headless `chromium`:
-/// install it when missing (CI runs as root). A failure is reported here, and the test
-/// then fails with the reason under `CI=true`.
-fn ensure_chromium() {
-    let on_path = |name: &str| {
-        std::env::var_os("PATH")
-            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-    };
-    if on_path("chromium") {
+/// The Debian packages the tests and checks need, as `(program, package, who needs
+/// it)`: installed when the program is missing (CI runs as root with apt reachable). A
+/// failure is reported here, and the test that needs the program then fails with the
+/// reason under `CI=true`.
+const DEBIAN_TOOLS: [(&str, &str, &str); 5] = [
+    (
+        "chromium",
+        "chromium",
+        "the status-page test (tests/tests/admin_ui.rs)",
+    ),
+    ("curl", "curl", "the HTTP/2 test (tests/tests/listeners.rs)"),
+    (
+        "promtool",
+        "prometheus",
+        "promtool check rules of deploy/prometheus",
+    ),
+    (
+        "redis-server",
+        "redis-server",
+        "the Redis suites (crates/store/tests, tests/)",
+    ),
+    (
+        "redis-cli",
+        "redis-tools",
+        "the Redis Cluster test (redis-cli --cluster create)",
+    ),
+];
+
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+}
+
+/// Installs the package of each missing program of [`DEBIAN_TOOLS`] (one `apt-get
+/// install`, then `apt-get update` and once more if that failed).
+fn ensure_debian_tools() {
+    let missing: Vec<(&str, &str, &str)> = DEBIAN_TOOLS
+        .into_iter()
+        .filter(|(program, _, _)| !on_path(program))
+        .collect();
+    if missing.is_empty() {
         return;
     }
-    eprintln!("$ apt-get install -y --no-install-recommends chromium");
+    let packages: Vec<&str> = missing.iter().map(|(_, package, _)| *package).collect();
+    eprintln!(
+        "$ apt-get install -y --no-install-recommends {}",
+        packages.join(" ")
+    );
     let install = || {
         Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends", "chromium"])
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&packages)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .stdin(std::process::Stdio::null())
             .status()
@@ -105,9 +144,48 @@ fn ensure_chromium() {
     if !install() {
         let _ = Command::new("apt-get").arg("update").status();
         if !install() {
-            eprintln!("xtask ci: could not install chromium; the status-page test will fail");
+            for (program, package, needed_by) in missing {
+                eprintln!(
+                    "xtask ci: could not install {package} ({program}); {needed_by} will fail"
+                );
+            }
         }
     }
+}
+
+/// `promtool check rules` of every rules file under `deploy/prometheus/`.
+fn check_prometheus_rules(root: &Path) -> anyhow::Result<()> {
+    let dir = root.join("deploy/prometheus");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().ends_with("-rules.yaml"))
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("no *-rules.yaml in {}", dir.display());
+    }
+    eprintln!(
+        "$ promtool check rules {}",
+        files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let status = Command::new("promtool")
+        .arg("check")
+        .arg("rules")
+        .args(&files)
+        .status()
+        .context("could not start promtool (Debian package prometheus)")?;
+    if !status.success() {
+        bail!("promtool check rules failed ({status})");
+    }
+    Ok(())
 }
 
 fn ci(root: &Path) -> anyhow::Result<()> {
@@ -130,7 +208,8 @@ fn ci(root: &Path) -> anyhow::Result<()> {
         Ok(python) => eprintln!("xtask ci: Anthropic SDK venv ready ({})", python.display()),
         Err(e) => eprintln!("xtask ci: could not prepare the Anthropic SDK venv: {e}"),
     }
-    ensure_chromium();
+    ensure_debian_tools();
+    check_prometheus_rules(root)?;
     cargo(root, &["test", "--workspace", "--no-fail-fast"])?;
     eprintln!("xtask ci: all checks passed");
     Ok(())

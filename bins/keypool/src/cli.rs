@@ -5,10 +5,19 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
-use keypool_proxy::{App, run_workers, signals};
+use keypool_proxy::{App, Listeners, TlsCertificates, run_workers, signals};
 use keypool_store::config::Config;
 use keypool_store::{BootState, Store, StoreError};
 use rand::SeedableRng;
+
+/// `--version`: the crate version and the git commit it was built from (`unknown`
+/// outside a git checkout without `KEYPOOL_GIT_COMMIT`; see `build.rs`).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("KEYPOOL_GIT_COMMIT"),
+    ")"
+);
 
 /// Success.
 pub const EXIT_OK: u8 = 0;
@@ -32,7 +41,7 @@ Exit codes:
 /// picks an upstream account out of the organisation's pool, fails over when one is
 /// rate-limited, exhausted or broken, and streams the answer back untouched.
 #[derive(Debug, Parser)]
-#[command(name = "keypool", version, after_help = EXIT_CODES)]
+#[command(name = "keypool", version = VERSION, after_help = EXIT_CODES)]
 pub struct Cli {
     /// Log format on stderr: `human` (one readable line per event) or `json` (one JSON
     /// object per line). The level comes from `RUST_LOG` (default `info`; `warn` for `demo`).
@@ -77,6 +86,23 @@ pub enum Command {
         /// The configuration file (TOML).
         #[arg(value_name = "FILE")]
         file: PathBuf,
+    },
+    /// Ask a running keypool whether it is ready: `GET /readyz` over plain HTTP, exit 0
+    /// on 200 and 1 otherwise, the answer on stdout. The container image's health check.
+    /// The address comes from the URL, else from the config file (the admin listener
+    /// when it has one, else `listen`; 0.0.0.0 becomes 127.0.0.1), else
+    /// http://127.0.0.1:8080/readyz.
+    Probe {
+        /// The configuration file whose listener to ask (`KEYPOOL_LISTEN` and
+        /// `KEYPOOL_ADMIN_LISTEN` apply; secrets are not needed).
+        #[arg(long, short = 'c', value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Probe `/healthz` (the process serves) instead of `/readyz`.
+        #[arg(long)]
+        live: bool,
+        /// The URL to ask instead (`http://host:port/path`).
+        #[arg(value_name = "URL")]
+        url: Option<String>,
     },
     /// Generate a new LB key for a caller. Prints two lines on stdout: the key
     /// (`sk-lb-…`, give it to the caller once; keypool never stores it) and the
@@ -142,7 +168,10 @@ pub fn init_logging(format: LogFormat, default_level: &str) -> crate::logbuf::Fl
     match format {
         LogFormat::Human if terminal => builder.init(),
         LogFormat::Human => builder.event_format(crate::logfmt::PlainFormat).init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Json => builder
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(crate::logjson::JsonFormat)
+            .init(),
     }
     guard
 }
@@ -171,6 +200,7 @@ pub fn execute(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(EXIT_OK))
         }
         Command::Serve { config } => serve(&config),
+        Command::Probe { config, live, url } => probe(config.as_deref(), live, url),
         Command::Demo {
             duration,
             rps,
@@ -224,6 +254,35 @@ fn check_config(path: &Path) -> ExitCode {
     }
 }
 
+fn probe(config: Option<&Path>, live: bool, url: Option<String>) -> anyhow::Result<ExitCode> {
+    let path = if live { "/healthz" } else { "/readyz" };
+    let url = match (url, config) {
+        (Some(url), _) => url,
+        (None, Some(file)) => {
+            let (listen, admin) =
+                keypool_store::config::listen_addresses(file).with_context(|| {
+                    format!("cannot read the listen addresses of {}", file.display())
+                })?;
+            crate::probe::url_for(listen, admin, path)
+        }
+        (None, None) => format!("http://127.0.0.1:8080{path}"),
+    };
+    match crate::probe::get(&url) {
+        Ok((status, body)) => {
+            print!("{body}");
+            Ok(ExitCode::from(if status == 200 {
+                EXIT_OK
+            } else {
+                EXIT_CONFIG
+            }))
+        }
+        Err(e) => {
+            eprintln!("keypool probe: {url}: {e:#}");
+            Ok(ExitCode::from(EXIT_CONFIG))
+        }
+    }
+}
+
 fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     let config = match load(path) {
         Ok(config) => config,
@@ -240,7 +299,6 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the tokio runtime")?;
     runtime.block_on(async {
-        let listen = config.server().listen;
         let store = Store::open(config)
             .await
             .context("cannot open the runtime state")?;
@@ -251,13 +309,42 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
             Some(state) => tracing::debug!(?state, "runtime state restored"),
             None => {}
         }
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("cannot listen on {listen}"))?;
+        let listeners = bind(&store.config()).await?;
+        let tls = listeners.1.clone();
         let shutdown = signals::terminate_signal()?;
-        let _reload = signals::spawn_reload_on_sighup(store.clone(), path.to_path_buf())?;
+        let _reload =
+            signals::spawn_reload_with_tls_on_sighup(store.clone(), path.to_path_buf(), tls)?;
         let app = App::new(store).with_config_path(path);
-        run_workers(listener, app, workers, shutdown).await?;
+        app.metrics()
+            .set_build_info(keypool_proxy::metrics::BuildInfo {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                commit: env!("KEYPOOL_GIT_COMMIT").to_owned(),
+            });
+        run_workers(listeners.0, app, workers, shutdown).await?;
         Ok(ExitCode::from(EXIT_OK))
     })
+}
+
+/// Binds `listen` (with its TLS certificate, when configured) and `admin_listen`.
+async fn bind(config: &Config) -> anyhow::Result<(Listeners, Option<TlsCertificates>)> {
+    let settings = config.server();
+    let listen = settings.listen;
+    let public = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let mut listeners = Listeners::new(public);
+    if let Some(admin) = settings.admin_listen {
+        let listener = tokio::net::TcpListener::bind(admin)
+            .await
+            .with_context(|| format!("cannot listen on {admin} (server.admin_listen)"))?;
+        listeners = listeners.with_admin(listener);
+    }
+    let tls = match &settings.tls {
+        Some(files) => Some(TlsCertificates::load(&files.cert, &files.key)?),
+        None => None,
+    };
+    if let Some(tls) = &tls {
+        listeners = listeners.with_tls(tls.clone());
+    }
+    Ok((listeners, tls))
 }

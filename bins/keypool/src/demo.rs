@@ -207,8 +207,11 @@ async fn demo(options: &DemoOptions) -> anyhow::Result<()> {
     }
     if options.keep_running {
         eprintln!(
-            "\nkeypool keeps serving at {} (status page: {}/admin/ui#token={}); Ctrl-C stops it.",
-            running.base_url, running.base_url, running.admin_token
+            "\nkeypool keeps serving at {} (status page: {}/admin/ui#token={}); Ctrl-C stops it.\n{}",
+            running.base_url,
+            running.base_url,
+            running.admin_token,
+            try_it(&running.base_url, &running.keys[0])
         );
         let _ = tokio::signal::ctrl_c().await;
     }
@@ -216,6 +219,15 @@ async fn demo(options: &DemoOptions) -> anyhow::Result<()> {
     let _ = server.await;
     running.sim.shutdown().await;
     Ok(())
+}
+
+/// The `curl` command that sends one message to the running demo (`--keep-running`).
+fn try_it(base_url: &str, key: &str) -> String {
+    format!(
+        "Try it (another terminal):\n  curl {base_url}/{}/{}/v1/messages -H 'x-api-key: {key}' \\\n    -H 'anthropic-version: 2023-06-01' -H 'content-type: application/json' \\\n    -d '{{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":64,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'",
+        pool::ORG,
+        pool::URL
+    )
 }
 
 /// An account's state in keypool's books at `now`, with the reason.

@@ -31,14 +31,7 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let since_epoch = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        write_rfc3339_micros(
-            &mut writer,
-            since_epoch.as_secs(),
-            since_epoch.subsec_micros(),
-        )?;
+        write_now(&mut writer)?;
         writer.write_str(level_label(*event.metadata().level()))?;
         if let Some(scope) = ctx.event_scope() {
             for span in scope.from_root() {
@@ -87,6 +80,14 @@ fn level_label(level: Level) -> &'static str {
         Level::WARN => "  WARN ",
         Level::ERROR => " ERROR ",
     }
+}
+
+/// Writes the current time as `2026-11-30T00:18:12.970542Z` (UTC).
+pub(crate) fn write_now(out: &mut impl fmt::Write) -> fmt::Result {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    write_rfc3339_micros(out, since_epoch.as_secs(), since_epoch.subsec_micros())
 }
 
 /// Writes `2026-11-30T00:18:12.970542Z` for `secs` since the epoch (UTC) and `micros`.
@@ -245,13 +246,22 @@ impl Visit for PlainFields<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io;
     use std::sync::{Arc, Mutex};
 
+    /// A writer that keeps what a test's subscriber writes (shared with `logjson`'s
+    /// tests).
     #[derive(Clone, Default)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
+    pub(crate) struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl Capture {
+        /// What was written so far.
+        pub(crate) fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
 
     impl io::Write for Capture {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {

@@ -6,6 +6,8 @@ mod cli;
 mod demo;
 mod logbuf;
 mod logfmt;
+mod logjson;
+mod probe;
 
 use std::process::ExitCode;
 

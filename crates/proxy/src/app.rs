@@ -19,12 +19,13 @@ use keypool_store::{Store, now_ms};
 use crate::attempt::Call;
 use crate::body::{Collected, ProxyBody};
 use crate::body_budget::{BodyBudget, Reservation};
+use crate::connection::{self, ClientInfo, Side};
 use crate::context::RequestContext;
 use crate::headers::{X_REQUEST_ID, add_legacy_headers};
-use crate::metrics::{Metrics, UNRESOLVED};
+use crate::metrics::{InternalRoute, Metrics, UNRESOLVED};
 use crate::reject::Reject;
 use crate::route::{RouteMatch, match_path};
-use crate::upstream::{UpstreamClient, build_client};
+use crate::upstream::{Egress, UpstreamClient, build_client_with};
 use crate::{admin, failover};
 
 /// The proxy application: the store, the upstream client, metrics and per-pool hedge
@@ -36,6 +37,11 @@ pub struct App {
     /// The upstream connection pool: shared by clones, replaced by
     /// [`App::with_own_client`] (one per worker thread).
     client: Arc<UpstreamClient>,
+    /// The pools of accounts with their own `proxy_url`, by proxy URL (made on first
+    /// use; one map per worker thread, like `client`).
+    proxied: Arc<DashMap<Arc<str>, Arc<UpstreamClient>>>,
+    /// Where the shared pool's connections go (the proxy environment at start).
+    egress: Arc<Egress>,
 }
 
 struct Inner {
@@ -55,6 +61,8 @@ struct Inner {
     unresolved: Arc<str>,
     /// The file `POST /admin/reload` re-reads (none for an embedded config).
     config_path: std::sync::OnceLock<std::path::PathBuf>,
+    /// Set when the server stopped accepting for shutdown (`/readyz` then says 503).
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for App {
@@ -79,8 +87,11 @@ impl App {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id()).rotate_left(32);
+        let egress = Egress::from_env();
         Self {
-            client: Arc::new(build_client()),
+            client: Arc::new(build_client_with(egress.clone())),
+            proxied: Arc::new(DashMap::new()),
+            egress: Arc::new(egress),
             inner: Arc::new(Inner {
                 store,
                 metrics: Metrics::new(),
@@ -91,6 +102,7 @@ impl App {
                 answer_budget: Arc::new(BodyBudget::new()),
                 unresolved: Arc::from(UNRESOLVED),
                 config_path: std::sync::OnceLock::new(),
+                draining: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -111,6 +123,17 @@ impl App {
             .map(std::path::PathBuf::as_path)
     }
 
+    /// Marks the application as draining for shutdown: `/readyz` answers `503` from
+    /// now on (the server calls it when it stops accepting).
+    pub fn begin_drain(&self) {
+        self.inner.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`App::begin_drain`] was called.
+    pub fn draining(&self) -> bool {
+        self.inner.draining.load(Ordering::Relaxed)
+    }
+
     /// The store (configuration, runtime state).
     pub fn store(&self) -> &Store {
         &self.inner.store
@@ -121,18 +144,39 @@ impl App {
         &self.inner.metrics
     }
 
-    pub(crate) fn client(&self) -> &UpstreamClient {
-        &self.client
-    }
-
     /// The same application (store, metrics, budgets, ids) with a fresh upstream
     /// connection pool: each [`run_workers`](crate::run_workers) thread gets one, so
     /// that its requests use connections driven by its own runtime.
     pub fn with_own_client(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
-            client: Arc::new(build_client()),
+            client: Arc::new(build_client_with((*self.egress).clone())),
+            proxied: Arc::new(DashMap::new()),
+            egress: self.egress.clone(),
         }
+    }
+
+    /// The upstream client of `account`: the shared pool, or the pool of its own
+    /// `proxy_url`.
+    pub(crate) fn client_for(
+        &self,
+        account: &keypool_store::config::Account,
+    ) -> Arc<UpstreamClient> {
+        let Some(url) = account.proxy_url() else {
+            return self.client.clone();
+        };
+        if let Some(client) = self.proxied.get(url.expose()) {
+            return client.clone();
+        }
+        self.proxied
+            .entry(Arc::from(url.expose()))
+            .or_insert_with(|| {
+                Arc::new(build_client_with(Egress::for_account(
+                    account,
+                    &self.egress,
+                )))
+            })
+            .clone()
     }
 
     /// A seed for one request's random choices (ties between cooldown expiries).
@@ -195,10 +239,20 @@ impl App {
     {
         // HEAD answers 200 for anything, before any lookup (SPEC 2).
         if parts.method == Method::HEAD {
+            ctx.internal(InternalRoute::Head);
             return Response::new(ProxyBody::empty());
         }
         let route = match_path(parts.uri.path());
         let get = parts.method == Method::GET;
+        if let Some(internal) = internal_route(&route) {
+            ctx.internal(internal);
+        }
+        let info = parts.extensions.get::<ClientInfo>().copied();
+        let side = info.map_or(Side::Public, |i| i.side);
+        let split = self.store().config().server().admin_listen.is_some();
+        if !connection::serves(side, split, &route) {
+            return Reject::unknown_path().respond(&ctx.id);
+        }
         match route {
             RouteMatch::Health if get => text(StatusCode::OK, "ok\n"),
             RouteMatch::Ready if get => self.readyz(),
@@ -208,6 +262,14 @@ impl App {
                 let legacy = route.is_legacy();
                 let mut response = if parts.method == Method::POST {
                     ctx.open_log();
+                    if let Some(log) = ctx.log_mut() {
+                        log.client = info.map(|i| i.peer);
+                        log.user_agent = parts
+                            .headers
+                            .get(http::header::USER_AGENT)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(crate::log::loggable_user_agent);
+                    }
                     self.messages(ctx, &parts, body, org, url, endpoint).await
                 } else {
                     Reject::method_not_allowed().respond(&ctx.id)
@@ -238,25 +300,41 @@ impl App {
         response
     }
 
+    /// `GET /readyz`: `200` whenever keypool serves, including from memory while Redis
+    /// is away or the state file cannot be written (the body says what is degraded, and
+    /// so do `keypool_redis_ready` and `keypool_state_file_writable`): a Redis blip must
+    /// not take every replica out of a load balancer at once. `503` only while keypool
+    /// cannot serve: it is draining for shutdown.
     fn readyz(&self) -> Response<ProxyBody> {
-        if self.store().ready() {
-            match self.store().backend_status().state_file_error {
-                // still ready: keypool serves from memory; the body says what is wrong
-                Some(error) => text(
-                    StatusCode::OK,
-                    format!(
-                        "ready, serving from memory; but the state file could not be written: {error}. \
-                         Runtime state changed since the last successful write would be lost at a restart\n"
-                    ),
-                ),
-                None => text(StatusCode::OK, "ready\n"),
-            }
-        } else {
-            text(
+        if self.draining() {
+            return text(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "not ready: redis is configured but unreachable; serving from memory\n",
-            )
+                "not ready: shutting down, draining requests in flight\n",
+            );
         }
+        let backend = self.store().backend_status();
+        let mut degraded = Vec::new();
+        if backend.redis_ready == Some(false) {
+            degraded.push(
+                "redis is configured but unreachable: state is not shared with other replicas until it answers"
+                    .to_owned(),
+            );
+        }
+        if let Some(error) = backend.state_file_error {
+            degraded.push(format!(
+                "the state file could not be written: {error}. Runtime state changed since the last successful write would be lost at a restart"
+            ));
+        }
+        if degraded.is_empty() {
+            return text(StatusCode::OK, "ready\n");
+        }
+        text(
+            StatusCode::OK,
+            format!(
+                "ready, serving from memory; but {}\n",
+                degraded.join("; and ")
+            ),
+        )
     }
 
     /// SPEC 3 for a Messages route: steps 1–4 here, 5–8 in [`failover::serve`].
@@ -334,6 +412,18 @@ impl App {
             user_id: info.user_id.as_deref(),
         };
         failover::serve(&call, &route, ctx).await
+    }
+}
+
+/// The `route` label of a request that is not a Messages route (`None` for one).
+fn internal_route(route: &RouteMatch<'_>) -> Option<InternalRoute> {
+    match route {
+        RouteMatch::Api { .. } => None,
+        RouteMatch::Health => Some(InternalRoute::Healthz),
+        RouteMatch::Ready => Some(InternalRoute::Readyz),
+        RouteMatch::Metrics => Some(InternalRoute::Metrics),
+        RouteMatch::Admin(_) => Some(InternalRoute::Admin),
+        _ => Some(InternalRoute::Other),
     }
 }
 

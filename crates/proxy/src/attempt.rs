@@ -169,8 +169,11 @@ pub(crate) async fn attempt(
     })?;
     let request = head.into_request(Full::new(body));
     let upstream_timeout = Duration::from_millis(settings.upstream_timeout_ms);
-    let response = match tokio::time::timeout(upstream_timeout, call.app.client().request(request))
-        .await
+    let response = match tokio::time::timeout(
+        upstream_timeout,
+        call.app.client_for(&account).request(request),
+    )
+    .await
     {
         Err(_) => return Err(Failure::Transport(TransportFailure::Timeout)),
         Ok(Err(e)) if is_local_resource_error(&e) => {

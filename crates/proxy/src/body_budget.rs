@@ -26,7 +26,7 @@ impl BodyBudget {
         Self::default()
     }
 
-    /// Bytes held now (the `keypool_body_bytes_in_flight` gauge).
+    /// Bytes held now (the `keypool_body_in_flight_bytes` gauge).
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
     }

@@ -4,7 +4,8 @@
 //! facts, and the status it was answered with.
 //!
 //! Dropping the context counts the request in `keypool_requests_total` (with the
-//! status of its answer, or `499` when the client went away first) and writes its log
+//! status of its answer, or `499` when the client went away first; a request to one
+//! of keypool's own routes in `keypool_internal_requests_total`) and writes its log
 //! line, unless a committed stream took the log line to write it when the stream ends.
 
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use keypool_store::resolve::{Caller, Route};
 
 use crate::App;
 use crate::log::RequestLog;
-use crate::metrics::Metrics;
+use crate::metrics::{InternalRoute, Metrics};
 
 /// The status `keypool_requests_total` counts for a request whose client went away
 /// before keypool wrote the answer's head (nginx's "client closed request").
@@ -37,6 +38,8 @@ pub(crate) struct RequestContext<'a> {
     labels: (Arc<str>, Arc<str>),
     status: u16,
     log: Option<RequestLog>,
+    /// Set for a request to one of keypool's own routes: counted apart.
+    internal: Option<InternalRoute>,
 }
 
 impl<'a> RequestContext<'a> {
@@ -50,7 +53,15 @@ impl<'a> RequestContext<'a> {
             labels: (unresolved.clone(), unresolved.clone()),
             status: CLIENT_CLOSED_REQUEST,
             log: None,
+            internal: None,
         }
+    }
+
+    /// The request went to one of keypool's own routes (health, metrics, admin, a
+    /// `HEAD`, an unknown path): it is counted in `keypool_internal_requests_total`
+    /// instead of `keypool_requests_total`.
+    pub(crate) fn internal(&mut self, route: InternalRoute) {
+        self.internal = Some(route);
     }
 
     /// A Messages request: it gets a log line.
@@ -126,8 +137,12 @@ impl<'a> RequestContext<'a> {
 
 impl Drop for RequestContext<'_> {
     fn drop(&mut self) {
-        self.metrics
-            .request(&self.labels.0, &self.labels.1, self.status);
+        match self.internal {
+            Some(route) => self.metrics.internal_request(route, self.status),
+            None => self
+                .metrics
+                .request(&self.labels.0, &self.labels.1, self.status),
+        }
         // The log line (if the context still holds it) is written as it drops, after.
     }
 }

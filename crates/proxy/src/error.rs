@@ -22,6 +22,12 @@ pub enum ProxyError {
         "the runtime state could not be saved at shutdown: {0}; cooldowns, disabled accounts and usage windows since the last successful write are lost"
     )]
     StateNotSaved(keypool_store::StoreError),
+    /// The TLS certificate or key could not be used (the message names the file).
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The admin listener's address could not be read.
+    #[error("cannot read the admin listener's address: {0}")]
+    AdminListener(#[source] std::io::Error),
     /// Installing a signal handler failed.
     #[error("cannot install the {signal} handler: {source}; is this a Unix system?")]
     Signal {

@@ -28,8 +28,11 @@
 //! ```
 //!
 //! # Layout
-//! - [`server`]: [`run`], the accept loop, header read timeout, graceful drain;
-//!   [`run_workers`], the same on one single-threaded runtime per worker thread.
+//! - [`server`]: [`run`], the accept loops ([`Listeners`]: public, admin), graceful
+//!   drain; [`run_workers`], the same on one single-threaded runtime per worker thread.
+//! - [`connection`]: one connection: TLS, HTTP/1.1 or HTTP/2 from its first bytes
+//!   (bounded by the header read timeout), [`connection::ClientInfo`].
+//! - [`tls`]: [`TlsCertificates`], the listener's certificate, reloadable.
 //! - `app`: [`App`], steps 1–4 of SPEC 3 (limits, resolution, key, body), the fixed
 //!   routes (`HEAD`, `/healthz`, `/readyz`, `/metrics`).
 //! - [`route`]: path matching ([`route::match_path`]).
@@ -54,7 +57,7 @@
 //! - [`signals`] (Unix): `SIGTERM`/`SIGINT` shutdown, `SIGHUP` reload.
 //! - `admin`: the admin API and the `/admin/ui` status page (`docs/ADMIN.md`); off
 //!   (404) without `admin.token`.
-//! - `log`: the one log line per request.
+//! - [`log`]: the one log line per request ([`log::JSON_FIELDS`]: its array fields).
 //! - [`error`]: the crate error, [`ProxyError`].
 
 mod admin;
@@ -65,20 +68,23 @@ pub mod availability;
 pub mod body;
 pub mod body_budget;
 mod ceiling;
+pub mod connection;
 mod context;
 pub mod error;
 mod failover;
 pub mod headers;
-mod log;
+pub mod log;
 pub mod metrics;
 pub mod reject;
 pub mod route;
 pub mod server;
 #[cfg(unix)]
 pub mod signals;
+pub mod tls;
 pub mod upstream;
 
 pub use app::App;
 pub use body::ProxyBody;
 pub use error::ProxyError;
-pub use server::{run, run_workers};
+pub use server::{Listeners, run, run_workers};
+pub use tls::TlsCertificates;

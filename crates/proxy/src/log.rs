@@ -1,8 +1,18 @@
 //! One request's facts, written when it ends: its usage record (SPEC 11, for every
-//! authenticated request) and its one log line (SPEC 10). Neither ever holds a secret
-//! or an LB key: callers are named by key id.
+//! authenticated request) and its one log line (SPEC 10): request id, org, URL config,
+//! caller id, strategy, model, every attempt with its account, upstream status,
+//! outcome, class and time, final status, TTFT and duration, the four token counts and
+//! the cost, the client's address and user agent. Neither ever holds a secret or an LB
+//! key: callers are named by key id, and a user agent that carries `sk-` is not logged.
+//!
+//! The caller is two fields (`user_api_key_id` or `client_api_key_id`), and
+//! `attempts` and `upstream_statuses` are JSON arrays written as the fields' text
+//! ([`JSON_FIELDS`]): the binary's JSON log format embeds them as arrays, the plain
+//! format shows the same text.
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,6 +53,28 @@ pub(crate) struct RequestLog {
     pub usage: Option<Usage>,
     pub stream_end: Option<&'static str>,
     pub started: Instant,
+    pub client: Option<SocketAddr>,
+    pub user_agent: Option<String>,
+}
+
+/// The fields of the request line whose text is a JSON value (an array): a JSON log
+/// format writes them as JSON, not as strings.
+pub const JSON_FIELDS: [&str; 2] = ["attempts", "upstream_statuses"];
+
+/// The longest user agent logged (longer ones are cut at a character boundary).
+const MAX_USER_AGENT: usize = 256;
+
+/// The user agent as logged: at most [`MAX_USER_AGENT`] bytes, and none at all when it
+/// holds something that looks like a key (`sk-`), which a log must never show.
+pub(crate) fn loggable_user_agent(value: &str) -> Option<String> {
+    if value.contains("sk-") {
+        return Some("[redacted]".to_owned());
+    }
+    let mut end = value.len().min(MAX_USER_AGENT);
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(value[..end].to_owned())
 }
 
 impl RequestLog {
@@ -68,6 +100,8 @@ impl RequestLog {
             usage: None,
             stream_end: None,
             started,
+            client: None,
+            user_agent: None,
         }
     }
 
@@ -113,31 +147,72 @@ impl RequestLog {
     }
 }
 
-struct CallerId<'a>(&'a Caller);
-
-impl std::fmt::Display for CallerId<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Caller::User(id) => write!(f, "user_api_key_id={id}"),
-            Caller::Client(id) => write!(f, "client_api_key_id={id}"),
+/// `"text"` as a JSON string.
+fn json_string(out: &mut String, text: &str) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
         }
+    }
+    out.push('"');
+}
+
+/// `[{"account":"a","outcome":"retry_after","status":429,"class":"rate_limit","ms":3},…]`:
+/// every attempt, `status` null for a transport error, `class` null for a success.
+struct Attempts<'a>(&'a [AttemptRecord]);
+
+impl std::fmt::Display for Attempts<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut out = String::with_capacity(96 * self.0.len() + 2);
+        out.push('[');
+        for (i, a) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str("{\"account\":");
+            json_string(&mut out, a.account.as_str());
+            out.push_str(",\"outcome\":");
+            json_string(&mut out, &a.outcome);
+            match a.status {
+                Some(s) => {
+                    let _ = write!(out, ",\"status\":{s}");
+                }
+                None => out.push_str(",\"status\":null"),
+            }
+            match &a.class {
+                Some(c) => {
+                    out.push_str(",\"class\":");
+                    json_string(&mut out, c);
+                }
+                None => out.push_str(",\"class\":null"),
+            }
+            let _ = write!(out, ",\"ms\":{}}}", a.ms);
+        }
+        out.push(']');
+        f.write_str(&out)
     }
 }
 
-/// The `n`th attempt's account, upstream status, outcome and time, as separate log
-/// fields (absent when there was no such attempt).
-fn nth(
-    attempts: &[AttemptRecord],
-    n: usize,
-) -> (Option<&str>, Option<u16>, Option<&str>, Option<u64>) {
-    match attempts.get(n) {
-        Some(a) => (
-            Some(a.account.as_str()),
-            a.status,
-            Some(&a.outcome),
-            Some(a.ms),
-        ),
-        None => (None, None, None, None),
+/// `[429,200]`: the status of every attempt that got an upstream answer, in order.
+struct Statuses<'a>(&'a [AttemptRecord]);
+
+impl std::fmt::Display for Statuses<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[")?;
+        let mut first = true;
+        for status in self.0.iter().filter_map(|a| a.status) {
+            if !std::mem::take(&mut first) {
+                f.write_str(",")?;
+            }
+            write!(f, "{status}")?;
+        }
+        f.write_str("]")
     }
 }
 
@@ -154,34 +229,21 @@ impl Drop for RequestLog {
         let attempts = record
             .as_ref()
             .map_or(&self.attempts[..], |(_, r)| &r.attempts);
-        let (a1, s1, o1, m1) = nth(attempts, 0);
-        let (a2, s2, o2, m2) = nth(attempts, 1);
-        let (a3, s3, o3, m3) = nth(attempts, 2);
         tracing::info!(
             target: "keypool::request",
             request_id = %self.request_id,
             org = self.org.as_deref().unwrap_or("-"),
             url = self.url.as_deref().unwrap_or("-"),
-            caller = %self.caller.as_ref().map(CallerId).map_or_else(|| "-".to_owned(), |c| c.to_string()),
+            user_api_key_id = self.caller.as_ref().and_then(Caller::user_api_key_id),
+            client_api_key_id = self.caller.as_ref().and_then(Caller::client_api_key_id),
             strategy = self.strategy.map_or("-", Strategy::as_str),
             count_tokens = self.count_tokens,
             stream = self.stream,
             model = self.model.as_deref(),
             // Only when an account's `model` override changed it.
             model_sent = self.model_sent.as_deref().filter(|m| Some(*m) != self.model.as_deref()),
-            attempt_count = attempts.len(),
-            attempt1_account = a1,
-            attempt1_status = s1,
-            attempt1_outcome = o1,
-            attempt1_ms = m1,
-            attempt2_account = a2,
-            attempt2_status = s2,
-            attempt2_outcome = o2,
-            attempt2_ms = m2,
-            attempt3_account = a3,
-            attempt3_status = s3,
-            attempt3_outcome = o3,
-            attempt3_ms = m3,
+            attempts = %Attempts(attempts),
+            upstream_statuses = %Statuses(attempts),
             served_by = self.served_by.as_ref().map_or("-", AccountId::as_str),
             upstream_request_id = self.upstream_request_id.as_deref().unwrap_or("-"),
             status = self.status,
@@ -193,6 +255,8 @@ impl Drop for RequestLog {
             cache_creation_input_tokens = usage.cache_creation_input_tokens,
             cache_read_input_tokens = usage.cache_read_input_tokens,
             cost_usd = cost.map(|c| tracing::field::display(Usd(c))),
+            client = self.client.map(tracing::field::display),
+            user_agent = self.user_agent.as_deref(),
             "request"
         );
         if let Some((app, record)) = record {

@@ -22,6 +22,12 @@ use keypool_ledger::{CostBasis, NANO_PER_USD, UsageRecord};
 use keypool_selector::GateReason;
 use keypool_store::Store;
 
+mod operations;
+mod process;
+mod usage;
+
+pub use operations::{BuildInfo, InternalRoute};
+
 /// Upper bounds (seconds) of the latency histogram buckets.
 pub const LATENCY_BUCKETS_SECS: [f64; 12] = [
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -125,6 +131,10 @@ pub struct Metrics {
     /// Per (org, caller): input, output, cache-write and cache-read tokens, cost (nano).
     usage: Map<(Arc<str>, Arc<str>), [AtomicU64; 5]>,
     unpriced: AtomicU64,
+    account_attempts: Map<AccountId, AtomicU64>,
+    account_failures: Map<(AccountId, &'static str), AtomicU64>,
+    internal_requests: Map<(InternalRoute, u16), AtomicU64>,
+    build: std::sync::OnceLock<BuildInfo>,
 }
 
 /// What session affinity did for one request that carried a session key.
@@ -166,6 +176,8 @@ impl Drop for InFlight {
 impl Metrics {
     /// An empty registry.
     pub fn new() -> Self {
+        // `process_start_time_seconds` is taken when the first registry is made
+        process::start_time_secs();
         Self::default()
     }
 
@@ -188,6 +200,12 @@ impl Metrics {
     pub fn failover(&self, c: &Classification) {
         let key = (c.class.as_str(), c.trigger.as_str());
         with_value(&self.failovers, &key, || key, increment);
+    }
+
+    /// One failure credited to `account` (an attempt, or a committed stream that broke).
+    pub fn account_failure(&self, account: &AccountId, c: &Classification) {
+        let key = (account.clone(), c.class.as_str());
+        with_value(&self.account_failures, &key, || key.clone(), increment);
     }
 
     /// The hedge/race gate sent a request down the single path for `reason`.
@@ -304,7 +322,7 @@ impl Metrics {
     pub fn render_body_budget(&self, out: &mut String, requests: u64, answers: u64) {
         let _ = writeln!(
             out,
-            "# HELP keypool_body_bytes_in_flight Bytes held in memory now, by kind: request bodies and buffered (non-streaming) upstream answers, each bounded by max_body_bytes_in_flight.\n# TYPE keypool_body_bytes_in_flight gauge\nkeypool_body_bytes_in_flight{{kind=\"request\"}} {requests}\nkeypool_body_bytes_in_flight{{kind=\"answer\"}} {answers}\n# HELP keypool_body_budget_rejections_total Requests answered 503 because their body did not fit in max_body_bytes_in_flight.\n# TYPE keypool_body_budget_rejections_total counter\nkeypool_body_budget_rejections_total {}",
+            "# HELP keypool_body_in_flight_bytes Bytes held in memory now, by kind: request bodies and buffered (non-streaming) upstream answers, each bounded by max_body_bytes_in_flight.\n# TYPE keypool_body_in_flight_bytes gauge\nkeypool_body_in_flight_bytes{{kind=\"request\"}} {requests}\nkeypool_body_in_flight_bytes{{kind=\"answer\"}} {answers}\n# HELP keypool_body_budget_rejections_total Requests answered 503 because their body did not fit in max_body_bytes_in_flight.\n# TYPE keypool_body_budget_rejections_total counter\nkeypool_body_budget_rejections_total {}",
             self.body_budget_rejections.load(Ordering::Relaxed)
         );
         let mut rows: Vec<_> = self
@@ -369,6 +387,12 @@ impl Metrics {
     pub fn start_in_flight(&self, account: &AccountId) -> InFlight {
         let counter = with_value(&self.in_flight, account, || account.clone(), Arc::clone);
         counter.fetch_add(1, Ordering::Relaxed);
+        with_value(
+            &self.account_attempts,
+            account,
+            || account.clone(),
+            increment,
+        );
         InFlight(counter)
     }
 
@@ -389,12 +413,15 @@ impl Metrics {
         self.render_accounts(&mut out, store, now);
         self.render_affinity_and_slots(&mut out, store);
         render_backend(&mut out, store);
+        self.render_account_traffic(&mut out, store);
+        usage::render_account_windows(&mut out, store, now);
+        self.render_operations(&mut out, store);
         out
     }
 
     /// `keypool_requests_total`.
     fn render_requests(&self, out: &mut String) {
-        out.push_str("# HELP keypool_requests_total Requests answered, by org, URL config and status.\n# TYPE keypool_requests_total counter\n");
+        out.push_str("# HELP keypool_requests_total Messages and count_tokens requests answered, by org, URL config and status (keypool's own routes are in keypool_internal_requests_total).\n# TYPE keypool_requests_total counter\n");
         let mut rows: Vec<_> = self
             .requests
             .iter()
@@ -498,6 +525,7 @@ impl Metrics {
         let health = store.health();
         let mut cooling = 0;
         let mut disabled = 0;
+        let mut inactive = 0;
         let mut per_account = String::new();
         let mut in_flight = String::new();
         let mut states = String::new();
@@ -505,10 +533,12 @@ impl Metrics {
         ids.sort();
         for id in ids {
             let until = health.cooldowns.cooldown_until(id, now);
-            let off = health.disabled.is_disabled(id)
-                || config.account(id.as_str()).is_some_and(|a| !a.active());
+            // only runtime disabling (a key error): `active = false` in the file is a
+            // decision, not a problem, and is counted apart
+            let off = health.disabled.is_disabled(id);
             cooling += u64::from(until.is_some());
             disabled += u64::from(off);
+            inactive += u64::from(config.account(id.as_str()).is_some_and(|a| !a.active()));
             let _ = writeln!(
                 per_account,
                 "keypool_account_cooldown_seconds{{account=\"{}\"}} {}",
@@ -534,11 +564,15 @@ impl Metrics {
         );
         let _ = writeln!(
             out,
-            "# HELP keypool_accounts_disabled Accounts out of rotation (inactive in the file or disabled at runtime).\n# TYPE keypool_accounts_disabled gauge\nkeypool_accounts_disabled {disabled}"
+            "# HELP keypool_accounts_disabled Accounts disabled at runtime (a key error: 401, 403, 402); they need a human.\n# TYPE keypool_accounts_disabled gauge\nkeypool_accounts_disabled {disabled}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP keypool_accounts_inactive Accounts kept out of rotation by active = false in the configuration.\n# TYPE keypool_accounts_inactive gauge\nkeypool_accounts_inactive {inactive}"
         );
         out.push_str("# HELP keypool_account_cooldown_seconds Seconds until each account's cooldown ends (0 when not cooling).\n# TYPE keypool_account_cooldown_seconds gauge\n");
         out.push_str(&per_account);
-        out.push_str("# HELP keypool_account_disabled Whether each account is out of rotation (1: inactive in the file or disabled at runtime).\n# TYPE keypool_account_disabled gauge\n");
+        out.push_str("# HELP keypool_account_disabled Whether each account is disabled at runtime (1: a key error; re-enable it through the admin API).\n# TYPE keypool_account_disabled gauge\n");
         out.push_str(&states);
         out.push_str("# HELP keypool_account_in_flight Upstream attempts and committed streams in flight, by account.\n# TYPE keypool_account_in_flight gauge\n");
         out.push_str(&in_flight);

@@ -1,31 +1,70 @@
-//! [`run`]: the accept loop, HTTP/1.1 with a header read timeout, and the graceful
-//! drain on shutdown; [`run_workers`]: the same on one single-threaded runtime per
-//! worker thread.
+//! [`run`]: the accept loop (the public listener and, when configured, the admin
+//! listener), HTTP/1.1 and HTTP/2 (h2c, and `h2` by ALPN over TLS) with a bound on
+//! every connection's first bytes, and the graceful drain on shutdown;
+//! [`run_workers`]: the same on one single-threaded runtime per worker thread.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use keypool_store::{StoreError, now_ms};
 use tokio::net::TcpListener;
 
+use crate::connection::{self, Protocols, Side};
+use crate::tls::TlsCertificates;
 use crate::{App, ProxyError};
+
+/// What the server listens on: the public listener (`server.listen`), optionally with
+/// TLS, and optionally the admin listener (`server.admin_listen`, plain HTTP) that then
+/// alone serves `/admin/…` and `/metrics`. A bare `TcpListener` converts into one.
+#[derive(Debug)]
+pub struct Listeners {
+    public: TcpListener,
+    admin: Option<TcpListener>,
+    tls: Option<TlsCertificates>,
+}
+
+impl Listeners {
+    /// The public listener alone, plain HTTP.
+    pub fn new(public: TcpListener) -> Self {
+        Self {
+            public,
+            admin: None,
+            tls: None,
+        }
+    }
+
+    /// Adds the admin listener.
+    pub fn with_admin(mut self, admin: TcpListener) -> Self {
+        self.admin = Some(admin);
+        self
+    }
+
+    /// Terminates TLS on the public listener with `tls` (reload it with
+    /// [`TlsCertificates::reload`]: new handshakes use the new certificate).
+    pub fn with_tls(mut self, tls: TlsCertificates) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+}
+
+impl From<TcpListener> for Listeners {
+    fn from(public: TcpListener) -> Self {
+        Self::new(public)
+    }
+}
 
 /// Serves `app` on `listener` until `shutdown` completes, then drains: stops accepting,
 /// lets requests and streams in flight finish for up to `shutdown_grace`, persists the
 /// runtime state and returns.
 ///
-/// Connections speak HTTP/1.1 with keep-alive; a client that has not sent its complete
-/// request head within `header_read_timeout` (from the connection's start or the end of
-/// the previous request) is disconnected. HTTP/2 is deliberately not served: hyper-util's
-/// HTTP/1-or-h2c detection waits for the first 24 bytes without any timeout, so a client
-/// that connects and sends nothing would hold its connection forever; Anthropic clients
-/// speak HTTP/1.1 to a plain-HTTP base URL, and a TLS terminator in front of keypool can
-/// still speak HTTP/2 to clients. The header read timeout and the grace period are read
+/// Connections speak HTTP/1.1 with keep-alive or HTTP/2 (h2c with prior knowledge on
+/// plain TCP, `h2` by ALPN over TLS). A client whose TLS handshake and first bytes have
+/// not arrived within `header_read_timeout` of the accept is disconnected (see
+/// [`crate::connection`]: neither hyper's HTTP/2 server nor hyper-util's protocol
+/// detection bound that wait themselves); an HTTP/1.1 client that has not sent its
+/// complete request head within `header_read_timeout` (from its first bytes or the end
+/// of the previous request) too. The header read timeout and the grace period are read
 /// from the configuration at start.
 ///
 /// # Errors
@@ -35,15 +74,35 @@ use crate::{App, ProxyError};
 /// never fatal; a failed final push to Redis is logged (every change was mirrored as
 /// it happened).
 pub async fn run(
-    listener: TcpListener,
+    listeners: impl Into<Listeners>,
     app: impl Into<App>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ProxyError> {
     let app = app.into();
-    let addr = listener.local_addr().map_err(ProxyError::Listener)?;
-    tracing::info!(%addr, "keypool listening");
-    serve(listener, &app, shutdown).await;
+    let Listeners { public, admin, tls } = listeners.into();
+    log_listening(&public, admin.as_ref(), tls.is_some(), 1)?;
+    serve(public, admin, tls.as_ref(), &app, shutdown).await;
     persist(&app).await
+}
+
+/// Logs the addresses (and fails when one cannot be read).
+fn log_listening(
+    public: &TcpListener,
+    admin: Option<&TcpListener>,
+    tls: bool,
+    workers: usize,
+) -> Result<(), ProxyError> {
+    let addr = public.local_addr().map_err(ProxyError::Listener)?;
+    let admin = admin
+        .map(|a| a.local_addr().map_err(ProxyError::AdminListener))
+        .transpose()?;
+    match admin {
+        Some(admin) => {
+            tracing::info!(%addr, %admin, tls, workers, "keypool listening; admin API and metrics on the admin address only")
+        }
+        None => tracing::info!(%addr, tls, workers, "keypool listening"),
+    }
+    Ok(())
 }
 
 /// [`run`] on `workers` threads: this task serves too, and `workers - 1` more threads
@@ -63,15 +122,16 @@ pub async fn run(
 /// [`ProxyError::Worker`] when a worker thread or its runtime cannot start, and
 /// [`ProxyError::StateNotSaved`] as for [`run`].
 pub async fn run_workers(
-    listener: TcpListener,
+    listeners: impl Into<Listeners>,
     app: impl Into<App>,
     workers: usize,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ProxyError> {
     let app = app.into();
-    let addr = listener.local_addr().map_err(ProxyError::Listener)?;
+    let Listeners { public, admin, tls } = listeners.into();
     let workers = workers.max(1);
-    let shared = listener.into_std().map_err(ProxyError::Listener)?;
+    log_listening(&public, admin.as_ref(), tls.is_some(), workers)?;
+    let shared = public.into_std().map_err(ProxyError::Listener)?;
     // Dropping the sender (this function returning, on any path) also stops them.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut threads = Vec::with_capacity(workers - 1);
@@ -79,6 +139,7 @@ pub async fn run_workers(
         for index in 1..workers {
             let socket = shared.try_clone().map_err(ProxyError::Listener)?;
             let app = app.with_own_client();
+            let tls = tls.clone();
             let mut stopped = stopped.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("keypool-worker-{index}"))
@@ -93,7 +154,7 @@ pub async fn run_workers(
                         let stop = async move {
                             let _ = stopped.wait_for(|&stop| stop).await;
                         };
-                        serve(listener, &app, stop).await;
+                        serve(listener, None, tls.as_ref(), &app, stop).await;
                         Ok(())
                     })
                 })
@@ -115,12 +176,11 @@ pub async fn run_workers(
     // Only the serving loops keep the socket open: once they stop accepting, new
     // connections are refused rather than left in the backlog during the drain.
     drop(shared);
-    tracing::info!(%addr, workers, "keypool listening");
     let shutdown = async move {
         shutdown.await;
         let _ = stop.send(true);
     };
-    serve(listener, &app, shutdown).await;
+    serve(listener, admin, tls.as_ref(), &app, shutdown).await;
     join(threads).await;
     persist(&app).await
 }
@@ -151,42 +211,52 @@ async fn persist(app: &App) -> Result<(), ProxyError> {
     }
 }
 
-/// The accept loop and the drain, without persisting.
-async fn serve(listener: TcpListener, app: &App, shutdown: impl Future<Output = ()>) {
+/// The accept loop and the drain, without persisting: `public` (with `tls`) and, on
+/// this thread only, `admin`.
+async fn serve(
+    public: TcpListener,
+    admin: Option<TcpListener>,
+    tls: Option<&TlsCertificates>,
+    app: &App,
+    shutdown: impl Future<Output = ()>,
+) {
     let settings = app.store().config().server().clone();
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(settings.header_read_timeout_ms));
+    let protocols = std::sync::Arc::new(Protocols::new(Duration::from_millis(
+        settings.header_read_timeout_ms,
+    )));
     let graceful = GracefulShutdown::new();
+    let accept_admin = async |admin: &Option<TcpListener>| match admin {
+        Some(listener) => listener.accept().await,
+        None => std::future::pending().await,
+    };
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    let app = app.clone();
-                    let service = service_fn(move |request| {
-                        let app = app.clone();
-                        async move { Ok::<_, Infallible>(app.handle(request).await) }
-                    });
-                    let connection = builder.serve_connection(TokioIo::new(stream), service);
-                    let connection = graceful.watch(connection);
-                    tokio::spawn(async move {
-                        if let Err(e) = connection.await {
-                            tracing::debug!(error = %e, "connection ended with an error");
-                        }
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
+        let (accepted, side) = tokio::select! {
+            accepted = public.accept() => (accepted, Side::Public),
+            accepted = accept_admin(&admin) => (accepted, Side::Admin),
             () = &mut shutdown => break,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let tls = match side {
+                    Side::Public => tls.map(TlsCertificates::acceptor),
+                    Side::Admin => None,
+                };
+                let (app, protocols, watcher) =
+                    (app.clone(), protocols.clone(), graceful.watcher());
+                tokio::spawn(async move {
+                    connection::serve(stream, peer, side, tls, &protocols, app, watcher).await;
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed; retrying");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
-    drop(listener);
+    app.begin_drain();
+    drop(public);
+    drop(admin);
     let grace = Duration::from_millis(settings.shutdown_grace_ms);
     tracing::info!(
         grace_ms = settings.shutdown_grace_ms,

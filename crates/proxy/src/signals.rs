@@ -7,7 +7,7 @@ use keypool_store::Store;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::task::JoinHandle;
 
-use crate::ProxyError;
+use crate::{ProxyError, TlsCertificates};
 
 /// A future that completes at the first `SIGTERM` or `SIGINT`: pass it to
 /// [`run`](crate::run) as the shutdown future. Installs the handlers at once.
@@ -37,6 +37,20 @@ pub fn terminate_signal() -> Result<impl Future<Output = ()> + Send + 'static, P
 /// # Errors
 /// [`ProxyError::Signal`] when the handler cannot be installed.
 pub fn spawn_reload_on_sighup(store: Store, path: PathBuf) -> Result<JoinHandle<()>, ProxyError> {
+    spawn_reload_with_tls_on_sighup(store, path, None)
+}
+
+/// [`spawn_reload_on_sighup`], and at every `SIGHUP` also re-reads the TLS certificate
+/// and key of `tls` (a file that cannot be used is logged and the current certificate
+/// keeps serving).
+///
+/// # Errors
+/// [`ProxyError::Signal`] when the handler cannot be installed.
+pub fn spawn_reload_with_tls_on_sighup(
+    store: Store,
+    path: PathBuf,
+    tls: Option<TlsCertificates>,
+) -> Result<JoinHandle<()>, ProxyError> {
     let mut hup = signal(SignalKind::hangup()).map_err(|source| ProxyError::Signal {
         signal: "SIGHUP",
         source,
@@ -50,6 +64,15 @@ pub fn spawn_reload_on_sighup(store: Store, path: PathBuf) -> Result<JoinHandle<
                     error = %e,
                     "configuration reload rejected; the previous configuration keeps serving"
                 ),
+            }
+            if let Some(tls) = &tls {
+                match tls.reload() {
+                    Ok(()) => tracing::info!("TLS certificate and key reloaded"),
+                    Err(e) => tracing::error!(
+                        error = %e,
+                        "TLS certificate reload rejected; the current certificate keeps serving"
+                    ),
+                }
             }
         }
     }))

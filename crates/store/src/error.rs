@@ -39,6 +39,9 @@ pub enum StoreError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// A config file's listen addresses could not be read (`config::listen_addresses`).
+    #[error("{0}")]
+    Config(String),
     /// Redis could not be reached or answered an error; the caller falls back to memory.
     #[error("redis: {0}; keypool keeps serving from memory until Redis answers again")]
     Redis(String),

@@ -81,4 +81,4 @@ pub mod usage;
 
 pub use error::StoreError;
 pub use snapshot::{CandidateSignals, KeptSurvivors, Snapshot};
-pub use store::{BackendKind, BackendStatus, BootState, Store, now_ms};
+pub use store::{BackendKind, BackendStatus, BootState, ReloadOutcomes, Store, now_ms};

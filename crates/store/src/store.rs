@@ -71,6 +71,24 @@ pub struct BackendStatus {
     pub state_file_write_failures: u64,
 }
 
+/// The outcomes of config reloads since boot ([`Store::reload_outcomes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReloadOutcomes {
+    /// Reloads whose file was valid and replaced the configuration.
+    pub applied: u64,
+    /// Reloads refused (invalid or unreadable file; the old configuration kept serving).
+    pub rejected: u64,
+    /// When the last applied reload happened, unix ms.
+    pub last_applied_at: Option<UnixMs>,
+}
+
+#[derive(Debug, Default)]
+struct ReloadCounts {
+    applied: AtomicU64,
+    rejected: AtomicU64,
+    last_applied_at: AtomicU64,
+}
+
 /// What the store found at boot.
 #[derive(Debug)]
 pub enum BootState {
@@ -114,6 +132,7 @@ struct Inner {
     slots: SlotBook,
     last_purged: AtomicU64,
     last_pruned: AtomicU64,
+    reloads: ReloadCounts,
 }
 
 /// How the state file's writes went: the last failure (cleared by a success) and the
@@ -217,7 +236,9 @@ impl Store {
                 let mirror = connected.mirror;
                 let mut loaded = false;
                 if connected.connected {
-                    loaded = reconcile(&mirror, &state, now).await.is_ok();
+                    loaded = reconcile(&mirror, &state, &account_ids(&config), now)
+                        .await
+                        .is_ok();
                 }
                 (
                     Backend::Redis(Arc::new(mirror)),
@@ -273,6 +294,7 @@ impl Store {
             slots,
             last_purged: AtomicU64::new(now),
             last_pruned: AtomicU64::new(0),
+            reloads: ReloadCounts::default(),
             config: ArcSwap::from_pointee(config),
             state,
             snapshots: DashMap::new(),
@@ -363,9 +385,29 @@ impl Store {
     /// that still exist is kept. Changing `listen`, `workers`, `redis_url`, `state_file`
     /// or the rating weights takes a restart (a warning is logged).
     pub fn reload(&self, path: &Path) -> Result<(), StoreError> {
-        let config = Config::load(path)?;
+        let config = match Config::load(path) {
+            Ok(config) => config,
+            Err(e) => {
+                self.inner.reloads.rejected.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
         self.install(config);
+        let reloads = &self.inner.reloads;
+        reloads.applied.fetch_add(1, Ordering::Relaxed);
+        reloads.last_applied_at.store(now_ms(), Ordering::Relaxed);
         Ok(())
+    }
+
+    /// What the reloads of the config file ([`Store::reload`]: `SIGHUP`,
+    /// `POST /admin/reload`) did since boot, for the metrics.
+    pub fn reload_outcomes(&self) -> ReloadOutcomes {
+        let r = &self.inner.reloads;
+        ReloadOutcomes {
+            applied: r.applied.load(Ordering::Relaxed),
+            rejected: r.rejected.load(Ordering::Relaxed),
+            last_applied_at: Some(r.last_applied_at.load(Ordering::Relaxed)).filter(|&t| t > 0),
+        }
     }
 
     /// Installs an already validated config (see [`Store::reload`]).
@@ -377,9 +419,11 @@ impl Store {
             || a.rating != b.rating
             || a.listen != b.listen
             || a.workers != b.workers
+            || a.admin_listen != b.admin_listen
+            || a.tls != b.tls
         {
             tracing::warn!(
-                "listen, workers, redis_url, state_file and [server.rating] changes take effect at the next restart"
+                "listen, admin_listen, the TLS file paths, workers, redis_url, state_file and [server.rating] changes take effect at the next restart"
             );
         }
         self.inner
@@ -738,6 +782,16 @@ impl Store {
         }
     }
 
+    /// With Redis, every `host:port` keypool's Redis client was relayed to through the
+    /// reply guard so far (the server; the sentinels and the primary; or the cluster's
+    /// nodes); empty without Redis.
+    pub fn redis_relay_targets(&self) -> Vec<String> {
+        match &self.inner.backend {
+            Backend::Redis(m) => m.relay_targets(),
+            Backend::Memory { .. } => Vec::new(),
+        }
+    }
+
     /// Everything in memory, with absolute times.
     pub fn export_state(&self, now: UnixMs) -> StateExport {
         self.inner.state.export(now)
@@ -770,7 +824,8 @@ impl Store {
             }
             Backend::Redis(mirror) => {
                 if mirror.needs_reconcile() {
-                    match reconcile(mirror, &self.inner.state, now).await {
+                    let accounts = account_ids(&self.config());
+                    match reconcile(mirror, &self.inner.state, &accounts, now).await {
                         Ok(()) => tracing::info!("redis answers; state reconciled"),
                         Err(e) => tracing::debug!(error = %e, "redis still unavailable"),
                     }
@@ -840,16 +895,23 @@ impl Counter for Store {
     }
 }
 
-/// Pulls Redis state into memory (later expiry wins), then pushes local state back.
+/// The ids of the configured accounts (whose state is pulled from Redis).
+fn account_ids(config: &Config) -> Vec<AccountId> {
+    config.accounts().map(|a| a.id().clone()).collect()
+}
+
+/// Pulls the state of `accounts` from Redis into memory (later expiry wins), then
+/// pushes local state back.
 async fn reconcile(
     mirror: &RedisMirror,
     state: &RuntimeState,
+    accounts: &[AccountId],
     now: UnixMs,
 ) -> Result<(), StoreError> {
     mirror.begin_reconcile();
     mirror.ping().await?;
     mirror.ensure_subscribed().await?;
-    let remote = mirror.pull().await?;
+    let remote = mirror.pull(accounts).await?;
     state.rating.import(&remote.rating);
     log_import_corrections(&state.health.import(remote.health, now), "redis");
     let local = state.health.export(now);

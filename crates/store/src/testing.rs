@@ -17,6 +17,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+mod topologies;
+
+pub use topologies::{RedisCluster, RedisSentinel};
+
 /// A `redis-server` on a free loopback port, started for one test and killed when
 /// dropped. It keeps nothing on disk (`--save '' --appendonly no`), unless started
 /// [`RedisServer::durable`].
@@ -33,16 +37,7 @@ impl RedisServer {
     /// is not installed. Under `CI=true` a missing `redis-server` panics: CI must run
     /// these tests, never skip them.
     pub fn start_or_skip(test: &str) -> Option<Self> {
-        match Self::start() {
-            Ok(s) => Some(s),
-            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-                panic!("{test}: cannot start redis-server under CI=true: {e}")
-            }
-            Err(e) => {
-                eprintln!("{test}: SKIPPED, cannot start redis-server: {e}");
-                None
-            }
-        }
+        skip_unless_ci(test, "redis-server", Self::start())
     }
 
     /// Starts a server on a free port.
@@ -148,14 +143,7 @@ impl RedisServer {
 
     /// Sends one inline command and returns the raw reply (for assertions).
     pub fn command(&self, line: &str) -> Result<String, String> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(Duration::from_secs(2)))
-            .map_err(|e| e.to_string())?;
-        s.write_all(format!("{line}\r\n").as_bytes())
-            .map_err(|e| e.to_string())?;
-        let mut buf = [0u8; 65536];
-        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
-        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+        inline_command(self.port, line)
     }
 
     fn wait_ready(&mut self) -> Result<(), String> {
@@ -182,22 +170,34 @@ impl Drop for RedisServer {
     }
 }
 
+/// The options of every test `redis-server`: `port` on loopback, nothing on disk.
+fn server_args(port: u16) -> [String; 8] {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    .map(str::to_owned)
+}
+
+/// Starts a `redis-server` on `port`; `durable` keeps an append-only file (fsync'd on
+/// every write) in `dir`, so a restart keeps what it acknowledged.
 fn spawn(port: u16, dir: &Path, durable: bool) -> Result<Child, String> {
-    let aof: &[&str] = if durable {
-        &["--appendonly", "yes", "--appendfsync", "always"]
+    let mut args = server_args(port);
+    let fsync: &[&str] = if durable {
+        args[7] = "yes".to_owned();
+        &["--appendfsync", "always"]
     } else {
-        &["--appendonly", "no"]
+        &[]
     };
     Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .args(aof)
+        .args(args)
+        .args(fsync)
         .arg("--dir")
         .arg(dir)
         .stdout(Stdio::null())
@@ -533,6 +533,12 @@ fn normal_reply(command: &[String], shared: &FakeShared) -> Vec<u8> {
             format!(":{n}\r\n")
         }
         "GET" => "$-1\r\n".to_owned(),
+        // no key exists: one null per key
+        "MGET" => format!(
+            "*{}\r\n{}",
+            command.len() - 1,
+            "$-1\r\n".repeat(command.len() - 1)
+        ),
         "SCAN" => format!("*2\r\n{}*0\r\n", bulk("0")),
         "HGETALL" => "*0\r\n".to_owned(),
         "EVAL" => ":1\r\n".to_owned(),
@@ -540,6 +546,34 @@ fn normal_reply(command: &[String], shared: &FakeShared) -> Vec<u8> {
         _ => "+OK\r\n".to_owned(),
     };
     reply.into_bytes()
+}
+
+/// `started`, or `None` after saying on stderr why `test` is skipped; under `CI=true`
+/// a panic instead: CI must run every test that needs `what`, never skip it.
+fn skip_unless_ci<T>(test: &str, what: &str, started: Result<T, String>) -> Option<T> {
+    match started {
+        Ok(s) => Some(s),
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("{test}: cannot start {what} under CI=true: {e}")
+        }
+        Err(e) => {
+            eprintln!("{test}: SKIPPED, cannot start {what}: {e}");
+            None
+        }
+    }
+}
+
+/// Sends one inline command to the Redis on `127.0.0.1:port`; the raw reply (one
+/// read, at most 64 KiB, within 2 s).
+fn inline_command(port: u16, line: &str) -> Result<String, String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(format!("{line}\r\n").as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 65536];
+    let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
 fn free_port() -> std::io::Result<u16> {

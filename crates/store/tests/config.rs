@@ -193,15 +193,12 @@ fn affinity_and_queue_options_take_zero_and_reject_negatives() {
 #[test]
 fn the_example_file_validates() {
     let text = include_str!("../../../examples/keypool.toml");
-    let secrets = [
-        "KEYPOOL_ADMIN_TOKEN",
-        "ACME_OAUTH_1",
-        "ACME_API_1",
-        "ACME_PROXY_TOKEN",
-        "GLOBEX_API_1",
-    ];
+    // only the secrets of accounts that can serve: the inactive `acme-proxy` and the
+    // suspended org's `globex-api-1` may name unset variables (issue 21)
+    let secrets = ["KEYPOOL_ADMIN_TOKEN", "ACME_OAUTH_1", "ACME_API_1"];
     let env = |name: &str| secrets.contains(&name).then(|| format!("value-of-{name}"));
     let c = Config::from_toml_str(text, None, &env).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!c.account("acme-proxy").unwrap().active());
     assert!(c.org("globex").unwrap().suspended());
     assert_eq!(c.server().legacy_routes_until_unix_secs, 1_798_761_599);
     assert!(c.admin().token.is_some());
@@ -538,47 +535,53 @@ fn redis_url_problems_never_show_the_url() {
 }
 
 #[test]
-fn redis_url_takes_one_plain_redis_server_and_says_what_is_supported_otherwise() {
+fn redis_url_takes_a_server_a_sentinel_or_a_cluster_and_says_what_is_supported_otherwise() {
     let with = |url: &str| BASE.to_owned() + &format!("[server]\nredis_url = {url:?}\n");
     for ok in [
         "redis://127.0.0.1:6379/",
         "redis://redis.internal",
         "redis://:SECRET-VALUE@10.0.0.7:6380/3",
         "redis://user:SECRET-VALUE@[::1]:6379/0",
+        // issue 21: Sentinel and Cluster, behind the reply guard like one server
+        "redis-cluster://:SECRET-VALUE@a:7000?node=b:7001&node=c:7002",
+        "redis-cluster://a:7000",
+        "redis-sentinel://a:26379/0?sentinelServiceName=mymaster",
+        "redis-sentinel://:SECRET-VALUE@a:26379/2?sentinelServiceName=mymaster&node=b:26379&sentinelPassword=SECRET-VALUE",
     ] {
         let c = parse(&with(ok)).unwrap_or_else(|e| panic!("{ok} refused: {e}"));
         assert!(c.server().redis_url.is_some());
     }
-    // each refused form: the message names what is not supported and the form that is
+    // each refused form: the message names what is not supported and the forms that are
     for (url, names) in [
         ("rediss://:SECRET-VALUE@redis.internal:6380/0", "TLS"),
+        ("rediss-cluster://:SECRET-VALUE@a:7000", "TLS"),
         ("valkeys://redis.internal:6380", "TLS"),
         ("redis+unix:///run/redis.sock", "Unix sockets"),
         ("unix:///run/redis.sock", "Unix sockets"),
         (
-            "redis-cluster://:SECRET-VALUE@a:7000?node=b:7001",
-            "Cluster",
-        ),
-        (
-            "redis-sentinel://a:26379/0?sentinelServiceName=mymaster",
-            "Sentinel",
+            "redis-sentinel://:SECRET-VALUE@a:26379/0",
+            "needs ?sentinelServiceName=",
         ),
         (
             "redis://:SECRET-VALUE@a:26379/0?sentinelServiceName=mymaster",
-            "Sentinel",
+            "redis-sentinel://",
         ),
-        ("http://user:SECRET-VALUE@host", "redis:// URL"),
+        ("http://user:SECRET-VALUE@host", "redis-cluster:// URL"),
         ("redis://:SECRET-VALUE@host:notaport/0", "not a valid"),
         ("redis://:SECRET-VALUE@host/a/b", "not a valid"),
+        ("redis-cluster://:SECRET-VALUE@a:7000?node=b", "not a valid"),
     ] {
         let errs = errors(&with(url));
         assert_eq!(locations(&errs), ["server.redis_url"], "{url}");
         let message = errs.to_string();
         assert!(message.contains(names), "{url}: {message}");
-        assert!(
-            message.contains("redis://[[user]:password@]host[:port][/db]"),
-            "{url}: {message}"
-        );
+        for form in [
+            "redis://[[user]:password@]host[:port][/db]",
+            "redis-sentinel://",
+            "redis-cluster://",
+        ] {
+            assert!(message.contains(form), "{url}: {message}");
+        }
     }
 }
 
@@ -736,5 +739,123 @@ fn every_error_is_reported_in_order() {
     assert_eq!(
         actual, expected,
         "run with KEYPOOL_BLESS=1 to review a change"
+    );
+}
+
+#[test]
+fn a_dormant_account_may_name_an_unset_secret_and_an_active_one_may_not() {
+    let text = "[[orgs]]\nslug = \"a\"\n[[orgs]]\nslug = \"gone\"\nsuspended = true\n\
+        [[accounts]]\nid = \"off\"\norg = \"a\"\nprovider = \"anthropic\"\nauth = \"api_key\"\nsecret = \"$UNSET_1\"\nactive = false\n\
+        [[accounts]]\nid = \"suspended\"\norg = \"gone\"\nprovider = \"anthropic\"\nauth = \"api_key\"\nsecret = \"$UNSET_2\"\n\
+        [[accounts]]\nid = \"on\"\norg = \"a\"\nprovider = \"anthropic\"\nauth = \"api_key\"\nsecret = \"$UNSET_3\"\n";
+    let errs = errors(text);
+    let issues: Vec<String> = errs.issues().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        issues,
+        [
+            "accounts[2].secret: environment variable `UNSET_3` is not set; export it or write the secret in the file"
+        ]
+    );
+    // a malformed name is still an error, dormant or not
+    let malformed = text
+        .replace("$UNSET_1", "$1BAD")
+        .replace("$UNSET_3", "literal");
+    let issues: Vec<String> = errors(&malformed)
+        .issues()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(issues.len(), 1, "{issues:?}");
+    assert!(issues[0].starts_with("accounts[0].secret:"), "{issues:?}");
+}
+
+#[test]
+fn proxy_urls_are_checked_with_a_location_and_never_quoted() {
+    let account = |url: &str| {
+        format!(
+            "[[orgs]]\nslug = \"a\"\n[[accounts]]\nid = \"x\"\norg = \"a\"\nprovider = \"anthropic\"\n\
+             auth = \"api_key\"\nsecret = \"k\"\nproxy_url = {url:?}\n"
+        )
+    };
+    for good in [
+        "http://proxy.internal:3128",
+        "socks5://127.0.0.1:1080",
+        "socks5h://u:p@proxy:1080/",
+        "http://[::1]:8080",
+    ] {
+        let c = Config::from_toml_str(&account(good), None, &|_| None)
+            .unwrap_or_else(|e| panic!("{good}: {e}"));
+        assert_eq!(c.account("x").unwrap().proxy_url().unwrap().expose(), good);
+    }
+    for (bad, why) in [
+        (
+            "https://user:hunter2@proxy:443",
+            "a TLS (https://) proxy is not supported",
+        ),
+        (
+            "ftp://hunter2@proxy:21",
+            "proxy_url's scheme must be http, socks5 or socks5h",
+        ),
+        ("http://hunter2@proxy", "proxy_url needs a port (host:port)"),
+        (
+            "http://proxy:3128/path?hunter2",
+            "proxy_url must not have a path or query",
+        ),
+        (
+            "socks5://proxy:99999",
+            "proxy_url's port is not a number between 1 and 65535",
+        ),
+        ("proxy:3128", "proxy_url has no scheme"),
+    ] {
+        let errs = errors(&account(bad));
+        let issue = &errs.issues()[0];
+        assert_eq!(issue.location, "accounts[0].proxy_url", "{bad}");
+        assert!(issue.message.starts_with(why), "{bad}: {}", issue.message);
+        assert!(
+            !issue.to_string().contains("hunter2"),
+            "the value was quoted: {issue}"
+        );
+    }
+}
+
+#[test]
+fn listeners_and_tls_files_are_checked() {
+    let c = Config::from_toml_str(
+        "[server]\nlisten = \"0.0.0.0:8080\"\nadmin_listen = \"127.0.0.1:9090\"\ntls_cert_file = \"c.pem\"\ntls_key_file = \"/k.pem\"\n",
+        Some(std::path::Path::new("/etc/keypool")),
+        &|_| None,
+    )
+    .unwrap();
+    assert_eq!(
+        c.server().admin_listen,
+        Some("127.0.0.1:9090".parse().unwrap())
+    );
+    let tls = c.server().tls.as_ref().unwrap();
+    assert_eq!(tls.cert, std::path::Path::new("/etc/keypool/c.pem"));
+    assert_eq!(tls.key, std::path::Path::new("/k.pem"));
+    for (text, location) in [
+        (
+            "[server]\nlisten = \"127.0.0.1:1\"\nadmin_listen = \"127.0.0.1:1\"\n",
+            "server.admin_listen",
+        ),
+        ("[server]\nadmin_listen = \"nine\"\n", "server.admin_listen"),
+        (
+            "[server]\ntls_cert_file = \"c.pem\"\n",
+            "server.tls_key_file",
+        ),
+        (
+            "[server]\ntls_key_file = \"k.pem\"\n",
+            "server.tls_cert_file",
+        ),
+    ] {
+        let errs = errors(text);
+        assert_eq!(errs.issues()[0].location, location, "{text}");
+    }
+    // KEYPOOL_ADMIN_LISTEN overrides
+    let env = |name: &str| (name == "KEYPOOL_ADMIN_LISTEN").then(|| "127.0.0.1:9999".to_owned());
+    let c = Config::from_toml_str("", None, &env).unwrap();
+    assert_eq!(
+        c.server().admin_listen,
+        Some("127.0.0.1:9999".parse().unwrap())
     );
 }

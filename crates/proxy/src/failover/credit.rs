@@ -78,6 +78,7 @@ fn credit_failure(
     };
     store.record_rating(attempt.account, sample, now);
     app.metrics().failover(&c);
+    app.metrics().account_failure(attempt.account, &c);
     c
 }
 

@@ -15,6 +15,7 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ),
     ("REDIS_URL", "server.redis_url (taken literally)"),
     ("KEYPOOL_LISTEN", "server.listen (host:port)"),
+    ("KEYPOOL_ADMIN_LISTEN", "server.admin_listen (host:port)"),
     ("KEYPOOL_ADMIN_TOKEN", "admin.token (taken literally)"),
 ];
 
@@ -55,6 +56,9 @@ pub(crate) fn apply_env_overrides(
     }
     if let Some(v) = get("KEYPOOL_LISTEN") {
         raw.server.listen = Some(v);
+    }
+    if let Some(v) = get("KEYPOOL_ADMIN_LISTEN") {
+        raw.server.admin_listen = Some(v);
     }
     if let Some(v) = get("KEYPOOL_ADMIN_TOKEN") {
         raw.admin.token = Some(v);

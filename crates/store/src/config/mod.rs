@@ -113,6 +113,11 @@ pub struct ServerSettings {
     /// Serving threads, each a single-threaded runtime with its own upstream
     /// connections; `0` = one per CPU (`workers`, restart only).
     pub workers: u32,
+    /// The admin listener (`admin_listen`): when set, `/admin/…` and `/metrics` are
+    /// served only there, and no longer on `listen`.
+    pub admin_listen: Option<SocketAddr>,
+    /// TLS on `listen` (`tls_cert_file` + `tls_key_file`, PEM): both or neither.
+    pub tls: Option<TlsFiles>,
     /// Rating score weights (`[server.rating]`).
     pub rating: RatingSettings,
 }
@@ -190,9 +195,21 @@ impl Default for ServerSettings {
             queue_max_wait_ms: 30_000,
             queue_max_depth: 0,
             workers: 0,
+            admin_listen: None,
+            tls: None,
             rating: RatingSettings::default(),
         }
     }
+}
+
+/// The certificate chain and private key files of `listen`'s TLS (PEM), read at start
+/// and again at every `SIGHUP`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, leaf first (`tls_cert_file`).
+    pub cert: PathBuf,
+    /// The private key: PKCS#8, PKCS#1 or SEC1 (`tls_key_file`).
+    pub key: PathBuf,
 }
 
 /// `[admin]`.
@@ -339,6 +356,7 @@ pub struct Account {
     pub(crate) window_threshold: Option<Threshold>,
     pub(crate) max_concurrent: Option<u32>,
     pub(crate) active: bool,
+    pub(crate) proxy_url: Option<Secret>,
 }
 
 impl Account {
@@ -393,6 +411,12 @@ impl Account {
     /// Whether the config file has it active (runtime disabling is separate state).
     pub fn active(&self) -> bool {
         self.active
+    }
+    /// The outbound proxy of its upstream calls (`http://` for HTTP CONNECT,
+    /// `socks5://` or `socks5h://`), if it has its own; `None`: the process's
+    /// `HTTPS_PROXY`/`NO_PROXY` apply. A secret: it may hold the proxy's password.
+    pub fn proxy_url(&self) -> Option<&Secret> {
+        self.proxy_url.as_ref()
     }
 }
 
@@ -706,4 +730,41 @@ impl std::error::Error for ConfigErrors {}
 /// Unix milliseconds; helper for callers that keep time in `UnixMs`.
 pub(crate) fn secs_to_ms(secs: u64) -> UnixMs {
     secs.saturating_mul(1000)
+}
+
+/// `server.listen` and `server.admin_listen` of the file at `path` (with
+/// `KEYPOOL_LISTEN` and `KEYPOOL_ADMIN_LISTEN` applied), without validating anything
+/// else: what `keypool probe` needs to find a running keypool, which may run where the
+/// secrets the rest of the file names are not set.
+///
+/// # Errors
+/// [`StoreError::ReadConfig`] when the file cannot be read; a message when it is not
+/// TOML or an address is not `host:port`.
+pub fn listen_addresses(path: &Path) -> Result<(SocketAddr, Option<SocketAddr>), StoreError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StoreError::ReadConfig {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e| StoreError::Config(format!("{}: not TOML: {e}", path.display())))?;
+    let server = table.get("server").and_then(toml::Value::as_table);
+    let value = |env: &str, key: &str| {
+        std::env::var(env)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .or_else(|| server?.get(key)?.as_str().map(str::to_owned))
+    };
+    let parse = |v: String, key: &str| {
+        v.parse::<SocketAddr>()
+            .map_err(|_| StoreError::Config(format!("server.{key}: {v:?} is not host:port")))
+    };
+    let listen = match value("KEYPOOL_LISTEN", "listen") {
+        Some(v) => parse(v, "listen")?,
+        None => ServerSettings::default().listen,
+    };
+    let admin = value("KEYPOOL_ADMIN_LISTEN", "admin_listen")
+        .map(|v| parse(v, "admin_listen"))
+        .transpose()?;
+    Ok((listen, admin))
 }

@@ -94,6 +94,9 @@ pub(crate) struct RawServer {
     pub queue_max_wait_ms: Option<i64>,
     pub queue_max_depth: Option<i64>,
     pub workers: Option<i64>,
+    pub admin_listen: Option<String>,
+    pub tls_cert_file: Option<String>,
+    pub tls_key_file: Option<String>,
     #[serde(default)]
     pub rating: RawRating,
 }
@@ -144,6 +147,7 @@ pub(crate) struct RawAccount {
     pub window_threshold: Option<f64>,
     pub max_concurrent: Option<i64>,
     pub active: Option<bool>,
+    pub proxy_url: Option<String>,
 }
 
 /// One `[[groups]]` element.

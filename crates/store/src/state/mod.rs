@@ -9,6 +9,7 @@
 
 pub(crate) mod file;
 pub(crate) mod redis;
+pub mod relays;
 pub mod resp_guard;
 
 use std::collections::BTreeMap;

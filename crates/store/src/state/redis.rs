@@ -33,10 +33,13 @@
 //!   reconciliation clears it when it starts, so that writes made while it runs are
 //!   mirrored (a failure sets it again).
 //!
-//! `fred` never talks to Redis directly: it connects to a [`RespGuard`] on loopback,
-//! which relays to the one Redis server of `redis_url` and refuses replies that would
-//! crash `fred`'s decoder (see [`super::resp_guard`]). So only `redis://` URLs of one
-//! server are supported ([`redis_target`]).
+//! `fred` never talks to Redis directly: every address it connects to (the server,
+//! the sentinels and the primary they name, the nodes of a cluster) is resolved by a
+//! [`GuardedResolver`] to a reply guard on loopback, which relays to that address and
+//! refuses replies that would crash `fred`'s decoder (see [`super::resp_guard`] and
+//! [`super::relays`]). Single servers, Sentinel and Cluster are supported
+//! ([`redis_target`]); every command keypool sends names one key, so each goes to
+//! the node of its key's slot, and the state is read back by key, never by `SCAN`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -57,7 +60,7 @@ use keypool_selector::{AccountRatingState, RatingState};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use super::resp_guard::RespGuard;
+use super::relays::GuardedResolver;
 use crate::StoreError;
 
 const PREFIX: &str = "keypool:";
@@ -65,6 +68,8 @@ const PREFIX: &str = "keypool:";
 pub const EVENTS_CHANNEL: &str = "keypool:events";
 const DISABLED_KEY: &str = "keypool:disabled";
 const RATING_KEY: &str = "keypool:rating";
+/// Most keys of one `MGET` (a reconciliation reads two keys per account).
+const MGET_KEYS: usize = 512;
 /// Mirrored writes waiting for the writer task; beyond this they are dropped (counted
 /// as fallbacks) and the next reconciliation catches up.
 const WRITE_QUEUE: usize = 4096;
@@ -145,8 +150,11 @@ pub(crate) struct RedisMirror {
     writes: mpsc::Sender<StateEvent>,
     resubscriber: tokio::task::AbortHandle,
     connections: Mutex<(ConnectHandle, ConnectHandle)>,
-    /// The loopback relay both clients connect through; stops with the mirror.
-    _guard: RespGuard,
+    /// The relays every connection of both clients goes through; they stop with the
+    /// mirror.
+    relays: GuardedResolver,
+    /// Whether `redis_url` names a Cluster (multi-key reads are split by slot).
+    clustered: bool,
 }
 
 impl std::fmt::Debug for RedisMirror {
@@ -164,17 +172,19 @@ fn redis_err(e: impl std::fmt::Display) -> StoreError {
 }
 
 /// The `redis_url` forms keypool supports, as said in its errors.
-pub(crate) const SUPPORTED_REDIS_URL: &str = "redis://[[user]:password@]host[:port][/db]";
+pub(crate) const SUPPORTED_REDIS_URL: &str = "redis://[[user]:password@]host[:port][/db] (one server), \
+redis-sentinel://[[user]:password@]host[:port][/db]?sentinelServiceName=NAME[&node=host:port…] \
+or redis-cluster://[[user]:password@]host:port[?node=host:port…]";
 
-/// What a `redis_url` names: `fred`'s configuration (credentials, database) and the
-/// `host:port` of its one Redis server; or why keypool cannot use it. The reason never
-/// quotes the URL (it may hold a password).
+/// `fred`'s configuration for a `redis_url` (credentials, database, the server, the
+/// sentinels or the cluster's seed nodes), or why keypool cannot use it. The reason
+/// never quotes the URL (it may hold a password).
 ///
-/// Only a plain-TCP `redis://` URL of one server is supported: `fred` reaches Redis
-/// through keypool's reply guard, a relay that knows one address, so cluster and
-/// sentinel topologies (which hand out other addresses) cannot pass through it, and
-/// neither `fred`'s TLS (`rediss://`) nor its Unix sockets are compiled in.
-pub(crate) fn redis_target(url: &str) -> Result<(FredConfig, String), String> {
+/// Every topology goes through keypool's reply guard: `fred` resolves every address
+/// it connects to through [`GuardedResolver`], which relays it. Refused: `fred`'s TLS
+/// (`rediss://`) and Unix sockets, which are not compiled in, and `?` parameters on a
+/// single-server URL (`fred` would ignore them).
+pub(crate) fn redis_target(url: &str) -> Result<FredConfig, String> {
     let scheme = url
         .split_once("://")
         .map_or("", |(scheme, _)| scheme)
@@ -197,29 +207,35 @@ pub(crate) fn redis_target(url: &str) -> Result<(FredConfig, String), String> {
         .rsplit_once('@')
         .map_or(url, |(_, host)| host)
         .contains('?');
-    if scheme.ends_with("-cluster") || scheme.ends_with("-sentinel") || query {
-        return Err(problem(
-            "Redis Cluster and Sentinel (a -cluster or -sentinel scheme, or ?node= and \
-             ?sentinelServiceName= parameters) are not supported: point redis_url at one Redis primary",
-        ));
-    }
-    if scheme != "redis" {
-        return Err(problem("redis_url must be a redis:// URL"));
-    }
-    let config = FredConfig::from_url(url)
-        .map_err(|_| problem("redis_url is not a valid Redis URL (host, port or /db)"))?;
-    match &config.server {
-        fred::types::config::ServerConfig::Centralized { server } => {
-            let target = format!("{}:{}", server.host, server.port);
-            Ok((config, target))
+    match scheme.as_str() {
+        "redis" if query => {
+            return Err(problem(
+                "a redis:// URL names one server and takes no ? parameters (for Sentinel or \
+                 Cluster write redis-sentinel:// or redis-cluster://)",
+            ));
         }
-        _ => Err(problem("redis_url must name one Redis server")),
+        "redis" | "redis-cluster" => {}
+        "redis-sentinel" if !url.contains("sentinelServiceName=") => {
+            return Err(problem(
+                "a redis-sentinel:// URL needs ?sentinelServiceName= (the name the sentinels monitor)",
+            ));
+        }
+        "redis-sentinel" => {}
+        _ => {
+            return Err(problem(
+                "redis_url must be a redis://, redis-sentinel:// or redis-cluster:// URL",
+            ));
+        }
     }
+    FredConfig::from_url(url).map_err(|_| {
+        problem("redis_url is not a valid Redis URL (host, port, /db or node= parameters)")
+    })
 }
 
 impl RedisMirror {
-    /// Starts the reply guard, builds the clients (pointed at the guard) and starts
-    /// connecting in the background (with unlimited reconnection). Waits at most
+    /// Builds the clients, with the [`GuardedResolver`] through which every
+    /// connection they make goes to a reply guard, and starts connecting in the
+    /// background (with unlimited reconnection). Waits at most
     /// `connect_wait` for the first connection; the mirror is usable if that does not
     /// happen. It is not ready until a reconciliation succeeded. The URL is never logged.
     pub(crate) async fn connect(
@@ -227,11 +243,10 @@ impl RedisMirror {
         timeout: Duration,
         connect_wait: Duration,
     ) -> Result<Connected, StoreError> {
-        let (mut config, target) = redis_target(url).map_err(StoreError::Redis)?;
+        let config = redis_target(url).map_err(StoreError::Redis)?;
+        let clustered = config.server.is_clustered();
         let connect_timeout = timeout.max(Duration::from_millis(500));
-        let guard = RespGuard::start(target, connect_timeout).await?;
-        config.server =
-            fred::types::config::ServerConfig::new_centralized("127.0.0.1", guard.port());
+        let relays = GuardedResolver::new(connect_timeout);
         let mut builder = Builder::from_config(config);
         builder
             .with_connection_config(|c| {
@@ -247,6 +262,9 @@ impl RedisMirror {
             .set_policy(ReconnectPolicy::new_constant(0, 100));
         let client = builder.build().map_err(redis_err)?;
         let subscriber = builder.build_subscriber_client().map_err(redis_err)?;
+        // before the first connection: no address reaches fred but a relay's
+        client.set_resolver(Arc::new(relays.clone())).await;
+        subscriber.set_resolver(Arc::new(relays.clone())).await;
         // before anything can be published to us, so that no event is missed
         let messages = subscriber.message_rx();
         // the connection tasks end when the clients quit (see `close`), or when a first
@@ -271,7 +289,8 @@ impl RedisMirror {
             writes,
             resubscriber,
             connections,
-            _guard: guard,
+            relays,
+            clustered,
         };
         Ok(Connected {
             mirror,
@@ -429,19 +448,16 @@ impl RedisMirror {
         (envelope.origin != self.origin).then_some(envelope.event)
     }
 
-    /// Reads every mirrored cooldown, window, disabled flag and rating.
-    pub(crate) async fn pull(&self) -> Result<RemoteState, StoreError> {
+    /// Reads the mirrored cooldowns and windows of `accounts` (the configured ones:
+    /// the state of other accounts is ignored anyway), the disabled flags and ratings.
+    /// One `GET` per key, never `SCAN`: in a Cluster each key goes to the node of its
+    /// slot, where a `SCAN` would see one node only.
+    pub(crate) async fn pull(&self, accounts: &[AccountId]) -> Result<RemoteState, StoreError> {
         let mut state = RemoteState::default();
-        for key in self.scan(&format!("{PREFIX}cooldown:*")).await? {
-            if let Some(r) = self.get_json::<CooldownRecord>(&key).await? {
-                state.health.cooldowns.push(r);
-            }
-        }
-        for key in self.scan(&format!("{PREFIX}window:*")).await? {
-            if let Some(r) = self.get_json::<WindowRecord>(&key).await? {
-                state.health.windows.push(r);
-            }
-        }
+        let cooldowns: Vec<String> = accounts.iter().map(cooldown_key).collect();
+        state.health.cooldowns = self.mget_json(cooldowns).await?;
+        let windows: Vec<String> = accounts.iter().map(window_key).collect();
+        state.health.windows = self.mget_json(windows).await?;
         let disabled: HashMap<String, String> =
             self.bounded(self.client.hgetall(DISABLED_KEY)).await?;
         state.health.disabled = disabled
@@ -555,30 +571,44 @@ impl RedisMirror {
         Ok(())
     }
 
-    async fn scan(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
-        let mut keys = Vec::new();
-        let mut cursor = "0".to_owned();
-        loop {
-            let (next, page): (String, Vec<String>) = self
-                .bounded(
-                    self.client
-                        .scan_page(cursor.clone(), pattern.to_owned(), Some(500), None),
-                )
-                .await?;
-            keys.extend(page);
-            if next == "0" {
-                return Ok(keys);
+    /// The JSON values of `keys` that exist and parse, read with `MGET`: one command
+    /// per [`MGET_KEYS`] keys on one server; in a Cluster one per group of keys of the
+    /// same hash slot (an `MGET` across slots is refused there). A read of keypool's
+    /// background work, so that it is told apart from the request path's `GET` of a
+    /// session binding.
+    async fn mget_json<T: serde::de::DeserializeOwned>(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<Vec<T>, StoreError> {
+        let groups: Vec<Vec<String>> = if self.clustered {
+            let mut by_slot: std::collections::BTreeMap<u16, Vec<String>> = Default::default();
+            for key in keys {
+                by_slot
+                    .entry(fred::util::redis_keyslot(key.as_bytes()))
+                    .or_default()
+                    .push(key);
             }
-            cursor = next;
+            by_slot.into_values().collect()
+        } else {
+            keys.chunks(MGET_KEYS).map(<[String]>::to_vec).collect()
+        };
+        let mut out = Vec::new();
+        for group in groups.into_iter().filter(|g| !g.is_empty()) {
+            let values: Vec<Option<String>> = self.bounded(self.client.mget(group)).await?;
+            out.extend(
+                values
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| serde_json::from_str(&v).ok()),
+            );
         }
+        Ok(out)
     }
 
-    async fn get_json<T: serde::de::DeserializeOwned>(
-        &self,
-        key: &str,
-    ) -> Result<Option<T>, StoreError> {
-        let v: Option<String> = self.bounded(self.client.get(key)).await?;
-        Ok(v.and_then(|v| serde_json::from_str(&v).ok()))
+    /// Every Redis `host:port` relayed to so far (the server, or the sentinels and the
+    /// primary, or the cluster's nodes).
+    pub(crate) fn relay_targets(&self) -> Vec<String> {
+        self.relays.targets()
     }
 
     /// Closes both connections.

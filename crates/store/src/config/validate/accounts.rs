@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use keypool_core::{AccountId, AuthType, Provider};
 
-use super::{Context, Issues, parse_named, resolve_secret, supported_auth_types};
+use super::{Context, Issues, is_env_name, parse_named, resolve_secret, supported_auth_types};
 use crate::config::raw::RawAccount;
-use crate::config::{Account, Threshold, Weight};
+use crate::config::{Account, Secret, Threshold, Weight};
 
 /// Validates the accounts; the valid ones are returned by id and recorded in their
 /// orgs (in file order) and in `ctx.account_orgs`.
@@ -91,7 +91,21 @@ fn validate_account(
             ),
         );
     }
-    let secret = resolve_secret(&a.secret, false, &format!("{p}.secret"), ctx.env, issues);
+    // An account that can never serve (`active = false`, or of a suspended org) may
+    // name an unset `$ENV_NAME`: its secret is never sent, and making it active again
+    // (a reload) checks the variable like any other.
+    let dormant =
+        a.active == Some(false) || ctx.orgs.get(a.org.as_str()).is_some_and(|o| o.suspended);
+    let secret = if dormant && unset_env_secret(&a.secret, ctx.env) {
+        Some(Secret::new(""))
+    } else {
+        resolve_secret(&a.secret, false, &format!("{p}.secret"), ctx.env, issues)
+    };
+    // `Some(None)`: none set; `None`: invalid
+    let proxy_url = match a.proxy_url.as_deref() {
+        None => Some(None),
+        Some(u) => proxy_url(u, &format!("{p}.proxy_url"), ctx.env, issues).map(Some),
+    };
     if let Some(u) = &a.base_url
         && !(u.starts_with("http://") || u.starts_with("https://"))
     {
@@ -129,7 +143,69 @@ fn validate_account(
         window_threshold: window_threshold?,
         max_concurrent: max_concurrent?,
         active: a.active.unwrap_or(true),
+        proxy_url: proxy_url?,
     })
+}
+
+/// Whether `secret` is a well-formed `$ENV_NAME` whose variable is unset or empty.
+fn unset_env_secret(secret: &str, env: &dyn Fn(&str) -> Option<String>) -> bool {
+    secret
+        .strip_prefix('$')
+        .is_some_and(|name| is_env_name(name) && env(name).is_none_or(|v| v.is_empty()))
+}
+
+/// `proxy_url`: `http://[user:password@]host:port` (HTTP CONNECT) or
+/// `socks5://` / `socks5h://` (`socks5h`: the proxy resolves the name), a secret
+/// (`$ENV_NAME` allowed: it may hold a password). `None` (with a problem) when invalid;
+/// the problem never quotes the value.
+fn proxy_url(
+    value: &str,
+    loc: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+    issues: &mut Issues,
+) -> Option<Secret> {
+    let secret = resolve_secret(value, false, loc, env, issues)?;
+    match check_proxy_url(secret.expose()) {
+        Ok(()) => Some(secret),
+        Err(problem) => {
+            issues.push(
+                loc,
+                format!("{problem}; write http://host:port, socks5://host:port or socks5h://host:port, with user:password@ before the host if the proxy needs it (value not shown: it may hold a password)"),
+            );
+            None
+        }
+    }
+}
+
+/// The shape of a proxy URL: a supported scheme, a host and a port, nothing after them.
+pub(crate) fn check_proxy_url(url: &str) -> Result<(), &'static str> {
+    let (scheme, rest) = url.split_once("://").ok_or("proxy_url has no scheme")?;
+    if !matches!(scheme, "http" | "socks5" | "socks5h") {
+        return Err(if scheme == "https" {
+            "a TLS (https://) proxy is not supported"
+        } else {
+            "proxy_url's scheme must be http, socks5 or socks5h"
+        });
+    }
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.contains(['/', '?', '#']) {
+        return Err("proxy_url must not have a path or query");
+    }
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = host_port
+        .rsplit_once(':')
+        .ok_or("proxy_url needs a port (host:port)")?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty() || host.contains(['[', ']', ' ']) {
+        return Err("proxy_url has no valid host");
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err("proxy_url's port is not a number between 1 and 65535"),
+    }
 }
 
 /// `weight`: 1–100, default 1; `None` when out of range.

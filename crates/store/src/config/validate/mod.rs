@@ -269,6 +269,14 @@ where
 
 /// `$ENV_NAME` → the variable's value; anything else is the secret itself. Messages name
 /// the variable, never a value.
+/// Whether `name` (after the `$`) is an environment variable name keypool reads:
+/// letters, digits and `_`, not starting with a digit.
+fn is_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !name.as_bytes()[0].is_ascii_digit()
+}
+
 fn resolve_secret(
     value: &str,
     literal: bool,
@@ -277,10 +285,7 @@ fn resolve_secret(
     issues: &mut Issues,
 ) -> Option<Secret> {
     if !literal && let Some(name) = value.strip_prefix('$') {
-        let valid = !name.is_empty()
-            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-            && !name.as_bytes()[0].is_ascii_digit();
-        if !valid {
+        if !is_env_name(name) {
             issues.push(
                 loc,
                 "a secret starting with `$` must be `$ENV_NAME` (letters, digits, `_`)",

@@ -7,7 +7,9 @@ use std::str::FromStr;
 
 use super::{Issues, parse_named, resolve_secret};
 use crate::config::raw::{RawRating, RawServer};
-use crate::config::{RatingSettings, ServerSettings, StreamCommit, Threshold, secs_to_ms};
+use crate::config::{
+    RatingSettings, ServerSettings, StreamCommit, Threshold, TlsFiles, secs_to_ms,
+};
 
 /// The most serving threads `[server] workers` accepts.
 const MAX_WORKERS: i64 = 1024;
@@ -25,6 +27,7 @@ pub(super) fn validate_server(
     let mut r = Reader { issues };
     r.choices(s, &mut out);
     out.state_file = state_file(s, base_dir);
+    r.listeners(s, base_dir, &mut out);
     out.redis_url = redis_url(s, env, r.issues);
     out.rating = r.rating(&s.rating);
     r.limits(s, &mut out);
@@ -144,6 +147,41 @@ impl Reader<'_> {
             "default_window_threshold",
             threshold,
         ));
+    }
+
+    /// `admin_listen`, `tls_cert_file` and `tls_key_file` (relative paths are anchored
+    /// at the config file's folder, like `state_file`).
+    fn listeners(&mut self, s: &RawServer, base_dir: Option<&Path>, out: &mut ServerSettings) {
+        if let Some(l) = &s.admin_listen {
+            match SocketAddr::from_str(l) {
+                Ok(addr) if addr == out.listen => self.issues.push(
+                    "server.admin_listen",
+                    format!("{l:?} is the same address as server.listen; give the admin listener its own port"),
+                ),
+                Ok(addr) => out.admin_listen = Some(addr),
+                Err(_) => self.issues.push(
+                    "server.admin_listen",
+                    format!("{l:?} is not a socket address; write host:port, e.g. 127.0.0.1:9090"),
+                ),
+            }
+        }
+        let file = |v: &Option<String>| {
+            v.as_deref()
+                .filter(|f| !f.is_empty())
+                .map(|f| anchor(PathBuf::from(f), base_dir))
+        };
+        match (file(&s.tls_cert_file), file(&s.tls_key_file)) {
+            (Some(cert), Some(key)) => out.tls = Some(TlsFiles { cert, key }),
+            (None, None) => {}
+            (Some(_), None) => self.issues.push(
+                "server.tls_key_file",
+                "tls_cert_file is set but tls_key_file is not; TLS needs both (PEM files)",
+            ),
+            (None, Some(_)) => self.issues.push(
+                "server.tls_cert_file",
+                "tls_key_file is set but tls_cert_file is not; TLS needs both (PEM files)",
+            ),
+        }
     }
 
     fn passthrough_statuses(&mut self, list: &[i64]) -> Vec<u16> {
@@ -353,7 +391,7 @@ fn redis_url(
 ) -> Option<crate::config::Secret> {
     let u = s.redis_url.as_deref()?;
     let secret = resolve_secret(u, s.redis_url_from_env, "server.redis_url", env, issues)?;
-    match crate::state::redis::redis_target(secret.expose()) {
+    match crate::state::redis::redis_target(secret.expose()).map(drop) {
         Ok(_) => Some(secret),
         Err(problem) => {
             issues.push("server.redis_url", problem);
