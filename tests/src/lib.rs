@@ -26,7 +26,6 @@
 //! - [`property`]: [`check_property`], a proptest property against one harness.
 //! - [`process`]: [`process::KeypoolProcess`], the real binary as a child process.
 //! - [`raw`]: raw HTTP/1.1 over TCP for hostile-input tests.
-//! - [`binary`]: the real `keypool` binary as a child process.
 //! - [`prometheus`]: a scrape's families, the Prometheus naming rules, the metric
 //!   names a PromQL expression uses.
 //! - [`tls`]: test certificates (a CA and a `localhost` leaf) made at run time, and a
@@ -36,15 +35,14 @@
 //! - [`venv`]: the Python venv with the Anthropic SDK (shared with `xtask`), and
 //!   [`sdk_python`], the policy when it cannot be created.
 
-pub mod binary;
 pub mod client;
 pub mod egress_proxy;
 pub mod fake_upstream;
 pub mod harness;
 pub mod logs;
 pub mod process;
-pub mod property;
 pub mod prometheus;
+pub mod property;
 pub mod raw;
 pub mod tls;
 pub mod venv;

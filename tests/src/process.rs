@@ -84,24 +84,43 @@ pub struct KeypoolProcess {
 
 impl KeypoolProcess {
     /// Starts `keypool serve --config <config>` (which must listen on `port`) with debug
-    /// logs on a file, and waits until `/healthz` answers.
+    /// logs on a file, and waits until it accepts connections.
     pub async fn start(config: &Path, port: u16) -> Self {
-        Self::start_command(Command::new(keypool_binary()), config, port).await
+        Self::start_with(config, port, &[], &[("RUST_LOG", "debug")]).await
     }
 
-    async fn start_command(mut command: Command, config: &Path, port: u16) -> Self {
+    /// Starts `keypool [global…] serve --config <config>` with `env` (and none of
+    /// keypool's own override variables or proxy variables from the test's
+    /// environment), its stderr in a file next to the config; waits (at most 20 s) until
+    /// `port` accepts connections.
+    ///
+    /// # Panics
+    /// When it does not start or listen.
+    pub async fn start_with(
+        config: &Path,
+        port: u16,
+        global: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let stderr = config.with_extension(format!("stderr-{}", now_ms()));
-        let child = command
+        let mut command = Command::new(keypool_binary());
+        command
+            .args(global)
             .args(["serve", "--config"])
             .arg(config)
-            .env("RUST_LOG", "debug")
-            .env_remove("KEYPOOL_LISTEN")
-            .env_remove("REDIS_URL")
-            .env_remove("KEYPOOL_ADMIN_TOKEN")
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).expect("create the log file"))
-            .spawn()
-            .expect("start keypool");
+            .stderr(std::fs::File::create(&stderr).expect("create the log file"));
+        let own = [
+            "KEYPOOL_LISTEN",
+            "KEYPOOL_ADMIN_LISTEN",
+            "REDIS_URL",
+            "KEYPOOL_ADMIN_TOKEN",
+        ];
+        for name in own.into_iter().chain(keypool_proxy::upstream::PROXY_ENV) {
+            command.env_remove(name);
+        }
+        command.envs(env.iter().copied());
+        let child = command.spawn().expect("start keypool");
         let k = Self {
             child,
             port,
@@ -126,6 +145,11 @@ impl KeypoolProcess {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         k
+    }
+
+    /// Sends `signal` (`HUP`, `TERM`, …) with `kill`.
+    pub fn signal(&self, signal_name: &str) {
+        signal(&self.child, signal_name);
     }
 
     /// `http://127.0.0.1:<port><path>`.
@@ -246,4 +270,22 @@ pub fn binary_config(h: &Harness, port: u16, server: &[(&str, &str)]) -> String 
         text.replace_range(start..end, &format!("{option} = {value}"));
     }
     text
+}
+
+/// Runs `keypool <args>` to its end with `env`: exit code, stdout, stderr.
+///
+/// # Panics
+/// When it cannot run.
+pub fn keypool_command(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = Command::new(keypool_binary())
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("keypool runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use keypool_proxy::route::{RouteMatch, match_path};
 use keypool_store::testing::TempDir;
-use keypool_tests::binary::{KeypoolProcess, free_port, keypool_command};
+use keypool_tests::process::{KeypoolProcess, free_port, keypool_command};
 use keypool_tests::{Client, workspace_root};
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -217,7 +217,7 @@ async fn start_on(file: &Path, env: &[(&str, &str)]) -> (KeypoolProcess, u16, u1
         ("KEYPOOL_ADMIN_LISTEN", admin_listen.as_str()),
         ("REDIS_URL", "redis://127.0.0.1:1/0"),
     ]);
-    let k = KeypoolProcess::start(file, public, &[], &env).await;
+    let k = KeypoolProcess::start_with(file, public, &[], &env).await;
     (k, public, admin)
 }
 

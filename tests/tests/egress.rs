@@ -9,8 +9,8 @@
 
 use keypool_sim::Script;
 use keypool_store::testing::TempDir;
-use keypool_tests::binary::{KeypoolProcess, free_port};
 use keypool_tests::egress_proxy::{EgressProxy, ProxyKind, Tunnel};
+use keypool_tests::process::{KeypoolProcess, free_port};
 use keypool_tests::{AccountSpec, Harness, KEY, MODEL, message_body};
 
 fn tunnel(target: String, authorized: bool) -> Tunnel {
@@ -150,7 +150,7 @@ async fn http_proxy_and_no_proxy_from_the_environment_route_the_binary_upstream_
     let config = dir.path().join("keypool.toml");
     std::fs::write(&config, text).unwrap();
     let proxy_url = proxy.url(false);
-    let k = KeypoolProcess::start(
+    let k = KeypoolProcess::start_with(
         &config,
         port,
         &[],

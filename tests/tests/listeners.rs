@@ -20,7 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use keypool_proxy::TlsCertificates;
 use keypool_sim::Script;
 use keypool_store::testing::TempDir;
-use keypool_tests::binary::{KeypoolProcess, free_port, keypool_command};
+use keypool_tests::process::{KeypoolProcess, free_port, keypool_command};
 use keypool_tests::tls::TestCertificates;
 use keypool_tests::{
     AccountSpec, Harness, HarnessBuilder, KEY, MODEL, admin_account, message_body, sdk_python,
@@ -497,7 +497,7 @@ async fn the_binary_reloads_its_certificate_on_sighup_and_logs_json_arrays() {
     );
     let config = dir.path().join("keypool.toml");
     std::fs::write(&config, text).unwrap();
-    let k = KeypoolProcess::start(&config, port, &["--log-format", "json"], &[]).await;
+    let k = KeypoolProcess::start_with(&config, port, &["--log-format", "json"], &[]).await;
 
     // a request over TLS (h2), with a user agent
     let connector = tokio_rustls::TlsConnector::from(first.client_config(&[b"h2"]));
@@ -549,7 +549,12 @@ async fn the_binary_reloads_its_certificate_on_sighup_and_logs_json_arrays() {
     let attempt = &line["attempts"][0];
     assert_eq!(line["attempts"].as_array().map(Vec::len), Some(1), "{line}");
     assert_eq!(
-        (&attempt["account"], &attempt["outcome"], &attempt["status"], &attempt["class"]),
+        (
+            &attempt["account"],
+            &attempt["outcome"],
+            &attempt["status"],
+            &attempt["class"]
+        ),
         (&json!("a"), &json!("ok"), &json!(200), &Value::Null),
         "{line}"
     );
