@@ -1,5 +1,6 @@
-//! `cargo xtask ab REV [--rounds N] [--seconds S] [--pool NAME] [--concurrency C]`:
-//! this tree's keypool against the keypool of commit `REV`, side by side, in one run.
+//! `cargo xtask ab REV [--against REV2] [--rounds N] [--seconds S] [--pool NAME]
+//! [--concurrency C]`: this tree's keypool (or commit `REV2`'s) against the keypool of
+//! commit `REV`, side by side, in one run.
 //!
 //! The question it answers is "what did this change cost on the hot path?", on a shared
 //! and noisy machine, so it measures the two binaries *alternately* (A B, B A, A B, …),
@@ -9,7 +10,7 @@
 //! keypool process group (`utime + stime` from `/proc`, the figure noise affects
 //! least).
 //!
-//! The baseline is built from `git archive REV` into `target/bench/ab/src-<commit>`
+//! The baseline (and `--against`) is built from `git archive REV` into `target/bench/ab/src-<commit>`
 //! with its own target directory (`target/bench/ab/target`, so the two builds never
 //! evict each other); both are kept for the next run. The table goes to stdout and
 //! `target/bench/ab.json`.
@@ -29,6 +30,8 @@ use super::{MODEL, body, common_headers, setup, sim_command, uri, wait_http};
 pub struct AbOptions {
     /// The baseline commit (anything `git rev-parse` takes).
     pub rev: String,
+    /// The commit measured against it (default: this tree).
+    pub against: Option<String>,
     /// Rounds; each measures both binaries once.
     pub rounds: u32,
     /// Length of one measurement.
@@ -46,6 +49,7 @@ impl AbOptions {
     pub fn parse(args: &[String]) -> anyhow::Result<Self> {
         let mut o = Self {
             rev: String::new(),
+            against: None,
             rounds: 6,
             seconds: 5,
             pool: "rr8".into(),
@@ -59,6 +63,7 @@ impl AbOptions {
                     .with_context(|| format!("{name} needs a value ({USAGE})"))
             };
             match a.as_str() {
+                "--against" => o.against = Some(value("--against")?),
                 "--rounds" => o.rounds = number(&value("--rounds")?, "--rounds", 1, 100)?,
                 "--seconds" => o.seconds = number(&value("--seconds")?, "--seconds", 1, 600)?,
                 "--concurrency" => {
@@ -101,6 +106,13 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let dir = target.join("bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let (commit, baseline) = build_baseline(root, &target, &options.rev)?;
+    let (current_name, bins) = match &options.against {
+        None => ("this tree".to_owned(), bins),
+        Some(rev) => {
+            let (commit, keypool) = build_baseline(root, &target, rev)?;
+            (commit[..12].to_owned(), super::Bins { keypool, ..bins })
+        }
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -109,6 +121,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let report = Report {
         options: &options,
         commit: &commit,
+        current: &current_name,
         rows: &rows,
     };
     println!("{}", report.table());
@@ -120,7 +133,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
 }
 
 /// Extracts `rev` with `git archive` and builds its keypool in release mode; the full
-/// commit id and the binary.
+/// commit id and the binary (copied to `target/bench/ab/keypool-<commit>`).
 fn build_baseline(root: &Path, target: &Path, rev: &str) -> anyhow::Result<(String, PathBuf)> {
     let out = Command::new("git")
         .current_dir(root)
@@ -165,7 +178,11 @@ fn build_baseline(root: &Path, target: &Path, rev: &str) -> anyhow::Result<(Stri
     if !status.success() {
         bail!("the baseline {commit} does not build ({status})");
     }
-    Ok((commit, build_target.join("release").join("keypool")))
+    // Both commits build into one target directory: keep this one's binary aside.
+    let kept = ab.join(format!("keypool-{}", &commit[..12]));
+    std::fs::copy(build_target.join("release").join("keypool"), &kept)
+        .with_context(|| format!("cannot copy the built keypool to {}", kept.display()))?;
+    Ok((commit, kept))
 }
 
 /// One measurement of one binary.
@@ -364,6 +381,8 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
 struct Report<'a> {
     options: &'a AbOptions,
     commit: &'a str,
+    /// What was measured against the baseline: `this tree` or a commit.
+    current: &'a str,
     rows: &'a [Row],
 }
 
@@ -380,16 +399,20 @@ impl Report<'_> {
         use std::fmt::Write as _;
         let o = self.options;
         let mut t = format!(
-            "cargo xtask ab {} --rounds {} --seconds {} --pool {} --concurrency {}\n\
-             baseline {} against this tree; closed loop at concurrency {}, {} s per measurement\n\n\
+            "cargo xtask ab {}{} --rounds {} --seconds {} --pool {} --concurrency {}\n\
+             baseline {} against {}; closed loop at concurrency {}, {} s per measurement\n\n\
              | round | baseline req/s | current req/s | baseline CPU µs/req | current CPU µs/req |\n\
              | --- | --- | --- | --- | --- |\n",
             o.rev,
+            o.against
+                .as_ref()
+                .map_or_else(String::new, |a| format!(" --against {a}")),
             o.rounds,
             o.seconds,
             o.pool,
             o.concurrency,
             &self.commit[..12],
+            self.current,
             o.concurrency,
             o.seconds
         );
@@ -439,6 +462,7 @@ impl Report<'_> {
         let (c_rate, c_cpu) = self.medians(true);
         serde_json::json!({
             "baseline": self.commit,
+            "current": self.current,
             "pool": self.options.pool,
             "concurrency": self.options.concurrency,
             "seconds": self.options.seconds,
@@ -469,6 +493,9 @@ mod tests {
     #[test]
     fn options() {
         let o = AbOptions::parse(&args(&["HEAD~1", "--rounds", "4", "--pool", "rr1000"])).unwrap();
+        assert_eq!(o.against, None);
+        let a = AbOptions::parse(&args(&["A", "--against", "B"])).unwrap();
+        assert_eq!((a.rev.as_str(), a.against.as_deref()), ("A", Some("B")));
         assert_eq!((o.rev.as_str(), o.rounds, o.seconds), ("HEAD~1", 4, 5));
         assert_eq!((o.pool.as_str(), o.concurrency), ("rr1000", 16));
         assert!(AbOptions::parse(&args(&[])).is_err());
