@@ -129,6 +129,7 @@ pub struct HarnessBuilder {
     strategy: Option<String>,
     extra: String,
     extra_keys: Vec<(String, String, String)>,
+    org_lines: Vec<String>,
     seed: u64,
     workers: Option<usize>,
     listeners: ListenerSpec,
@@ -166,6 +167,7 @@ impl Default for HarnessBuilder {
             strategy: Some("priority".to_owned()),
             extra: String::new(),
             extra_keys: Vec::new(),
+            org_lines: Vec::new(),
             seed: 0x6b65_7970_6f6f_6c00,
             workers: None,
             listeners: ListenerSpec::default(),
@@ -228,6 +230,12 @@ impl HarnessBuilder {
     pub fn extra_toml(mut self, toml: &str) -> Self {
         self.extra.push_str(toml);
         self.extra.push('\n');
+        self
+    }
+
+    /// Adds one raw line to the harness org's `[[orgs]]` table (e.g. its `limits`).
+    pub fn org_line(mut self, line: &str) -> Self {
+        self.org_lines.push(line.to_owned());
         self
     }
 
@@ -350,6 +358,9 @@ impl HarnessBuilder {
             }
         }
         let _ = writeln!(t, "\n[[orgs]]\nslug = \"{ORG}\"");
+        for line in &self.org_lines {
+            let _ = writeln!(t, "{line}");
+        }
         for a in &self.accounts {
             let base = match (&a.base_url, &a.url_label) {
                 (Some(url), _) => {

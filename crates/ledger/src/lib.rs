@@ -37,6 +37,7 @@
 //!     ttft_ms: Some(120),
 //!     total_ms: 400,
 //!     stream_end: None,
+//!     limit: None,
 //! };
 //! let aggregates = Aggregates::new(false);
 //! aggregates.record(Arc::new(record));

@@ -108,6 +108,9 @@ pub struct UsageRecord {
     /// How a committed stream ended (`completed`, `upstream_failed`, `idle_timeout`,
     /// `client_gone`).
     pub stream_end: Option<Cow<'static, str>>,
+    /// The caller limit that refused the request (SPEC 12), if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<crate::limits::LimitKind>,
 }
 
 impl UsageRecord {

@@ -50,6 +50,7 @@ fn record(
         ttft_ms: None,
         total_ms: 1,
         stream_end: None,
+        limit: None,
     }
 }
 

@@ -20,6 +20,9 @@ pub struct RequestInfo {
     /// `metadata.user_id` when it is a string (any other shape, or none: `None`): read
     /// in the same pass for session affinity, so the body is parsed once.
     pub user_id: Option<String>,
+    /// `max_tokens` when it is a whole number (anything else: `None`, for the upstream
+    /// to refuse): the output a budget reserves for (SPEC 12).
+    pub max_tokens: Option<u64>,
 }
 
 /// A field that is either absent (`None`) or present with any JSON value, `null`
@@ -41,10 +44,13 @@ struct Probe {
     stream: Present,
     #[serde(default)]
     metadata: Present,
+    #[serde(default)]
+    max_tokens: Present,
 }
 
-/// Reads `model`, `stream` and `metadata.user_id` from a Messages API request body, checking that it is a
-/// JSON object with a string `model` (SPEC 3.4). Other fields are skipped, not built.
+/// Reads `model`, `stream`, `metadata.user_id` and `max_tokens` from a Messages API
+/// request body, checking that it is a JSON object with a string `model` (SPEC 3.4).
+/// Other fields are skipped, not built.
 ///
 /// # Errors
 /// [`ProvidersError::InvalidJson`], [`ProvidersError::BodyNotObject`],
@@ -78,10 +84,16 @@ pub fn inspect_request(body: &[u8]) -> Result<RequestInfo, ProvidersError> {
         Some(serde_json::Value::Bool(stream)) => stream,
         Some(_) => return Err(ProvidersError::StreamNotBoolean),
     };
+    let max_tokens = probe
+        .max_tokens
+        .0
+        .as_ref()
+        .and_then(serde_json::Value::as_u64);
     Ok(RequestInfo {
         model,
         stream,
         user_id,
+        max_tokens,
     })
 }
 
@@ -297,6 +309,7 @@ mod tests {
                 model: "claude-sonnet-4-5".into(),
                 stream: true,
                 user_id: None,
+                max_tokens: Some(1),
             }
         );
         let info = inspect_request(br#" {"stream":false,"model":"m\u00e9"}"#).unwrap();
@@ -306,6 +319,7 @@ mod tests {
                 model: "mé".into(),
                 stream: false,
                 user_id: None,
+                max_tokens: None,
             }
         );
         assert!(!inspect_request(br#"{"model":"m"}"#).unwrap().stream);

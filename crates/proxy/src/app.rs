@@ -11,6 +11,7 @@ use http::request::Parts;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use keypool_ledger::LimitKind;
 use keypool_providers::{Endpoint, inspect_request};
 use keypool_selector::HedgeBudget;
 use keypool_store::resolve::PoolKey;
@@ -380,11 +381,11 @@ impl App {
             header(keypool_providers::upstream::X_API_KEY),
             header(AUTHORIZATION),
         );
-        let caller = match config.authenticate(&route, presented) {
-            Ok(caller) => caller,
+        let key = match config.authenticate_key(&route, presented) {
+            Ok(key) => key,
             Err(e) => return early_reject(parts, &Reject::from(e), &ctx.id),
         };
-        ctx.authenticated(caller, self);
+        ctx.authenticated(key.caller(), self);
         // 4. The key is stripped by the upstream head builder's allowlist; read the body
         // (step 1's limits) and parse it.
         let body = match self.read_body(parts, body).await {
@@ -399,6 +400,26 @@ impl App {
             log.stream = info.stream;
             log.model = Some(Arc::from(info.model.as_str()));
         }
+        // SPEC 12: the caller's limits, before any account is chosen.
+        let org = route.org();
+        match crate::limits::admit(self, org, key, &info, body.bytes.len(), endpoint, now_ms())
+            .await
+        {
+            Ok(guard) => {
+                if let Some(log) = ctx.log_mut() {
+                    log.limit_guard = guard;
+                }
+            }
+            Err(refused) => {
+                let name = refused.limit.map_or("redis_unavailable", LimitKind::as_str);
+                self.metrics()
+                    .limit_rejected(org.slug_shared(), key.id_shared(), name);
+                if let Some(log) = ctx.log_mut() {
+                    log.limit = refused.limit;
+                }
+                return refused.reject.respond(&ctx.id);
+            }
+        }
         // 5–8. Filter, choose, call and fail over, answer.
         let call = Call {
             app: self,
@@ -410,6 +431,7 @@ impl App {
             endpoint,
             stream: info.stream,
             user_id: info.user_id.as_deref(),
+            key,
         };
         failover::serve(&call, &route, ctx).await
     }

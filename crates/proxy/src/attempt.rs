@@ -48,6 +48,8 @@ pub(crate) struct Call<'a> {
     pub stream: bool,
     /// The body's `metadata.user_id`, for session affinity.
     pub user_id: Option<&'a str>,
+    /// The caller's LB key: queued requests are served round-robin across keys.
+    pub key: &'a keypool_store::config::LbKey,
 }
 
 /// An attempt that reached its commit point.

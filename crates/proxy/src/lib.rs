@@ -73,6 +73,7 @@ mod context;
 pub mod error;
 mod failover;
 pub mod headers;
+mod limits;
 pub mod log;
 pub mod metrics;
 pub mod reject;

@@ -17,7 +17,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use keypool_core::{AccountId, Strategy, Usage};
-use keypool_ledger::{AttemptRecord, CallerKind, CallerRef, CostBasis, UsageRecord, Usd};
+use keypool_ledger::{
+    AttemptRecord, CallerKind, CallerRef, CostBasis, LimitKind, Spend, UsageRecord, Usd,
+};
+use keypool_store::limits::LimitGuard;
 use keypool_store::now_ms;
 use keypool_store::resolve::Caller;
 
@@ -55,6 +58,11 @@ pub(crate) struct RequestLog {
     pub started: Instant,
     pub client: Option<SocketAddr>,
     pub user_agent: Option<String>,
+    /// What the caller's limits hold for this request, settled to its real spend
+    /// when the record is written.
+    pub limit_guard: Option<LimitGuard>,
+    /// The caller limit that refused it.
+    pub limit: Option<LimitKind>,
 }
 
 /// The fields of the request line whose text is a JSON value (an array): a JSON log
@@ -102,6 +110,8 @@ impl RequestLog {
             started,
             client: None,
             user_agent: None,
+            limit_guard: None,
+            limit: None,
         }
     }
 
@@ -143,6 +153,7 @@ impl RequestLog {
             ttft_ms: self.ttft_ms,
             total_ms,
             stream_end: self.stream_end.map(Cow::Borrowed),
+            limit: self.limit,
         })
     }
 }
@@ -225,6 +236,9 @@ impl Drop for RequestLog {
             .and_then(|app| Some((app, self.record(app, duration_ms)?)));
         let cost = record.as_ref().map(|(_, r)| r.cost_nano_usd);
         let usage = self.usage.unwrap_or_default();
+        if let Some(guard) = self.limit_guard.take() {
+            guard.settle(Spend::of(&usage, cost.unwrap_or(0)));
+        }
         // The record took the attempts (without a record they are still here).
         let attempts = record
             .as_ref()
@@ -248,6 +262,7 @@ impl Drop for RequestLog {
             upstream_request_id = self.upstream_request_id.as_deref().unwrap_or("-"),
             status = self.status,
             stream_end = self.stream_end.unwrap_or("-"),
+            limit = self.limit.map(LimitKind::as_str),
             ttft_ms = self.ttft_ms,
             duration_ms,
             input_tokens = usage.input_tokens,

@@ -131,6 +131,8 @@ pub struct Metrics {
     /// Per (org, caller): input, output, cache-write and cache-read tokens, cost (nano).
     usage: Map<(Arc<str>, Arc<str>), [AtomicU64; 5]>,
     unpriced: AtomicU64,
+    /// Per (org, caller, limit): requests a caller limit refused (SPEC 12).
+    limit_rejections: Map<(Arc<str>, Arc<str>, &'static str), AtomicU64>,
     account_attempts: Map<AccountId, AtomicU64>,
     account_failures: Map<(AccountId, &'static str), AtomicU64>,
     internal_requests: Map<(InternalRoute, u16), AtomicU64>,
@@ -252,6 +254,13 @@ impl Metrics {
         with_value(&self.local_failures, resource, || resource, increment);
     }
 
+    /// A request refused by a caller limit (`limit`: its config name, or
+    /// `redis_unavailable` for `limits_fail_mode = "closed"`).
+    pub fn limit_rejected(&self, org: &Arc<str>, caller: &Arc<str>, limit: &'static str) {
+        let key = (org.clone(), caller.clone(), limit);
+        with_value(&self.limit_rejections, &key, || key.clone(), increment);
+    }
+
     /// One request's usage record: its tokens and cost by org and caller.
     pub fn usage(&self, record: &UsageRecord) {
         let u = &record.usage;
@@ -308,6 +317,21 @@ impl Metrics {
                 escape(org),
                 escape(caller),
                 v[4] as f64 / NANO_PER_USD as f64
+            );
+        }
+        let mut limits: Vec<_> = self
+            .limit_rejections
+            .iter()
+            .map(|e| (e.key().clone(), e.value().load(Ordering::Relaxed)))
+            .collect();
+        limits.sort();
+        out.push_str("# HELP keypool_limit_rejections_total Requests refused by a caller limit before any upstream call, by org, caller (LB key id) and limit.\n# TYPE keypool_limit_rejections_total counter\n");
+        for ((org, caller, limit), n) in &limits {
+            let _ = writeln!(
+                out,
+                "keypool_limit_rejections_total{{org=\"{}\",caller=\"{}\",limit=\"{limit}\"}} {n}",
+                escape(org),
+                escape(caller)
             );
         }
         let _ = writeln!(

@@ -40,7 +40,7 @@
 //! let bound = store.session_account(&session_key, now).await;  // session affinity
 //! // ... plan with keypool-selector (preferring `bound`), then per attempt:
 //! let slot = store.slots().try_acquire(&account, max_concurrent).await; // capped only
-//! // (none free anywhere: store.slots().wait(&wants, max_wait, max_depth).await)
+//! // (none free anywhere: store.slots().wait("acme/alice", &wants, max_wait, max_depth).await)
 //! store.record_failure(&attempt, &classification, now);   // or record_success
 //! store.observe_windows(&account, &rate_limit_info, now);
 //! store.record_rating(&account, sample, now);
@@ -62,6 +62,8 @@
 //!   Redis mirror and its reply guard ([`state::resp_guard`]).
 //! - [`store`]: [`Store`]: live config (`ArcSwap`), snapshots, state writes that are
 //!   mirrored, readiness.
+//! - [`limits`]: the caller limits of SPEC 12 ([`limits::LimitGuard`]: what an
+//!   admitted request holds until it settles).
 //! - [`usage`]: the usage ledger's books ([`usage::UsageBook`]) and the store's usage
 //!   methods (record, totals, recent requests, lookup; Redis batches exactly once).
 //! - [`testing`]: a per-test `redis-server`, a fake Redis that misbehaves on demand and
@@ -70,6 +72,7 @@
 pub mod config;
 pub mod error;
 pub mod keys;
+pub mod limits;
 pub mod resolve;
 pub mod sessions;
 pub mod slots;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use keypool_core::Strategy;
 
-use crate::config::{Config, Group, KeyKind, LegacyEntry, Org, UrlConfig};
+use crate::config::{Config, Group, LbKey, LegacyEntry, Org, UrlConfig};
 use crate::keys::hash_key;
 
 /// A resolved URL config: the org, the config, and the pool it points at.
@@ -171,6 +171,18 @@ impl Config {
         route: &Route,
         presented: Option<&str>,
     ) -> Result<Caller, AuthError> {
+        self.authenticate_key(route, presented).map(LbKey::caller)
+    }
+
+    /// [`Config::authenticate`], giving the key itself (its limits, SPEC 12).
+    ///
+    /// # Errors
+    /// As [`Config::authenticate`].
+    pub fn authenticate_key(
+        &self,
+        route: &Route,
+        presented: Option<&str>,
+    ) -> Result<&LbKey, AuthError> {
         let presented = presented
             .filter(|k| !k.is_empty())
             .ok_or(AuthError::Unauthenticated)?;
@@ -184,9 +196,6 @@ impl Config {
         if route.org.suspended() {
             return Err(AuthError::OrgSuspended);
         }
-        Ok(match key.kind() {
-            KeyKind::User => Caller::User(key.id.clone()),
-            KeyKind::Client => Caller::Client(key.id.clone()),
-        })
+        Ok(key)
     }
 }

@@ -1,10 +1,16 @@
-//! Per-account concurrency slots (`max_concurrent`) and the FIFO queue of requests
-//! waiting for one.
+//! Per-account concurrency slots (`max_concurrent`) and the queue of requests waiting
+//! for one.
 //!
 //! A [`SlotGuard`] is one slot of one account; dropping it gives the slot back exactly
 //! once, whatever ended the attempt (success, failure, the client going away, a hedge
-//! loser aborted). A slot given back goes straight to the oldest waiter that wants that
-//! account (FIFO hand-off), else it is freed.
+//! loser aborted). A slot given back goes straight to a waiter that wants that account
+//! (a hand-off), else it is freed.
+//!
+//! Fair share (SPEC 12): waiters are served round-robin across callers, not first come
+//! first served overall. The next waiter is the one whose caller was served longest
+//! ago (a caller with nobody served yet first), the oldest of that caller's; so one
+//! caller's burst of queued requests gets one slot turn in each round, and another
+//! caller's single request waits at most one turn.
 //!
 //! With Redis, every slot is also a lease in the sorted set `keypool:leases:{account}`
 //! (member = lease id, score = expiry), taken atomically by a Lua script that first drops
@@ -68,12 +74,17 @@ struct Shared {
 struct State {
     in_use: HashMap<AccountId, u32>,
     waiters: VecDeque<Waiter>,
+    /// Slots handed to waiters so far: the clock of the round-robin.
+    turn: u64,
+    /// The turn each caller with waiters was last served at.
+    served: HashMap<Arc<str>, u64>,
     /// Redis leases held by this process: lease id → account.
     leases: HashMap<String, AccountId>,
 }
 
 struct Waiter {
     id: u64,
+    caller: Arc<str>,
     wants: Vec<Want>,
     tx: oneshot::Sender<SlotGuard>,
 }
@@ -93,15 +104,55 @@ impl State {
         }
     }
 
-    /// Whether a waiter older than `before` wants `account`.
+    /// A waiter's place in the round-robin: its caller's last turn, then its age.
+    fn rank(&self, w: &Waiter) -> (u64, u64) {
+        (self.served.get(&w.caller).copied().unwrap_or(0), w.id)
+    }
+
+    /// Whether a live waiter ranked before waiter `before` (any waiter, for
+    /// `u64::MAX`: a request that is not queued) wants `account`.
     fn queued_ahead(&self, account: &AccountId, before: u64) -> bool {
+        let mine = self
+            .waiters
+            .iter()
+            .find(|w| w.id == before)
+            .map_or((0, 0), |w| self.rank(w));
         self.waiters.iter().any(|w| {
-            w.id < before && !w.tx.is_closed() && w.wants.iter().any(|(a, _)| a == account)
+            w.id != before
+                && !w.tx.is_closed()
+                && w.wants.iter().any(|(a, _)| a == account)
+                && (before == u64::MAX || self.rank(w) < mine)
         })
     }
 
+    /// The position of the waiter to serve next among those wanting `account`.
+    fn next_for(&self, account: &AccountId) -> Option<usize> {
+        self.waiters
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| !w.tx.is_closed() && w.wants.iter().any(|(a, _)| a == account))
+            .min_by_key(|(_, w)| self.rank(w))
+            .map(|(i, _)| i)
+    }
+
+    /// `caller` got a slot: it goes to the back of the round.
+    fn served(&mut self, caller: &Arc<str>) {
+        self.turn += 1;
+        let turn = self.turn;
+        self.served.insert(caller.clone(), turn);
+    }
+
     fn remove_waiter(&mut self, id: u64) {
-        self.waiters.retain(|w| w.id != id);
+        let Some(pos) = self.waiters.iter().position(|w| w.id == id) else {
+            return;
+        };
+        if let Some(gone) = self.waiters.remove(pos)
+            && !self.waiters.iter().any(|w| w.caller == gone.caller)
+        {
+            // Nobody of that caller waits any more: its turn is forgotten (bounded by
+            // the callers waiting now).
+            self.served.remove(&gone.caller);
+        }
     }
 }
 
@@ -152,19 +203,23 @@ impl Shared {
         }
     }
 
-    /// A slot comes back: to the oldest live waiter wanting the account, else freed.
+    /// A slot comes back: to the next live waiter wanting the account (round-robin
+    /// across callers), else freed.
     fn release(self: &Arc<Self>, account: AccountId, mut lease: Option<String>) {
         let mut state = self.lock();
-        while let Some(pos) = state
-            .waiters
-            .iter()
-            .position(|w| !w.tx.is_closed() && w.wants.iter().any(|(a, _)| *a == account))
-        {
+        while let Some(pos) = state.next_for(&account) {
             let Some(waiter) = state.waiters.remove(pos) else {
                 break;
             };
+            let caller = waiter.caller.clone();
             match waiter.tx.send(self.guard(account.clone(), lease.take())) {
-                Ok(()) => return,
+                Ok(()) => {
+                    state.served(&caller);
+                    if !state.waiters.iter().any(|w| w.caller == caller) {
+                        state.served.remove(&caller);
+                    }
+                    return;
+                }
                 Err(mut back) => {
                     // The waiter just went away: take the slot back without releasing.
                     back.armed = false;
@@ -296,11 +351,14 @@ impl SlotBook {
         self.shared.try_take(account, cap, u64::MAX).await
     }
 
-    /// Waits in the FIFO queue for the first free slot of any of `wants`, at most
-    /// `max_wait`. `max_depth` (0 = unbounded) bounds the waiters of this process; a
-    /// full queue is refused at once. Dropping the future leaves the queue.
+    /// Waits in the queue for the first free slot of any of `wants`, at most
+    /// `max_wait`, served round-robin across callers (`caller`: the org and key id
+    /// the request counts under; see the module docs). `max_depth` (0 = unbounded)
+    /// bounds the waiters of this process; a full queue is refused at once. Dropping
+    /// the future leaves the queue.
     pub async fn wait(
         &self,
+        caller: &str,
         wants: &[Want],
         max_wait: Duration,
         max_depth: u32,
@@ -315,6 +373,7 @@ impl SlotBook {
             }
             state.waiters.push_back(Waiter {
                 id,
+                caller: Arc::from(caller),
                 wants: wants.to_vec(),
                 tx,
             });
@@ -325,7 +384,11 @@ impl SlotBook {
             // A slot freed before we were queued, elsewhere, or by a raised cap.
             for (account, cap) in wants {
                 if let Some(guard) = shared.try_take(account, *cap, id).await {
-                    shared.lock().remove_waiter(id);
+                    {
+                        let mut state = shared.lock();
+                        state.served(&Arc::from(caller));
+                        state.remove_waiter(id);
+                    }
                     // A hand-off that raced with us is given back by its drop.
                     drop(rx.try_recv());
                     return Ok(guard);
@@ -469,7 +532,7 @@ mod tests {
             let (book, a, order) = (book.clone(), a.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
                 let guard = book
-                    .wait(&[(a, 1)], Duration::from_secs(60), 0)
+                    .wait("acme/alice", &[(a, 1)], Duration::from_secs(60), 0)
                     .await
                     .unwrap();
                 order.lock().unwrap().push(n);
@@ -490,6 +553,86 @@ mod tests {
         assert_eq!((book.in_use(&a), book.waiting()), (0, 0));
     }
 
+    /// Queues `callers[i]`'s waiters in the order given behind one held slot of a
+    /// capped-at-1 account, lets the slot go, and returns the order they were served
+    /// in (each holds its slot 10 ms).
+    async fn service_order(callers: &[&'static str]) -> Vec<&'static str> {
+        let book = SlotBook::new(None);
+        let a = id("a");
+        let held = book.try_acquire(&a, 1).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for caller in callers {
+            let (book, a, order, caller) = (book.clone(), a.clone(), order.clone(), *caller);
+            tasks.push(tokio::spawn(async move {
+                let guard = book
+                    .wait(caller, &[(a, 1)], Duration::from_secs(3600), 0)
+                    .await
+                    .unwrap();
+                order.lock().unwrap().push(caller);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                drop(guard);
+            }));
+            // Queue them in a known order.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(book.waiting(), callers.len());
+        drop(held);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!((book.in_use(&a), book.waiting()), (0, 0));
+        order.lock().unwrap().clone()
+    }
+
+    /// SPEC 12's fair share: a caller with 50 queued requests delays a second caller's
+    /// single request, queued after all of them, by at most one slot turn.
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_one_caller_delays_another_callers_request_by_one_turn_at_most() {
+        let mut callers = vec!["acme/burst"; 50];
+        callers.push("acme/single");
+        let order = service_order(&callers).await;
+        let position = order.iter().position(|c| *c == "acme/single").unwrap();
+        assert!(position <= 1, "served at turn {position}: {order:?}");
+        assert_eq!(order.len(), 51);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Whatever the order callers queued in, the waiter served next is always of a
+        /// caller served the fewest times among those still waiting (round-robin), and
+        /// each caller's own waiters are served oldest first.
+        #[test]
+        fn waiters_are_served_round_robin_across_callers(
+            picks in proptest::collection::vec(0usize..3, 1..30),
+        ) {
+            const NAMES: [&str; 3] = ["o/a", "o/b", "o/c"];
+            let callers: Vec<&'static str> = picks.iter().map(|i| NAMES[*i]).collect();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            let order = runtime.block_on(service_order(&callers));
+            let mut left: HashMap<&str, usize> = HashMap::new();
+            for c in &callers {
+                *left.entry(c).or_default() += 1;
+            }
+            let mut served: HashMap<&str, usize> = HashMap::new();
+            for c in &order {
+                let fewest = left
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(d, _)| served.get(d).copied().unwrap_or(0))
+                    .min()
+                    .unwrap();
+                proptest::prop_assert_eq!(served.get(c).copied().unwrap_or(0), fewest, "{:?} -> {:?}", callers, order);
+                *served.entry(c).or_default() += 1;
+                *left.get_mut(c).unwrap() -= 1;
+            }
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_wait_times_out_and_a_full_queue_is_refused_at_once() {
         let book = SlotBook::new(None);
@@ -498,11 +641,14 @@ mod tests {
         let start = tokio::time::Instant::now();
         let waiting = {
             let (book, a) = (book.clone(), a.clone());
-            tokio::spawn(async move { book.wait(&[(a, 1)], Duration::from_millis(300), 1).await })
+            tokio::spawn(async move {
+                book.wait("acme/alice", &[(a, 1)], Duration::from_millis(300), 1)
+                    .await
+            })
         };
         tokio::time::sleep(Duration::from_millis(1)).await;
         let full = book
-            .wait(&[(a.clone(), 1)], Duration::from_secs(5), 1)
+            .wait("acme/alice", &[(a.clone(), 1)], Duration::from_secs(5), 1)
             .await;
         assert!(
             matches!(full, Err(StoreError::QueueFull { depth: 1 })),
@@ -528,13 +674,16 @@ mod tests {
         // The first waiter gives up (its future dropped) before the slot comes back.
         let gone = {
             let (book, a) = (book.clone(), a.clone());
-            tokio::spawn(async move { book.wait(&[(a, 1)], Duration::from_secs(60), 0).await })
+            tokio::spawn(async move {
+                book.wait("acme/alice", &[(a, 1)], Duration::from_secs(60), 0)
+                    .await
+            })
         };
         tokio::time::sleep(Duration::from_millis(1)).await;
         let stays = {
             let (book, a, b) = (book.clone(), a.clone(), b.clone());
             tokio::spawn(async move {
-                book.wait(&[(b, 1), (a, 1)], Duration::from_secs(60), 0)
+                book.wait("acme/alice", &[(b, 1), (a, 1)], Duration::from_secs(60), 0)
                     .await
                     .map(|g| g.account().clone())
             })

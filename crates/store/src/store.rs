@@ -130,6 +130,7 @@ struct Inner {
     state_file: StateFileHealth,
     sessions: SessionBook,
     slots: SlotBook,
+    limit_holds: crate::limits::LimitHolds,
     last_purged: AtomicU64,
     last_pruned: AtomicU64,
     reloads: ReloadCounts,
@@ -292,6 +293,7 @@ impl Store {
         let inner = Arc::new(Inner {
             sessions: SessionBook::new(),
             slots,
+            limit_holds: crate::limits::LimitHolds::default(),
             last_purged: AtomicU64::new(now),
             last_pruned: AtomicU64::new(0),
             reloads: ReloadCounts::default(),
@@ -502,6 +504,11 @@ impl Store {
     }
 
     /// The Redis mirror, when Redis is configured.
+    /// The Redis side of the caller limits.
+    pub(crate) fn limit_holds(&self) -> &crate::limits::LimitHolds {
+        &self.inner.limit_holds
+    }
+
     pub(crate) fn redis(&self) -> Option<&Arc<RedisMirror>> {
         match &self.inner.backend {
             Backend::Redis(mirror) => Some(mirror),
@@ -803,6 +810,9 @@ impl Store {
     /// sync every interval; once an hour, usage totals past their retention go.
     pub async fn maintain(&self, now: UnixMs) {
         self.inner.slots.renew_due(now).await;
+        if let Some(mirror) = self.redis().filter(|m| m.ready()) {
+            self.inner.limit_holds.maintain(mirror, now).await;
+        }
         if now.saturating_sub(self.inner.last_pruned.load(Ordering::Relaxed)) >= USAGE_PRUNE_MS {
             self.inner.last_pruned.store(now, Ordering::Relaxed);
             let retention = self.config().usage().retention_days;

@@ -859,3 +859,117 @@ fn listeners_and_tls_files_are_checked() {
         Some("127.0.0.1:9999".parse().unwrap())
     );
 }
+
+/// SPEC 12: `[keys.limits]` and `[orgs.limits]`, each problem at its location.
+#[test]
+fn limit_problems_are_located() {
+    let text = BASE
+        .replace(
+            "slug = \"acme\"\n",
+            "slug = \"acme\"\nlimits = { usd_per_month = -1.0, burst = 3, tokens_per_day = 0 }\n",
+        )
+        .replace(
+            "urls = [\"team\"]\n",
+            "urls = [\"team\"]\nlimits = { models = [], deny_models = [\"\"], requests_per_minute = 0, max_concurrent = -2, usd_per_day = 1e12 }\n",
+        );
+    let errs = errors(&text);
+    let issues: Vec<String> = errs.issues().iter().map(ToString::to_string).collect();
+    let located: Vec<&str> = locations(&errs);
+    for loc in [
+        "orgs[0].limits.usd_per_month",
+        "orgs[0].limits.burst",
+        "orgs[0].limits.tokens_per_day",
+        "keys[0].limits.models",
+        "keys[0].limits.deny_models[0]",
+        "keys[0].limits.requests_per_minute",
+        "keys[0].limits.max_concurrent",
+        "keys[0].limits.usd_per_day",
+    ] {
+        assert!(located.contains(&loc), "{loc} missing from {issues:#?}");
+    }
+    assert_eq!(located.len(), 8, "{issues:#?}");
+    // A table that does not parse is reported field by field.
+    let text = BASE.replace(
+        "urls = [\"team\"]\n",
+        "urls = [\"team\"]\nlimits = { max_concurrent = 1.5, colour = \"red\" }\n",
+    );
+    let errs = errors(&text);
+    assert_eq!(
+        locations(&errs),
+        ["keys[0].limits.colour", "keys[0].limits.max_concurrent"]
+    );
+    let burst = issues
+        .iter()
+        .find(|i| i.starts_with("orgs[0].limits.burst"))
+        .unwrap();
+    assert!(burst.contains("needs requests_per_minute"), "{burst}");
+}
+
+/// A key's own limit wins over its org's; the org's `usd_per_month` is the team
+/// budget, not a default of each key; `burst` defaults to the rate.
+#[test]
+fn key_limits_win_over_the_orgs_and_the_team_budget_is_the_orgs() {
+    let text = BASE
+        .replace(
+            "slug = \"acme\"\n",
+            "slug = \"acme\"\nlimits = { requests_per_minute = 10, usd_per_day = 5.0, usd_per_month = 100.0, models = [\"claude-*\"] }\n",
+        )
+        .replace(
+            "urls = [\"team\"]\n",
+            "urls = [\"team\"]\nlimits = { requests_per_minute = 60, burst = 7, max_concurrent = 2 }\n",
+        );
+    let config = parse(&text).unwrap();
+    let key = config.lb_key_by_id("k1").unwrap();
+    let limits = key.limits().unwrap();
+    assert_eq!(
+        limits.rate,
+        Some(keypool_ledger::Rate {
+            per_minute: 60,
+            burst: 7
+        })
+    );
+    assert_eq!(limits.max_concurrent, Some(2));
+    assert_eq!(limits.usd_per_day, Some(5_000_000_000));
+    assert_eq!(limits.usd_per_month, None, "the org's is the team budget");
+    assert_eq!(limits.models.len(), 1);
+    assert_eq!(
+        config.org("acme").unwrap().team_usd_per_month(),
+        Some(100_000_000_000)
+    );
+    let org_only = BASE.replace(
+        "slug = \"acme\"\n",
+        "slug = \"acme\"\nlimits = { requests_per_minute = 10 }\n",
+    );
+    let config = parse(&org_only).unwrap();
+    let limits = config.lb_key_by_id("k1").unwrap().limits().unwrap().clone();
+    assert_eq!(
+        limits.rate,
+        Some(keypool_ledger::Rate {
+            per_minute: 10,
+            burst: 10
+        })
+    );
+    assert!(
+        parse(BASE)
+            .unwrap()
+            .lb_key_by_id("k1")
+            .unwrap()
+            .limits()
+            .is_none()
+    );
+}
+
+#[test]
+fn limits_fail_mode_takes_open_or_closed() {
+    let with = |v: &str| format!("[server]\nlimits_fail_mode = {v:?}\n{BASE}");
+    assert_eq!(
+        parse(&with("closed")).unwrap().server().limits_fail_mode,
+        keypool_store::config::LimitsFailMode::Closed
+    );
+    assert_eq!(
+        parse(BASE).unwrap().server().limits_fail_mode,
+        keypool_store::config::LimitsFailMode::Open
+    );
+    let errs = errors(&with("ajar"));
+    assert_eq!(locations(&errs), ["server.limits_fail_mode"]);
+}

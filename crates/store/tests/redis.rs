@@ -384,7 +384,7 @@ async fn two_replicas_share_session_bindings_and_concurrency_leases() {
         let a0 = a0.clone();
         tokio::spawn(async move {
             two.slots()
-                .wait(&[(a0, 1)], Duration::from_secs(5), 0)
+                .wait("acme/alice", &[(a0, 1)], Duration::from_secs(5), 0)
                 .await
                 .map(|g| g.account().clone())
         })
@@ -531,7 +531,7 @@ async fn every_request_path_call(store: &Store) {
     drop(store.slots().try_acquire(&a0, 1).await);
     let waited = store
         .slots()
-        .wait(&[(a0.clone(), 1)], Duration::from_secs(1), 0)
+        .wait("acme/alice", &[(a0.clone(), 1)], Duration::from_secs(1), 0)
         .await;
     assert!(waited.is_ok(), "{waited:?}");
 }

@@ -250,8 +250,8 @@ impl<'c> Walker<'c> {
         self.wait_for_slot().await
     }
 
-    /// Every other account of the plan is used up: waits in the FIFO queue for the
-    /// first slot of the accounts at their cap.
+    /// Every other account of the plan is used up: waits in the queue (round-robin
+    /// across callers) for the first slot of the accounts at their cap.
     async fn wait_for_slot(&mut self) -> bool {
         let settings = self.call.config.server();
         let wants: Vec<_> = self
@@ -260,12 +260,13 @@ impl<'c> Walker<'c> {
             .map(|d| (d.account.id().clone(), d.cap))
             .collect();
         let max_wait = Duration::from_millis(settings.queue_max_wait_ms);
+        let caller = format!("{}/{}", self.call.key.org(), self.call.key.id());
         let waited = self
             .call
             .app
             .store()
             .slots()
-            .wait(&wants, max_wait, settings.queue_max_depth)
+            .wait(&caller, &wants, max_wait, settings.queue_max_depth)
             .await;
         match waited {
             Ok(slot) => {

@@ -91,6 +91,9 @@ pub struct ServerSettings {
     pub redis_url: Option<Secret>,
     /// Bound on each Redis operation before falling back to memory (`redis_timeout_ms`).
     pub redis_timeout_ms: u64,
+    /// What a request that needs a shared caller limit gets while Redis is unreachable
+    /// (`limits_fail_mode`).
+    pub limits_fail_mode: LimitsFailMode,
     /// Lower bound of the hedge delay (`hedge_min_delay_ms`).
     pub hedge_min_delay_ms: u64,
     /// Extra attempts allowed as a fraction of a group's requests per minute (`hedge_budget`).
@@ -161,6 +164,30 @@ impl Default for RatingSettings {
     }
 }
 
+/// `limits_fail_mode` (SPEC 12): a request whose key has a shared limit (rate,
+/// `max_concurrent`, a budget) while Redis is unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LimitsFailMode {
+    /// Admitted and counted in this process (its totals reach Redis when it is back).
+    #[default]
+    Open,
+    /// Answered `503`.
+    Closed,
+}
+
+impl std::str::FromStr for LimitsFailMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "open" => Ok(Self::Open),
+            "closed" => Ok(Self::Closed),
+            other => Err(format!(
+                "limits_fail_mode {other:?} is not a mode: write \"open\" (admit and count locally while Redis is away, the default) or \"closed\" (answer 503)"
+            )),
+        }
+    }
+}
+
 impl Default for ServerSettings {
     fn default() -> Self {
         Self {
@@ -186,6 +213,7 @@ impl Default for ServerSettings {
             state_snapshot_interval_ms: 5_000,
             redis_url: None,
             redis_timeout_ms: 250,
+            limits_fail_mode: LimitsFailMode::Open,
             hedge_min_delay_ms: 200,
             hedge_budget: 0.10,
             default_window_threshold: Threshold(0.95),
@@ -305,6 +333,10 @@ impl fmt::Debug for KeyHash {
 pub struct Org {
     pub(crate) slug: Arc<str>,
     pub(crate) suspended: bool,
+    /// `[orgs.limits] usd_per_month`: the team budget all the org's keys share.
+    pub(crate) team_usd_per_month: Option<keypool_ledger::NanoUsd>,
+    /// The distinct `model` overrides of its accounts: a request may be sent as any.
+    pub(crate) override_models: Vec<Arc<str>>,
     pub(crate) accounts: Vec<AccountId>,
     pub(crate) groups: HashMap<Arc<str>, Arc<Group>>,
     pub(crate) urls: HashMap<Arc<str>, Arc<UrlConfig>>,
@@ -322,6 +354,15 @@ impl Org {
     /// Whether the org is suspended (its valid keys get `403 ORG_SUSPENDED`).
     pub fn suspended(&self) -> bool {
         self.suspended
+    }
+    /// The team budget (`[orgs.limits] usd_per_month`), nano-USD.
+    pub fn team_usd_per_month(&self) -> Option<keypool_ledger::NanoUsd> {
+        self.team_usd_per_month
+    }
+    /// The distinct `model` overrides of its accounts (a request may be sent upstream
+    /// as any of them, so a budget's worst case prices them too).
+    pub fn override_models(&self) -> &[Arc<str>] {
+        &self.override_models
     }
     /// The org's whole pool: every account of the org, in file order.
     pub fn accounts(&self) -> &[AccountId] {
@@ -514,9 +555,47 @@ pub struct LbKey {
     pub(crate) hash: KeyHash,
     pub(crate) scope: KeyScope,
     pub(crate) revoked: bool,
+    /// Its limits with the org's defaults applied; `None` when it has none at all.
+    pub(crate) limits: Option<Arc<keypool_ledger::Limits>>,
+}
+
+/// A key's or an org's limits as written (`[keys.limits]`, `[orgs.limits]`),
+/// validated; `None` where the table does not set a value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct LimitSettings {
+    pub models: Option<Vec<keypool_ledger::ModelGlob>>,
+    pub deny_models: Option<Vec<keypool_ledger::ModelGlob>>,
+    pub rate: Option<keypool_ledger::Rate>,
+    pub max_concurrent: Option<u32>,
+    pub tokens_per_day: Option<u64>,
+    pub tokens_per_month: Option<u64>,
+    pub usd_per_day: Option<keypool_ledger::NanoUsd>,
+    pub usd_per_month: Option<keypool_ledger::NanoUsd>,
 }
 
 impl LbKey {
+    /// Its limits (SPEC 12), the org's defaults applied; `None` when it has none.
+    pub fn limits(&self) -> Option<&Arc<keypool_ledger::Limits>> {
+        self.limits.as_ref()
+    }
+    /// The key's id, shared (for labels).
+    pub fn id_shared(&self) -> &Arc<str> {
+        &self.id
+    }
+    /// The org and key id its limits are counted under.
+    pub fn who(&self) -> keypool_ledger::Who {
+        keypool_ledger::Who {
+            org: self.org.clone(),
+            caller: self.id.clone(),
+        }
+    }
+    /// The caller it authenticates as.
+    pub fn caller(&self) -> crate::resolve::Caller {
+        match self.kind {
+            KeyKind::User => crate::resolve::Caller::User(self.id.clone()),
+            KeyKind::Client => crate::resolve::Caller::Client(self.id.clone()),
+        }
+    }
     /// The key's id, recorded as the caller.
     pub fn id(&self) -> &str {
         &self.id

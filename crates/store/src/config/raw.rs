@@ -85,6 +85,7 @@ pub(crate) struct RawServer {
     #[serde(skip)]
     pub redis_url_from_env: bool,
     pub redis_timeout_ms: Option<i64>,
+    pub limits_fail_mode: Option<String>,
     pub hedge_min_delay_ms: Option<i64>,
     pub hedge_budget: Option<f64>,
     pub default_window_threshold: Option<f64>,
@@ -128,6 +129,24 @@ pub(crate) struct RawOrg {
     pub slug: String,
     #[serde(default)]
     pub suspended: bool,
+    /// `[orgs.limits]`, read on its own (for its own locations) by the element reader.
+    #[serde(skip)]
+    pub limits: Option<RawLimits>,
+}
+
+/// `[keys.limits]` and `[orgs.limits]` (SPEC 12).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimits {
+    pub models: Option<Vec<String>>,
+    pub deny_models: Option<Vec<String>>,
+    pub requests_per_minute: Option<i64>,
+    pub burst: Option<i64>,
+    pub max_concurrent: Option<i64>,
+    pub tokens_per_day: Option<i64>,
+    pub tokens_per_month: Option<i64>,
+    pub usd_per_day: Option<f64>,
+    pub usd_per_month: Option<f64>,
 }
 
 /// One `[[accounts]]` element.
@@ -180,6 +199,9 @@ pub(crate) struct RawKey {
     pub urls: Vec<String>,
     #[serde(default)]
     pub revoked: bool,
+    /// `[keys.limits]`, read on its own (for its own locations) by the element reader.
+    #[serde(skip)]
+    pub limits: Option<RawLimits>,
 }
 
 /// The field names a `#[derive(Deserialize)]` struct accepts, read from serde itself so

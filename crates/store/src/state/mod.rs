@@ -9,6 +9,7 @@
 
 pub(crate) mod file;
 pub(crate) mod redis;
+pub(crate) mod redis_limits;
 pub mod relays;
 pub mod resp_guard;
 
@@ -49,6 +50,11 @@ pub struct StateExport {
     /// The usage ledger: totals and recent records (absent in files of older versions).
     #[serde(default)]
     pub usage: UsageExport,
+    /// The caller limits' request-rate cells still ahead: `(org, key id, theoretical
+    /// arrival time in µs)`. The budgets need nothing here: they start from the usage
+    /// totals above.
+    #[serde(default)]
+    pub limit_cells: Vec<(Arc<str>, Arc<str>, u64)>,
 }
 
 /// The usage ledger's persisted part.
@@ -72,6 +78,8 @@ pub struct RuntimeState {
     pub counters: MemoryCounter,
     /// The usage ledger's books.
     pub usage: UsageBook,
+    /// The caller limits of this process (SPEC 12).
+    pub limits: keypool_ledger::LimitBook,
     last_used: DashMap<AccountId, AtomicU64>,
 }
 
@@ -83,6 +91,7 @@ impl RuntimeState {
             rating,
             counters: MemoryCounter::new(),
             usage,
+            limits: keypool_ledger::LimitBook::new(),
             last_used: DashMap::new(),
         }
     }
@@ -123,6 +132,7 @@ impl RuntimeState {
                 aggregates: self.usage.aggregates.export(),
                 recent: self.usage.recent.export(),
             },
+            limit_cells: self.limits.export_cells(now),
         }
     }
 
@@ -138,6 +148,7 @@ impl RuntimeState {
             self.mark_used(id, *at);
         }
         self.usage.aggregates.import(export.usage.aggregates);
+        self.limits.import_cells(export.limit_cells);
         for record in export.usage.recent {
             self.usage.recent.push(record);
         }

@@ -16,6 +16,7 @@
 //! | `keypool:{usage}:batch:{replica}:{seq}` | string, 7 d | a usage batch already added (so a retry is not added twice) |
 //! | `keypool:{requests}:recent` | list of JSON `UsageRecord` | the newest records of all replicas, kept to `recent_requests` |
 //! | `keypool:request:{id}` | string, 7 d | one JSON `UsageRecord`, for lookup by request id |
+//! | `keypool:{lim:<org>}:…` | see [`super::redis_limits`] | the caller limits of every replica |
 //! | channel `keypool:events` | pub/sub | JSON [`Envelope`] after every mirrored write |
 //!
 //! Every operation is bounded by `redis_timeout_ms`; a failure or timeout marks the
@@ -63,7 +64,7 @@ use tokio::sync::mpsc;
 use super::relays::GuardedResolver;
 use crate::StoreError;
 
-const PREFIX: &str = "keypool:";
+pub(crate) const PREFIX: &str = "keypool:";
 /// The pub/sub channel of state events.
 pub const EVENTS_CHANNEL: &str = "keypool:events";
 const DISABLED_KEY: &str = "keypool:disabled";
@@ -140,7 +141,7 @@ pub(crate) struct Connected {
 
 /// Connection, readiness and fallback accounting of the Redis mirror.
 pub(crate) struct RedisMirror {
-    client: Client,
+    pub(super) client: Client,
     subscriber: SubscriberClient,
     timeout: Duration,
     origin: String,
@@ -323,7 +324,7 @@ impl RedisMirror {
     }
 
     /// Runs one Redis operation within the timeout; on failure counts a fallback.
-    async fn bounded<T>(
+    pub(super) async fn bounded<T>(
         &self,
         op: impl Future<Output = fred::prelude::FredResult<T>>,
     ) -> Result<T, StoreError> {
@@ -341,6 +342,24 @@ impl RedisMirror {
                 )))
             }
         }
+    }
+
+    /// Runs a Lua script (`EVAL`) on `keys` and `args`; `slot_key` is one of the keys
+    /// (they share a hash tag), naming the node on a Cluster.
+    pub(super) async fn eval<T: fred::types::FromValue>(
+        &self,
+        script: &str,
+        slot_key: &str,
+        keys: Vec<String>,
+        args: Vec<String>,
+    ) -> Result<T, StoreError> {
+        let cmd = fred::types::CustomCommand::new_static("EVAL", slot_key, false);
+        let mut all = Vec::with_capacity(2 + keys.len() + args.len());
+        all.push(script.to_owned());
+        all.push(keys.len().to_string());
+        all.extend(keys);
+        all.extend(args);
+        self.bounded(self.client.custom(cmd, all)).await
     }
 
     /// `INCR keypool:counter:{pool}` minus one (so the first value is 0, like the

@@ -6,8 +6,8 @@ use serde::de::DeserializeOwned;
 
 use super::Issues;
 use crate::config::raw::{
-    RawAccount, RawAdmin, RawConfig, RawGroup, RawKey, RawOrg, RawPrice, RawRating, RawServer,
-    RawUrl, RawUsage, field_names,
+    RawAccount, RawAdmin, RawConfig, RawGroup, RawKey, RawLimits, RawOrg, RawPrice, RawRating,
+    RawServer, RawUrl, RawUsage, field_names,
 };
 
 /// The document's sections as written, each element deserialised on its own with its
@@ -47,11 +47,23 @@ pub(super) fn read_sections(table: &toml::Table, issues: &mut Issues) -> Section
     Sections {
         raw,
         cooldown,
-        orgs: elements::<RawOrg>(table, "orgs", issues),
+        orgs: with_limits(
+            elements_without::<RawOrg>(table, "orgs", "limits", issues),
+            table,
+            "orgs",
+            issues,
+            |o, l| o.limits = l,
+        ),
         accounts: elements::<RawAccount>(table, "accounts", issues),
         groups: elements::<RawGroup>(table, "groups", issues),
         urls: elements::<RawUrl>(table, "urls", issues),
-        keys: elements::<RawKey>(table, "keys", issues),
+        keys: with_limits(
+            elements_without::<RawKey>(table, "keys", "limits", issues),
+            table,
+            "keys",
+            issues,
+            |k, l| k.limits = l,
+        ),
         prices: elements::<RawPrice>(table, "prices", issues),
         usage,
     }
@@ -109,13 +121,57 @@ fn elements<T: DeserializeOwned>(
     section: &str,
     issues: &mut Issues,
 ) -> Vec<(usize, T)> {
+    elements_without::<T>(table, section, "", issues)
+}
+
+/// The `[section.limits]` table of each element, checked on its own
+/// (`keys[3].limits.burst`) and handed to `set`.
+fn with_limits<T>(
+    mut elements: Vec<(usize, T)>,
+    table: &toml::Table,
+    section: &str,
+    issues: &mut Issues,
+    set: impl Fn(&mut T, Option<RawLimits>),
+) -> Vec<(usize, T)> {
+    let Some(toml::Value::Array(items)) = table.get(section) else {
+        return elements;
+    };
+    // Every element's limits are checked, also those of an element that is itself
+    // invalid (its problems are reported all the same).
+    let mut limits: Vec<Option<RawLimits>> = items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.get("limits").and_then(|l| {
+                check_element::<RawLimits>(l, &format!("{section}[{i}].limits"), issues)
+            })
+        })
+        .collect();
+    for (i, element) in &mut elements {
+        set(element, limits.get_mut(*i).and_then(Option::take));
+    }
+    elements
+}
+
+/// The elements of `[[section]]` without their `nested` table (read on its own), each
+/// deserialised on its own.
+fn elements_without<T: DeserializeOwned>(
+    table: &toml::Table,
+    section: &str,
+    nested: &str,
+    issues: &mut Issues,
+) -> Vec<(usize, T)> {
     match table.get(section) {
         None => Vec::new(),
         Some(toml::Value::Array(items)) => items
             .iter()
             .enumerate()
             .filter_map(|(i, v)| {
-                check_element::<T>(v, &format!("{section}[{i}]"), issues).map(|t| (i, t))
+                let mut v = v.clone();
+                if let Some(t) = v.as_table_mut() {
+                    t.remove(nested);
+                }
+                check_element::<T>(&v, &format!("{section}[{i}]"), issues).map(|t| (i, t))
             })
             .collect(),
         Some(_) => {

@@ -36,6 +36,15 @@ pub(super) fn validate(
         let kind = kind(&k.kind, &p, issues);
         let hash = hash(*i, k, &p, &mut first_hash, &mut ok, issues);
         let scope = scope(k, &p, org.as_ref(), ctx, issues);
+        let own = k
+            .limits
+            .as_ref()
+            .map(|l| super::limits::validate(l, &format!("{p}.limits"), issues));
+        let defaults = org
+            .as_ref()
+            .and_then(|o| ctx.orgs.get(o))
+            .and_then(|o| o.limits.as_ref());
+        let limits = super::limits::merge(own.as_ref(), defaults);
         if let (true, Some(org), Some(kind), Some(hash), Some(scope)) = (ok, org, kind, hash, scope)
         {
             by_hash.insert(
@@ -47,6 +56,7 @@ pub(super) fn validate(
                     hash,
                     scope,
                     revoked: k.revoked,
+                    limits: (!limits.is_empty()).then(|| Arc::new(limits)),
                 }),
             );
         }

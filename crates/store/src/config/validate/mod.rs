@@ -11,6 +11,7 @@
 //! - `server`: `[server]` and `[server.rating]`.
 //! - `orgs`, `accounts`, `groups`, `urls`, `keys`: the array sections.
 //! - `prices`: `[[prices]]` and `[usage]`.
+//! - `limits`: `[keys.limits]` and `[orgs.limits]`, and a key's merged over its org's.
 //! - here: the orchestration, the shared [`Context`], and the value checks more than
 //!   one section uses (route segments, names, secrets).
 
@@ -18,6 +19,7 @@ mod accounts;
 mod elements;
 mod groups;
 mod keys;
+mod limits;
 mod orgs;
 mod prices;
 mod server;
@@ -31,7 +33,7 @@ use std::sync::Arc;
 use keypool_core::{AccountId, Provider};
 
 use super::env::apply_env_overrides;
-use super::{AdminSettings, Config, ConfigErrors, ConfigIssue, LegacyEntry, Org, Secret};
+use super::{Account, AdminSettings, Config, ConfigErrors, ConfigIssue, LegacyEntry, Org, Secret};
 use orgs::OrgBuilder;
 
 /// Route segments that are not free for org slugs or legacy `custom_url`s.
@@ -187,7 +189,7 @@ pub(super) fn parse_and_validate(
         orgs: ctx
             .orgs
             .into_iter()
-            .map(|(k, b)| (k, Arc::new(b.into_org())))
+            .map(|(k, b)| (k, Arc::new(b.into_org(&accounts))))
             .collect(),
         accounts,
         keys_by_hash,
@@ -312,10 +314,19 @@ fn resolve_secret(
 }
 
 impl OrgBuilder {
-    fn into_org(self) -> Org {
+    fn into_org(self, accounts: &HashMap<AccountId, Arc<Account>>) -> Org {
+        let mut override_models: Vec<Arc<str>> = self
+            .accounts
+            .iter()
+            .filter_map(|id| accounts.get(id)?.model_shared().cloned())
+            .collect();
+        override_models.sort();
+        override_models.dedup();
         Org {
+            override_models,
             slug: self.slug,
             suspended: self.suspended,
+            team_usd_per_month: self.limits.as_ref().and_then(|l| l.usd_per_month),
             accounts: self.accounts,
             groups: self.groups,
             urls: self.urls,

@@ -8,12 +8,14 @@ use keypool_core::AccountId;
 
 use super::{Context, Issues, check_segment};
 use crate::config::raw::RawOrg;
-use crate::config::{Group, UrlConfig};
+use crate::config::{Group, LimitSettings, UrlConfig};
 
 /// An org while the document is validated.
 pub(super) struct OrgBuilder {
     pub slug: Arc<str>,
     pub suspended: bool,
+    /// `[orgs.limits]`: the defaults of its keys, and its team budget.
+    pub limits: Option<LimitSettings>,
     pub accounts: Vec<AccountId>,
     pub groups: HashMap<Arc<str>, Arc<Group>>,
     pub urls: HashMap<Arc<str>, Arc<UrlConfig>>,
@@ -23,6 +25,10 @@ pub(super) struct OrgBuilder {
 pub(super) fn validate(orgs: &[(usize, RawOrg)], ctx: &mut Context<'_>, issues: &mut Issues) {
     let mut first: HashMap<String, usize> = HashMap::new();
     for (i, o) in orgs {
+        let limits = o
+            .limits
+            .as_ref()
+            .map(|l| super::limits::validate(l, &format!("orgs[{i}].limits"), issues));
         let loc = format!("orgs[{i}].slug");
         if !check_segment(&o.slug, &loc, "org slug", issues) {
             continue;
@@ -44,6 +50,7 @@ pub(super) fn validate(orgs: &[(usize, RawOrg)], ctx: &mut Context<'_>, issues: 
             OrgBuilder {
                 slug,
                 suspended: o.suspended,
+                limits,
                 accounts: Vec::new(),
                 groups: HashMap::new(),
                 urls: HashMap::new(),

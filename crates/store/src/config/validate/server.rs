@@ -128,6 +128,11 @@ impl Reader<'_> {
         {
             out.stream_commit = commit;
         }
+        if let Some(v) = s.limits_fail_mode.as_deref()
+            && let Some(mode) = parse_named(v, "server.limits_fail_mode", self.issues)
+        {
+            out.limits_fail_mode = mode;
+        }
         if let Some(list) = &s.passthrough_statuses {
             out.passthrough_statuses = self.passthrough_statuses(list);
         }
