@@ -56,7 +56,12 @@ async fn pool(admin: bool) -> Harness {
         )
         .account(AccountSpec::new("exhausted", exhausted).priority(2))
         .account(AccountSpec::new("healthy", healthy).priority(3))
-        .key("bob", keypool_tests::ORG, "urls = [\"team\"]");
+        .key(
+            "bob",
+            keypool_tests::ORG,
+            "urls = [\"team\"]\nlimits = { usd_per_day = 20.0, requests_per_minute = 100 }",
+        )
+        .org_line("limits = { usd_per_month = 500.0 }");
     if admin {
         b = b.extra_toml(&format!("[admin]\ntoken = \"{TOKEN}\""));
     }
@@ -271,6 +276,41 @@ async fn the_usage_summary_has_today_this_month_and_the_last_hour() {
     }
     let today = summary["today"]["date"].as_str().unwrap();
     assert_eq!(summary["month"]["date"].as_str().unwrap(), &today[..7]);
+    // Each caller's use against its limits: bob's budget and rate, the org's team
+    // budget (alice's request counts in it).
+    let limits = summary["limits"].as_array().unwrap();
+    assert_eq!(limits.len(), 2, "{limits:?}");
+    assert_eq!(limits[0]["caller"], "bob");
+    let bob: Vec<&str> = limits[0]["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        bob,
+        [
+            "bob: 100 requests a minute, 100 at once",
+            "bob: $0.00 of $20.00 today, resets 00:00 UTC"
+        ]
+    );
+    assert_eq!(limits[1]["team"], true);
+    let team = &limits[1]["limits"][0];
+    assert_eq!(team["used"], ALICE_COST_NANO);
+    assert_eq!(team["value"], 500_000_000_000u64);
+    let month_end = keypool_proxy::reject::format_utc(team["resets_at"].as_u64().unwrap());
+    assert_eq!(
+        team["text"],
+        format!(
+            "acme (team): $0.000096 of $500.00 this month, resets {} 00:00 UTC",
+            &month_end[..10]
+        )
+    );
+    // The same under GET /admin/usage?by=caller.
+    let by_caller = admin_get(&h, "/admin/usage?by=caller", Some(TOKEN))
+        .await
+        .json();
+    assert_eq!(by_caller["limits"], summary["limits"]);
     let minutes = summary["minutes"].as_array().unwrap();
     assert_eq!(minutes.len(), 60);
     let sum = |field: &str| {
@@ -361,6 +401,14 @@ fn chromium() -> PathBuf {
             "the status-page test needs Chromium and CI=true: `cargo xtask ci` installs it \
              (apt-get install -y chromium); it is missing"
         );
+    }
+    // Two tests may get here at once: one installs, the other waits and finds it.
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = INSTALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(path) = find() {
+        return path;
     }
     eprintln!("status page test: chromium not found; trying `apt-get install -y chromium`");
     let installed = Command::new("apt-get")
@@ -506,6 +554,14 @@ async fn the_status_page_shows_what_a_person_needs() {
         let healthy = usage_row(&dom, &format!("{period}-account"), "healthy");
         assert_eq!(cells(healthy), ["1", "0", "16", cost.as_str()], "{healthy}");
     }
+    // The callers' limits, as a person reads them.
+    let limits = &dom[dom.find("data-usage=\"limits\"").expect("no limits card")..];
+    let limits = &limits[..limits.find("</ul>").unwrap()];
+    assert!(
+        limits.contains("bob: $0.00 of $20.00 today, resets 00:00 UTC"),
+        "{limits}"
+    );
+    assert!(limits.contains("data-caller=\"acme (team)\""), "{limits}");
     // The last hour's trend: 60 minutes, the two requests, bob's error, alice's tokens.
     let chart = &dom[dom.find("<svg id=\"trend\"").expect("no trend chart")..];
     let chart = &chart[..chart.find("</svg>").unwrap()];

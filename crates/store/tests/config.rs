@@ -202,6 +202,26 @@ fn the_example_file_validates() {
     assert!(c.org("globex").unwrap().suspended());
     assert_eq!(c.server().legacy_routes_until_unix_secs, 1_798_761_599);
     assert!(c.admin().token.is_some());
+    // `[keys.limits]` after its `[[keys]]` is that key's table; an inline one works too.
+    let bot = c.lb_key_by_id("ci-bot").unwrap().limits().unwrap();
+    assert_eq!(
+        (
+            bot.rate.map(|r| (r.per_minute, r.burst)),
+            bot.max_concurrent
+        ),
+        (Some((30, 60)), Some(8))
+    );
+    let alice = c.lb_key_by_id("alice").unwrap().limits().unwrap();
+    assert_eq!(
+        alice.rate.map(|r| r.per_minute),
+        Some(120),
+        "acme's default"
+    );
+    assert_eq!(alice.usd_per_day, Some(20_000_000_000));
+    assert_eq!(
+        c.org("acme").unwrap().team_usd_per_month(),
+        Some(500_000_000_000)
+    );
 }
 
 #[test]

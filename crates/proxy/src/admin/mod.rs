@@ -42,6 +42,7 @@ use keypool_store::keys::hash_key;
 use keypool_store::{Store, StoreError, now_ms};
 use serde_json::{Value, json};
 
+mod limits;
 mod usage;
 
 use crate::App;

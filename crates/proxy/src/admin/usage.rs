@@ -123,19 +123,21 @@ pub(super) async fn usage(
         return Ok(csv_response(by, &rows));
     }
     let (rows, total) = rows_json(config, by, &rows);
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({
-            "by": by.column(),
-            "period": period.kind(),
-            "date": period.to_string(),
-            "resets_at": period.end(),
-            "source": source.as_str(),
-            "prices": {"default_source": DEFAULT_PRICES_SOURCE, "default_date": DEFAULT_PRICES_DATE},
-            "rows": rows,
-            "total": totals_json(&total),
-        }),
-    ))
+    let mut answer = json!({
+        "by": by.column(),
+        "period": period.kind(),
+        "date": period.to_string(),
+        "resets_at": period.end(),
+        "source": source.as_str(),
+        "prices": {"default_source": DEFAULT_PRICES_SOURCE, "default_date": DEFAULT_PRICES_DATE},
+        "rows": rows,
+        "total": totals_json(&total),
+    });
+    if by == By::Dimension(Dimension::Caller) {
+        // Each caller's use against its limits, now (whatever period was asked).
+        answer["limits"] = super::limits::limits_json(app.store(), config, now).await;
+    }
+    Ok(json_response(StatusCode::OK, &answer))
 }
 
 /// The rows of `period` by `by` (for `by=org`, the callers' rows added up per org).
@@ -206,6 +208,7 @@ pub(super) async fn summary(app: &App, config: &Config, now: UnixMs) -> Value {
     }
     json!({
         "now": now,
+        "limits": super::limits::limits_json(app.store(), config, now).await,
         "today": periods.remove("today"),
         "month": periods.remove("month"),
         "minutes": app.store().usage_history(now),
