@@ -1,6 +1,8 @@
 //! `cargo xtask ab REV [--against REV2] [--rounds N] [--seconds S] [--pool NAME]
 //! [--concurrency C]`: this tree's keypool (or commit `REV2`'s) against the keypool of
-//! commit `REV`, side by side, in one run.
+//! commit `REV`, side by side, in one run. `cargo xtask ab --limits [--against REV2] …`
+//! measures one binary (this tree's, or `REV2`'s) twice instead: without caller limits
+//! (the baseline) and with every SPEC 12 limit on the bench key (`current`).
 //!
 //! The question it answers is "what did this change cost on the hot path?", on a shared
 //! and noisy machine, so it measures the two binaries *alternately* (A B, B A, A B, …),
@@ -40,9 +42,11 @@ pub struct AbOptions {
     pub pool: String,
     /// Closed-loop concurrency.
     pub concurrency: usize,
+    /// One binary, without and with caller limits, instead of two commits.
+    pub limits: bool,
 }
 
-const USAGE: &str = "cargo xtask ab REV [--rounds N] [--seconds S] [--pool NAME] [--concurrency C]";
+const USAGE: &str = "cargo xtask ab (REV | --limits) [--against REV2] [--rounds N] [--seconds S] [--pool NAME] [--concurrency C]";
 
 impl AbOptions {
     /// Parses the arguments after `ab`.
@@ -54,6 +58,7 @@ impl AbOptions {
             seconds: 5,
             pool: "rr8".into(),
             concurrency: 16,
+            limits: false,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -64,6 +69,7 @@ impl AbOptions {
             };
             match a.as_str() {
                 "--against" => o.against = Some(value("--against")?),
+                "--limits" => o.limits = true,
                 "--rounds" => o.rounds = number(&value("--rounds")?, "--rounds", 1, 100)?,
                 "--seconds" => o.seconds = number(&value("--seconds")?, "--seconds", 1, 600)?,
                 "--concurrency" => {
@@ -82,7 +88,10 @@ impl AbOptions {
                 extra => bail!("one baseline only, got {:?} and {extra:?} ({USAGE})", o.rev),
             }
         }
-        if o.rev.is_empty() {
+        if o.limits && !o.rev.is_empty() {
+            bail!("--limits measures one binary with and without limits: no baseline commit ({USAGE})");
+        }
+        if o.rev.is_empty() && !o.limits {
             bail!("which commit is the baseline? ({USAGE})");
         }
         Ok(o)
@@ -105,13 +114,23 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     };
     let dir = target.join("bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let (commit, baseline) = build_baseline(root, &target, &options.rev)?;
     let (current_name, bins) = match &options.against {
         None => ("this tree".to_owned(), bins),
         Some(rev) => {
             let (commit, keypool) = build_baseline(root, &target, rev)?;
             (commit[..12].to_owned(), super::Bins { keypool, ..bins })
         }
+    };
+    let (commit, baseline) = if options.limits {
+        let name = format!("{current_name} without limits");
+        (name, bins.keypool.clone())
+    } else {
+        build_baseline(root, &target, &options.rev)?
+    };
+    let current_name = if options.limits {
+        format!("{current_name} with every caller limit")
+    } else {
+        current_name
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -224,15 +243,17 @@ async fn start_gateway(
     fast_base: &str,
     key: &setup::LbKey,
     pool: &str,
+    limits: bool,
 ) -> anyhow::Result<Gateway> {
     let addr = procs::free_addr()?;
     let config = dir.join(format!("ab-{name}.toml"));
     // Both pools' upstream is the one fast simulator (the slow pools are not measured).
-    std::fs::write(
-        &config,
-        setup::keypool_config(addr, fast_base, fast_base, &key.sha256),
-    )
-    .with_context(|| format!("cannot write {}", config.display()))?;
+    let mut text = setup::keypool_config(addr, fast_base, fast_base, &key.sha256);
+    if limits {
+        text = setup::with_caller_limits(&text);
+    }
+    std::fs::write(&config, text)
+        .with_context(|| format!("cannot write {}", config.display()))?;
     let mut serve = Command::new(binary);
     serve.arg("serve").arg("--config").arg(&config);
     let mut proc = Proc::spawn(
@@ -305,6 +326,7 @@ async fn measure(
             &fast_base,
             &key,
             &options.pool,
+            false,
         )
         .await?,
         start_gateway(
@@ -315,6 +337,7 @@ async fn measure(
             &fast_base,
             &key,
             &options.pool,
+            options.limits,
         )
         .await?,
     ];
@@ -367,6 +390,15 @@ async fn measure(
     Ok(rows)
 }
 
+/// A commit id cut to 12 characters; any other name whole.
+fn short(name: &str) -> &str {
+    if name.len() == 40 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+        &name[..12]
+    } else {
+        name
+    }
+}
+
 fn median(mut values: Vec<f64>) -> Option<f64> {
     values.retain(|v| v.is_finite());
     values.sort_by(f64::total_cmp);
@@ -403,7 +435,7 @@ impl Report<'_> {
              baseline {} against {}; closed loop at concurrency {}, {} s per measurement\n\n\
              | round | baseline req/s | current req/s | baseline CPU µs/req | current CPU µs/req |\n\
              | --- | --- | --- | --- | --- |\n",
-            o.rev,
+            if o.limits { "--limits" } else { &o.rev },
             o.against
                 .as_ref()
                 .map_or_else(String::new, |a| format!(" --against {a}")),
@@ -411,7 +443,7 @@ impl Report<'_> {
             o.seconds,
             o.pool,
             o.concurrency,
-            &self.commit[..12],
+            short(self.commit),
             self.current,
             o.concurrency,
             o.seconds
@@ -501,6 +533,10 @@ mod tests {
         assert!(AbOptions::parse(&args(&[])).is_err());
         assert!(AbOptions::parse(&args(&["a", "b"])).is_err());
         assert!(AbOptions::parse(&args(&["a", "--rounds", "0"])).is_err());
+        let l = AbOptions::parse(&args(&["--limits", "--rounds", "8"])).unwrap();
+        assert!(l.limits && l.rev.is_empty() && l.rounds == 8);
+        assert!(AbOptions::parse(&args(&["HEAD", "--limits"])).is_err());
+        assert!(AbOptions::parse(&args(&[])).is_err());
         assert!(AbOptions::parse(&args(&["a", "--pool", "nope"])).is_err());
         assert!(AbOptions::parse(&args(&["a", "--seconds"])).is_err());
     }

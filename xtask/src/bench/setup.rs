@@ -156,6 +156,25 @@ pub fn keypool_config(listen: SocketAddr, fast: &str, slow: &str, key_sha256: &s
     t
 }
 
+/// The same config with every caller limit of SPEC 12 on the bench key (none of them
+/// ever refuses a bench request: the rate, the cap and the budgets are far above what
+/// a run sends) and a team budget on the org, for `cargo xtask ab --limits`.
+pub fn with_caller_limits(config: &str) -> String {
+    let org = format!("slug = \"{ORG}\"\n");
+    let mut text = config.replacen(
+        &org,
+        &format!("{org}limits = {{ usd_per_month = 1000000000.0 }}\n"),
+        1,
+    );
+    text.push_str(
+        "\nlimits = { models = [\"claude-*\"], deny_models = [\"claude-2*\"], \
+         requests_per_minute = 1000000, burst = 1000000, max_concurrent = 100000, \
+         tokens_per_day = 1000000000000000, tokens_per_month = 1000000000000000, \
+         usd_per_day = 1000000000.0, usd_per_month = 1000000000.0 }\n",
+    );
+    text
+}
+
 /// LiteLLM's proxy config: two model names routed to the fast and the slow upstream as
 /// Anthropic models, a master key.
 pub fn litellm_config(fast: &str, slow: &str) -> String {
@@ -320,6 +339,9 @@ mod tests {
         assert_eq!(text.matches("[[groups]]").count(), 5);
         assert_eq!(text.matches("[[urls]]").count(), 5);
         assert_eq!(text.matches("[[keys]]").count(), 1);
+        let limited = with_caller_limits(&text);
+        assert_eq!(limited.matches("limits = {").count(), 2);
+        assert!(limited.trim_end().ends_with("usd_per_month = 1000000000.0 }"));
         assert!(text.contains("listen = \"127.0.0.1:9000\""));
         assert!(text.contains("strategy = \"rated\""));
         assert!(text.contains("retry_after_min_ms = 1"));
