@@ -710,3 +710,60 @@ async fn with_redis_killed_fail_closed_answers_503_for_shared_limits_only() {
     ));
     h.finish().await;
 }
+
+/// The limits survive a restart of the real binary: the budget starts again from the
+/// usage totals the state file kept, the request-rate cell from the state file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_keeps_budgets_and_rate_cells_across_a_restart() {
+    use keypool_tests::process::{KeypoolProcess, binary_config, config_file, free_port};
+    let port = free_port();
+    let h = Harness::builder()
+        .account(AccountSpec::new(
+            "a",
+            Script::new(OkSpec::default().usage(usage(1000, 1000))),
+        ))
+        // alice (the harness key) has the org's budget; `rated` its own rate.
+        .org_line("limits = { usd_per_day = 0.01 }")
+        .key(
+            "rated",
+            "acme",
+            "urls = [\"*\"]\nlimits = { requests_per_minute = 1 }",
+        )
+        .start()
+        .await;
+    let (dir, file) = config_file(
+        "limits-restart",
+        &binary_config(&h, port, &[("state_file", "\"state.json\"")]),
+    );
+    let rated = |k: &KeypoolProcess| {
+        h.client()
+            .post(k.url("/acme/team/v1/messages"))
+            .api_key(&h.key("rated"))
+            .json(&message_body(MODEL, false))
+            .send()
+    };
+    let mut k = KeypoolProcess::start(&file, port).await;
+    assert_eq!(k.send_message(&h, false).await.status, 200);
+    assert_eq!(rated(&k).await.status, 200);
+    k.signal("TERM");
+    assert_eq!(k.wait_exit(Duration::from_secs(10)).await, Some(0));
+    assert!(dir.join("state.json").exists());
+    drop(k);
+
+    let k = KeypoolProcess::start(&file, port).await;
+    let r = k.send_message(&h, false).await;
+    let message = r.assert_keypool_error(429, "rate_limit_error");
+    assert!(message.contains("usd_per_day = $0.01"), "{message}");
+    let r = rated(&k).await;
+    let message = r.assert_keypool_error(429, "rate_limit_error");
+    assert!(message.contains("requests_per_minute = 1"), "{message}");
+    let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&wait), "Retry-After {wait}");
+    assert_eq!(
+        h.sim().requests().len(),
+        2,
+        "nothing went upstream after the restart"
+    );
+    drop(k);
+    h.finish().await;
+}

@@ -247,24 +247,7 @@ impl Limits {
 
     /// The budgets of a request at `now`, the team's `team_usd_per_month` last.
     pub fn budgets(&self, team_usd_per_month: Option<NanoUsd>, now: UnixMs) -> Vec<Budget> {
-        let day = Period::Day(Day::of(now));
-        let month = Period::Month(Month::of(now));
-        [
-            (LimitKind::TokensPerDay, day, self.tokens_per_day),
-            (LimitKind::TokensPerMonth, month, self.tokens_per_month),
-            (LimitKind::UsdPerDay, day, self.usd_per_day),
-            (LimitKind::UsdPerMonth, month, self.usd_per_month),
-            (LimitKind::TeamUsdPerMonth, month, team_usd_per_month),
-        ]
-        .into_iter()
-        .filter_map(|(kind, period, limit)| {
-            Some(Budget {
-                kind,
-                period,
-                limit: limit?,
-            })
-        })
-        .collect()
+        budgets_of(self, team_usd_per_month, now).collect()
     }
 }
 
@@ -321,7 +304,8 @@ pub struct Who {
 }
 
 /// What one admitted request holds until it is settled: its worst case in each of its
-/// budgets, and one request in flight when the key has `max_concurrent`.
+/// budgets (the key's day and month, the team's month), and one request in flight
+/// when the key has `max_concurrent`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a reservation is settled exactly once"]
 pub struct Reservation {
@@ -329,8 +313,12 @@ pub struct Reservation {
     pub who: Who,
     /// The worst case reserved.
     pub ask: Spend,
-    /// The entries it is reserved in.
-    pub keys: Vec<SpendKey>,
+    /// The key's day entry it is reserved in.
+    pub day: Option<Day>,
+    /// The key's month entry it is reserved in.
+    pub month: Option<Month>,
+    /// The team's month entry it is reserved in.
+    pub team: Option<Month>,
     /// Whether it holds one of the key's `max_concurrent`.
     pub in_flight: bool,
 }
@@ -341,9 +329,26 @@ impl Reservation {
         Self {
             who,
             ask: Spend::default(),
-            keys: Vec::new(),
+            day: None,
+            month: None,
+            team: None,
             in_flight: false,
         }
+    }
+
+    /// The entries it is reserved in.
+    pub fn keys(&self) -> Vec<SpendKey> {
+        let key = |caller: Option<&Arc<str>>, period| SpendKey {
+            org: self.who.org.clone(),
+            caller: caller.cloned(),
+            period,
+        };
+        let caller = Some(&self.who.caller);
+        let mut keys = Vec::new();
+        keys.extend(self.day.map(|d| key(caller, Period::Day(d))));
+        keys.extend(self.month.map(|m| key(caller, Period::Month(m))));
+        keys.extend(self.team.map(|m| key(None, Period::Month(m))));
+        keys
     }
 }
 
@@ -363,21 +368,112 @@ pub struct Ask<'a> {
     pub rate_only: bool,
 }
 
+/// The maps hash with `foldhash` (randomly seeded per map): a limited request looks
+/// up its key's cell and each of its budgets twice (check, settle), and SipHash was
+/// most of the limits' cost (`docs/BENCHMARKS.md`).
+type Hasher = foldhash::fast::RandomState;
+
+/// Everything of one key: its request-rate cell, its requests in flight and its
+/// day and month budget entries (one look-up per request finds them all).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct KeyState {
+    /// GCRA theoretical arrival time, µs (`None`: never used, or only a cap).
+    tat: Option<u64>,
+    /// Requests in flight under its `max_concurrent`.
+    in_flight: u32,
+    day: Option<(Day, SpendEntry)>,
+    month: Option<(Month, SpendEntry)>,
+}
+
+impl KeyState {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
-    /// GCRA theoretical arrival time per key, µs.
-    cells: HashMap<Who, u64>,
-    /// Requests in flight per key with `max_concurrent`.
-    in_flight: HashMap<Who, u32>,
-    /// Budget entries.
-    spends: HashMap<SpendKey, SpendEntry>,
+    keys: HashMap<Who, KeyState, Hasher>,
+    /// The team budget's entry per org.
+    teams: HashMap<Arc<str>, (Month, SpendEntry), Hasher>,
 }
 
 /// The limit state of one process (see the module docs). One mutex, held for a few
-/// hash-map operations per request, never across anything that waits.
+/// hash-map operations per request (two at most: the key, its org's team budget),
+/// never across anything that waits.
 #[derive(Debug, Default)]
 pub struct LimitBook {
     state: Mutex<State>,
+}
+
+/// The budgets of a request, without an allocation: the team's last.
+fn budgets_of(
+    limits: &Limits,
+    team_usd_per_month: Option<NanoUsd>,
+    now: UnixMs,
+) -> impl Iterator<Item = Budget> {
+    let day = Period::Day(Day::of(now));
+    let month = Period::Month(Month::of(now));
+    [
+        (LimitKind::TokensPerDay, day, limits.tokens_per_day),
+        (LimitKind::TokensPerMonth, month, limits.tokens_per_month),
+        (LimitKind::UsdPerDay, day, limits.usd_per_day),
+        (LimitKind::UsdPerMonth, month, limits.usd_per_month),
+        (LimitKind::TeamUsdPerMonth, month, team_usd_per_month),
+    ]
+    .into_iter()
+    .filter_map(|(kind, period, limit)| {
+        Some(Budget {
+            kind,
+            period,
+            limit: limit?,
+        })
+    })
+}
+
+/// The entry of `period` in `slot`, started from `seed` when the slot holds none or
+/// an older period's.
+fn current<P: Copy + PartialEq>(
+    slot: &mut Option<(P, SpendEntry)>,
+    period: P,
+    seed: impl FnOnce() -> Spend,
+) -> SpendEntry {
+    match slot {
+        Some((p, entry)) if *p == period => *entry,
+        _ => {
+            let entry = SpendEntry {
+                settled: seed(),
+                reserved: Spend::default(),
+            };
+            *slot = Some((period, entry));
+            entry
+        }
+    }
+}
+
+/// Adds `delta` to the reservation of `slot`'s entry when it is of `period`.
+fn reserve<P: Copy + PartialEq>(slot: &mut Option<(P, SpendEntry)>, period: P, delta: Spend) {
+    if let Some((p, entry)) = slot
+        && *p == period
+    {
+        entry.reserved = entry.reserved.plus(delta);
+    }
+}
+
+/// Replaces `ask` reserved in `slot`'s entry of `period` by `actual` (an entry of a
+/// period that ended meanwhile is gone: nothing to settle there).
+fn settle_in<P: Copy + PartialEq>(
+    slot: &mut Option<(P, SpendEntry)>,
+    period: P,
+    ask: Spend,
+    actual: Spend,
+) {
+    if let Some((p, entry)) = slot
+        && *p == period
+    {
+        entry.reserved = entry.reserved.minus(ask);
+        entry.settled = entry.settled.plus(actual);
+    }
 }
 
 impl LimitBook {
@@ -406,55 +502,254 @@ impl LimitBook {
         seed: &dyn Fn(&SpendKey) -> Spend,
     ) -> Result<Reservation, Refusal> {
         let who = ask.who;
-        let limits = ask.limits;
-        let mut state = self.lock();
-        let cell = match limits.rate {
-            None => None,
-            Some(rate) => Some(rate.admit(state.cells.get(who).copied(), now).map_err(
-                |wait_us| Refusal {
-                    kind: LimitKind::RequestsPerMinute,
-                    limit: u64::from(rate.per_minute),
-                    used: 0,
-                    resets_at: None,
-                    retry_after_ms: Some(wait_us.div_ceil(1000)),
-                },
-            )?),
-        };
-        let cap = if ask.rate_only {
-            None
-        } else {
-            limits.max_concurrent
-        };
-        if let Some(cap) = cap
-            && state.in_flight.get(who).copied().unwrap_or(0) >= cap
-        {
-            return Err(Refusal {
-                kind: LimitKind::MaxConcurrent,
-                limit: u64::from(cap),
-                used: u64::from(cap),
-                resets_at: None,
-                retry_after_ms: Some(1000),
-            });
+        let mut guard = self.lock();
+        let State { keys, teams } = &mut *guard;
+        let slot = keys.get_mut(who);
+        let mut cell = slot.as_deref().copied().unwrap_or_default();
+        let verdict = decide(&mut cell, teams, ask, now, seed);
+        match slot {
+            Some(s) => *s = cell,
+            None if !cell.is_empty() => {
+                keys.insert(who.clone(), cell);
+            }
+            None => {}
         }
-        let budgets = if ask.rate_only {
-            Vec::new()
-        } else {
-            limits.budgets(ask.team_usd_per_month, now)
+        verdict
+    }
+
+    /// Replaces `reservation` by the request's real spend `actual` (zero when it never
+    /// reached an upstream) and gives back its request in flight.
+    pub fn settle(&self, reservation: Reservation, actual: Spend) {
+        let mut guard = self.lock();
+        let State { keys, teams } = &mut *guard;
+        let ask = reservation.ask;
+        if (reservation.in_flight || reservation.day.is_some() || reservation.month.is_some())
+            && let Some(cell) = keys.get_mut(&reservation.who)
+        {
+            if let Some(d) = reservation.day {
+                settle_in(&mut cell.day, d, ask, actual);
+            }
+            if let Some(m) = reservation.month {
+                settle_in(&mut cell.month, m, ask, actual);
+            }
+            if reservation.in_flight {
+                cell.in_flight = cell.in_flight.saturating_sub(1);
+            }
+            if cell.is_empty() {
+                keys.remove(&reservation.who);
+            }
+        }
+        if let Some(m) = reservation.team
+            && let Some(team) = teams.get_mut(&reservation.who.org)
+        {
+            let mut slot = Some(*team);
+            settle_in(&mut slot, m, ask, actual);
+            if let Some(t) = slot {
+                *team = t;
+            }
+        }
+    }
+
+    /// The entry of `key`, if a check created it.
+    pub fn entry(&self, key: &SpendKey) -> Option<SpendEntry> {
+        let state = self.lock();
+        match (&key.caller, key.period) {
+            (None, Period::Month(m)) => state
+                .teams
+                .get(&key.org)
+                .filter(|(p, _)| *p == m)
+                .map(|(_, e)| *e),
+            (None, Period::Day(_)) => None,
+            (Some(caller), period) => {
+                let cell = state.keys.get(&Who {
+                    org: key.org.clone(),
+                    caller: caller.clone(),
+                })?;
+                match period {
+                    Period::Day(d) => cell.day.filter(|(p, _)| *p == d).map(|(_, e)| e),
+                    Period::Month(m) => cell.month.filter(|(p, _)| *p == m).map(|(_, e)| e),
+                }
+            }
+        }
+    }
+
+    /// Sets the settled spend of `key` (a shared store's total, so an outage starts
+    /// from it); its reservations are kept.
+    pub fn set_settled(&self, key: SpendKey, settled: Spend) {
+        let mut state = self.lock();
+        let set = |entry: &mut Option<(Period, SpendEntry)>| {
+            let mut e = entry.map_or_else(SpendEntry::default, |(_, e)| e);
+            e.settled = settled;
+            e
         };
-        let mut keys = Vec::with_capacity(budgets.len());
-        for budget in &budgets {
-            let key = SpendKey {
-                org: who.org.clone(),
-                caller: (!budget.is_team()).then(|| who.caller.clone()),
-                period: budget.period,
+        match (key.caller, key.period) {
+            (None, Period::Month(m)) => {
+                let slot = state
+                    .teams
+                    .entry(key.org)
+                    .or_insert((m, SpendEntry::default()));
+                let reserved = if slot.0 == m {
+                    slot.1.reserved
+                } else {
+                    Spend::default()
+                };
+                *slot = (m, SpendEntry { settled, reserved });
+            }
+            (None, Period::Day(_)) => {}
+            (Some(caller), period) => {
+                let cell = state
+                    .keys
+                    .entry(Who {
+                        org: key.org,
+                        caller,
+                    })
+                    .or_default();
+                match period {
+                    Period::Day(d) => {
+                        let mut slot = cell
+                            .day
+                            .filter(|(p, _)| *p == d)
+                            .map(|(p, e)| (Period::Day(p), e));
+                        cell.day = Some((d, set(&mut slot)));
+                    }
+                    Period::Month(m) => {
+                        let mut slot = cell
+                            .month
+                            .filter(|(p, _)| *p == m)
+                            .map(|(p, e)| (Period::Month(p), e));
+                        cell.month = Some((m, set(&mut slot)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Requests of `who` in flight under its `max_concurrent`.
+    pub fn in_flight(&self, who: &Who) -> u32 {
+        self.lock().keys.get(who).map_or(0, |c| c.in_flight)
+    }
+
+    /// Drops entries of periods that ended before `now` with nothing reserved, and GCRA
+    /// cells in the past (a fresh cell admits the same).
+    pub fn prune(&self, now: UnixMs) {
+        let now_us = now.saturating_mul(1000);
+        let ended = |end: UnixMs, e: &SpendEntry| end <= now && e.reserved == Spend::default();
+        let mut state = self.lock();
+        state.keys.retain(|_, c| {
+            if c.tat.is_some_and(|t| t <= now_us) {
+                c.tat = None;
+            }
+            if c.day.is_some_and(|(d, e)| ended(d.end(), &e)) {
+                c.day = None;
+            }
+            if c.month.is_some_and(|(m, e)| ended(m.end(), &e)) {
+                c.month = None;
+            }
+            !c.is_empty()
+        });
+        state.teams.retain(|_, (m, e)| !ended(m.end(), e));
+    }
+
+    /// The GCRA cells still ahead of `now`, for the state file.
+    pub fn export_cells(&self, now: UnixMs) -> Vec<(Arc<str>, Arc<str>, u64)> {
+        let now_us = now.saturating_mul(1000);
+        let mut cells: Vec<_> = self
+            .lock()
+            .keys
+            .iter()
+            .filter_map(|(w, c)| Some((w, c.tat.filter(|t| *t > now_us)?)))
+            .map(|(w, tat)| (w.org.clone(), w.caller.clone(), tat))
+            .collect();
+        cells.sort();
+        cells
+    }
+
+    /// Takes GCRA cells from the state file (the later time wins).
+    pub fn import_cells(&self, cells: impl IntoIterator<Item = (Arc<str>, Arc<str>, u64)>) {
+        let mut state = self.lock();
+        for (org, caller, tat) in cells {
+            let cell = state.keys.entry(Who { org, caller }).or_default();
+            cell.tat = Some(cell.tat.map_or(tat, |t| t.max(tat)));
+        }
+    }
+}
+
+/// [`LimitBook::check`] on a copy of the key's state: every limit, then (admitted)
+/// every take. A refusal leaves `cell` as it was but for entries it started (so a
+/// seed is asked once).
+fn decide(
+    cell: &mut KeyState,
+    teams: &mut HashMap<Arc<str>, (Month, SpendEntry), Hasher>,
+    ask: &Ask<'_>,
+    now: UnixMs,
+    seed: &dyn Fn(&SpendKey) -> Spend,
+) -> Result<Reservation, Refusal> {
+    let who = ask.who;
+    let limits = ask.limits;
+    let tat = match limits.rate {
+        None => None,
+        Some(rate) => Some(rate.admit(cell.tat, now).map_err(|wait_us| Refusal {
+            kind: LimitKind::RequestsPerMinute,
+            limit: u64::from(rate.per_minute),
+            used: 0,
+            resets_at: None,
+            retry_after_ms: Some(wait_us.div_ceil(1000)),
+        })?),
+    };
+    let cap = if ask.rate_only {
+        None
+    } else {
+        limits.max_concurrent
+    };
+    if let Some(cap) = cap
+        && cell.in_flight >= cap
+    {
+        return Err(Refusal {
+            kind: LimitKind::MaxConcurrent,
+            limit: u64::from(cap),
+            used: u64::from(cap),
+            resets_at: None,
+            retry_after_ms: Some(1000),
+        });
+    }
+    let day = Day::of(now);
+    let month = day.month();
+    let key_of = |caller: bool, period| SpendKey {
+        org: who.org.clone(),
+        caller: caller.then(|| who.caller.clone()),
+        period,
+    };
+    let (mut uses_day, mut uses_month, mut uses_team) = (false, false, false);
+    let mut team_entry = None;
+    if !ask.rate_only {
+        for budget in budgets_of(limits, ask.team_usd_per_month, now) {
+            let entry = match budget.kind {
+                LimitKind::TokensPerDay | LimitKind::UsdPerDay => {
+                    uses_day = true;
+                    current(&mut cell.day, day, || seed(&key_of(true, Period::Day(day))))
+                }
+                LimitKind::TeamUsdPerMonth => {
+                    uses_team = true;
+                    *team_entry.get_or_insert_with(|| {
+                        let mut slot = teams.get(&who.org).copied();
+                        let e = current(&mut slot, month, || {
+                            seed(&key_of(false, Period::Month(month)))
+                        });
+                        if let Some(t) = slot
+                            && teams.get(&who.org) != Some(&t)
+                        {
+                            teams.insert(who.org.clone(), t);
+                        }
+                        e
+                    })
+                }
+                _ => {
+                    uses_month = true;
+                    current(&mut cell.month, month, || {
+                        seed(&key_of(true, Period::Month(month)))
+                    })
+                }
             };
-            let entry = *state
-                .spends
-                .entry(key.clone())
-                .or_insert_with(|| SpendEntry {
-                    settled: seed(&key),
-                    reserved: Spend::default(),
-                });
             let used = budget.amount(entry.used());
             if used.saturating_add(budget.amount(ask.worst)) > budget.limit {
                 let end = budget.period.end();
@@ -466,98 +761,36 @@ impl LimitBook {
                     retry_after_ms: Some(end.saturating_sub(now)),
                 });
             }
-            if !keys.contains(&key) {
-                keys.push(key);
-            }
-        }
-        // Everything passed: take it all.
-        if let Some(tat) = cell {
-            state.cells.insert(who.clone(), tat);
-        }
-        if cap.is_some() {
-            *state.in_flight.entry(who.clone()).or_default() += 1;
-        }
-        for key in &keys {
-            if let Some(entry) = state.spends.get_mut(key) {
-                entry.reserved = entry.reserved.plus(ask.worst);
-            }
-        }
-        Ok(Reservation {
-            who: who.clone(),
-            ask: ask.worst,
-            keys,
-            in_flight: cap.is_some(),
-        })
-    }
-
-    /// Replaces `reservation` by the request's real spend `actual` (zero when it never
-    /// reached an upstream) and gives back its request in flight.
-    pub fn settle(&self, reservation: Reservation, actual: Spend) {
-        let mut state = self.lock();
-        for key in &reservation.keys {
-            let entry = state.spends.entry(key.clone()).or_default();
-            entry.reserved = entry.reserved.minus(reservation.ask);
-            entry.settled = entry.settled.plus(actual);
-        }
-        if reservation.in_flight
-            && let Some(n) = state.in_flight.get_mut(&reservation.who)
-        {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                state.in_flight.remove(&reservation.who);
-            }
         }
     }
-
-    /// The entry of `key`, if a check created it.
-    pub fn entry(&self, key: &SpendKey) -> Option<SpendEntry> {
-        self.lock().spends.get(key).copied()
+    // Everything passed: take it all.
+    if tat.is_some() {
+        cell.tat = tat;
     }
-
-    /// Sets the settled spend of `key` (a shared store's total, so an outage starts
-    /// from it); its reservations are kept.
-    pub fn set_settled(&self, key: SpendKey, settled: Spend) {
-        self.lock().spends.entry(key).or_default().settled = settled;
+    if cap.is_some() {
+        cell.in_flight += 1;
     }
-
-    /// Requests of `who` in flight under its `max_concurrent`.
-    pub fn in_flight(&self, who: &Who) -> u32 {
-        self.lock().in_flight.get(who).copied().unwrap_or(0)
+    if uses_day {
+        reserve(&mut cell.day, day, ask.worst);
     }
-
-    /// Drops entries of periods that ended before `now` with nothing reserved, and GCRA
-    /// cells in the past (a fresh cell admits the same).
-    pub fn prune(&self, now: UnixMs) {
-        let now_us = now.saturating_mul(1000);
-        let mut state = self.lock();
-        state
-            .spends
-            .retain(|k, e| k.period.end() > now || e.reserved != Spend::default());
-        state.cells.retain(|_, tat| *tat > now_us);
+    if uses_month {
+        reserve(&mut cell.month, month, ask.worst);
     }
-
-    /// The GCRA cells still ahead of `now`, for the state file.
-    pub fn export_cells(&self, now: UnixMs) -> Vec<(Arc<str>, Arc<str>, u64)> {
-        let now_us = now.saturating_mul(1000);
-        let mut cells: Vec<_> = self
-            .lock()
-            .cells
-            .iter()
-            .filter(|(_, tat)| **tat > now_us)
-            .map(|(w, tat)| (w.org.clone(), w.caller.clone(), *tat))
-            .collect();
-        cells.sort();
-        cells
-    }
-
-    /// Takes GCRA cells from the state file (the later time wins).
-    pub fn import_cells(&self, cells: impl IntoIterator<Item = (Arc<str>, Arc<str>, u64)>) {
-        let mut state = self.lock();
-        for (org, caller, tat) in cells {
-            let slot = state.cells.entry(Who { org, caller }).or_insert(tat);
-            *slot = (*slot).max(tat);
+    if uses_team && let Some(team) = teams.get_mut(&who.org) {
+        let mut slot = Some(*team);
+        reserve(&mut slot, month, ask.worst);
+        if let Some(t) = slot {
+            *team = t;
         }
     }
+    Ok(Reservation {
+        who: who.clone(),
+        ask: ask.worst,
+        day: uses_day.then_some(day),
+        month: uses_month.then_some(month),
+        team: uses_team.then_some(month),
+        in_flight: cap.is_some(),
+    })
 }
 
 #[cfg(test)]
@@ -631,7 +864,7 @@ mod tests {
             },
         );
         let second = book.check(&ask(&who, &limits, worst), NOON, &none).unwrap();
-        let key = second.keys[0].clone();
+        let key = second.keys()[0].clone();
         assert_eq!(
             book.entry(&key).unwrap(),
             SpendEntry {

@@ -96,7 +96,7 @@ proptest! {
             match book.check(&ask, T0, &seed) {
                 Ok(r) => {
                     // Admitted: it fit beside everything settled and reserved.
-                    let day = r.keys.iter().find(|k| k.caller.is_some() && matches!(k.period, Period::Day(_))).cloned().unwrap();
+                    let day = r.keys().iter().find(|k| k.caller.is_some() && matches!(k.period, Period::Day(_))).cloned().unwrap();
                     prop_assert!(book.entry(&day).unwrap().used().tokens <= limit);
                     open.push(r);
                 }

@@ -405,9 +405,10 @@ impl App {
         match crate::limits::admit(self, org, key, &info, body.bytes.len(), endpoint, now_ms())
             .await
         {
-            Ok(guard) => {
+            Ok(admitted) => {
                 if let Some(log) = ctx.log_mut() {
-                    log.limit_guard = guard;
+                    log.limit_guard = admitted.guard;
+                    log.asked_prices = admitted.asked_prices;
                 }
             }
             Err(refused) => {

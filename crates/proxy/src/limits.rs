@@ -11,7 +11,9 @@ use std::borrow::Cow;
 
 use http::StatusCode;
 use keypool_core::{UnixMs, Usage};
-use keypool_ledger::{LimitKind, Limits, NANO_PER_USD, NanoUsd, PriceTable, Refusal, Spend};
+use keypool_ledger::{
+    LimitKind, Limits, NANO_PER_USD, NanoUsd, PriceTable, Prices, Refusal, Spend,
+};
 use keypool_providers::{Endpoint, ErrorType, RequestInfo};
 use keypool_store::config::{LbKey, Org};
 use keypool_store::limits::{LimitCheck, LimitDenial, LimitGuard};
@@ -30,8 +32,15 @@ pub(crate) struct Refused {
     pub limit: Option<LimitKind>,
 }
 
-/// Checks `key`'s limits for a request: `Ok(None)` when the key has none (nothing to
-/// hold), `Ok(Some(guard))` when admitted, the rejection when not.
+/// An admitted request: what its limits hold, and the prices of the model it asked
+/// for when the check looked them up (the usage record reuses them).
+pub(crate) struct Admitted {
+    pub guard: Option<LimitGuard>,
+    pub asked_prices: Option<Option<Prices>>,
+}
+
+/// Checks `key`'s limits for a request: no guard when the key has none (nothing to
+/// hold), the guard when admitted, the rejection when not.
 pub(crate) async fn admit(
     app: &App,
     org: &Org,
@@ -40,12 +49,17 @@ pub(crate) async fn admit(
     body_len: usize,
     endpoint: Endpoint,
     now: UnixMs,
-) -> Result<Option<LimitGuard>, Refused> {
+) -> Result<Admitted, Refused> {
     let team = org.team_usd_per_month();
     let limits = match key.limits() {
         Some(limits) => limits.as_ref(),
         None if team.is_some() => &NO_LIMITS,
-        None => return Ok(None),
+        None => {
+            return Ok(Admitted {
+                guard: None,
+                asked_prices: None,
+            });
+        }
     };
     if let Err(kind) = limits.check_model(&info.model) {
         return Err(Refused {
@@ -57,10 +71,11 @@ pub(crate) async fn admit(
     let needs_price = !rate_only
         && (team.is_some() || limits.usd_per_day.is_some() || limits.usd_per_month.is_some());
     let config = app.store().config();
+    let asked_prices = needs_price.then(|| config.prices().prices_for(&info.model).copied());
     let worst = worst_case(
         body_len,
         info.max_tokens.unwrap_or(0),
-        &info.model,
+        asked_prices.flatten(),
         org,
         needs_price.then(|| config.prices()),
     );
@@ -73,7 +88,10 @@ pub(crate) async fn admit(
         rate_only,
     };
     match app.store().check_limits(&check, now).await {
-        Ok(guard) => Ok(Some(guard)),
+        Ok(guard) => Ok(Admitted {
+            guard: Some(guard),
+            asked_prices,
+        }),
         Err(LimitDenial::Refused(r)) => Err(Refused {
             reject: refusal(&r, worst, org.slug(), now),
             limit: Some(r.kind),
@@ -91,12 +109,12 @@ pub(crate) async fn admit(
 }
 
 /// The request's worst case (SPEC 12): body bytes / 3 input tokens and `max_tokens`
-/// output, priced at the dearest of the model asked and the org's `model` overrides
-/// (it may be sent as any of them); no price table → 0 USD.
+/// output, priced at the dearest of the model asked (`asked`, its prices) and the
+/// org's `model` overrides (it may be sent as any of them); no price table → 0 USD.
 fn worst_case(
     body_len: usize,
     max_tokens: u64,
-    model: &str,
+    asked: Option<Prices>,
     org: &Org,
     prices: Option<&PriceTable>,
 ) -> Spend {
@@ -106,9 +124,14 @@ fn worst_case(
         ..Usage::default()
     };
     let nano_usd = prices.map_or(0, |table| {
-        std::iter::once(model)
-            .chain(org.override_models().iter().map(|m| &**m))
-            .filter_map(|m| table.cost(m, &usage))
+        let overrides = org
+            .override_models()
+            .iter()
+            .filter_map(|m| table.cost(m, &usage));
+        asked
+            .map(|p| p.cost(&usage))
+            .into_iter()
+            .chain(overrides)
             .max()
             .unwrap_or(0)
     });

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use keypool_core::{AccountId, Strategy, Usage};
 use keypool_ledger::{
-    AttemptRecord, CallerKind, CallerRef, CostBasis, LimitKind, Spend, UsageRecord, Usd,
+    AttemptRecord, CallerKind, CallerRef, CostBasis, LimitKind, Prices, Spend, UsageRecord, Usd,
 };
 use keypool_store::limits::LimitGuard;
 use keypool_store::now_ms;
@@ -63,6 +63,9 @@ pub(crate) struct RequestLog {
     pub limit_guard: Option<LimitGuard>,
     /// The caller limit that refused it.
     pub limit: Option<LimitKind>,
+    /// The prices of `model` when the limit check looked them up (`Some(None)`: it
+    /// has none), so that the record does not look them up again.
+    pub asked_prices: Option<Option<Prices>>,
 }
 
 /// The fields of the request line whose text is a JSON value (an array): a JSON log
@@ -112,6 +115,7 @@ impl RequestLog {
             user_agent: None,
             limit_guard: None,
             limit: None,
+            asked_prices: None,
         }
     }
 
@@ -124,7 +128,13 @@ impl RequestLog {
         };
         let usage = self.usage.unwrap_or_default();
         let model = self.model_sent.as_ref().or(self.model.as_ref());
-        let price = model.and_then(|m| app.store().config().prices().cost(m, &usage));
+        let price = match self.asked_prices {
+            // Sent as asked: the prices the limit check found.
+            Some(prices) if self.model_sent.is_none() || self.model_sent == self.model => {
+                prices.map(|p| p.cost(&usage))
+            }
+            _ => model.and_then(|m| app.store().config().prices().cost(m, &usage)),
+        };
         let (cost, basis) = match price {
             None => (0, CostBasis::Unpriced),
             Some(cost) if self.served_by_oauth => (cost, CostBasis::ListPriceEquivalent),

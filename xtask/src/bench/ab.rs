@@ -89,7 +89,9 @@ impl AbOptions {
             }
         }
         if o.limits && !o.rev.is_empty() {
-            bail!("--limits measures one binary with and without limits: no baseline commit ({USAGE})");
+            bail!(
+                "--limits measures one binary with and without limits: no baseline commit ({USAGE})"
+            );
         }
         if o.rev.is_empty() && !o.limits {
             bail!("which commit is the baseline? ({USAGE})");
@@ -252,8 +254,7 @@ async fn start_gateway(
     if limits {
         text = setup::with_caller_limits(&text);
     }
-    std::fs::write(&config, text)
-        .with_context(|| format!("cannot write {}", config.display()))?;
+    std::fs::write(&config, text).with_context(|| format!("cannot write {}", config.display()))?;
     let mut serve = Command::new(binary);
     serve.arg("serve").arg("--config").arg(&config);
     let mut proc = Proc::spawn(

@@ -341,7 +341,11 @@ mod tests {
         assert_eq!(text.matches("[[keys]]").count(), 1);
         let limited = with_caller_limits(&text);
         assert_eq!(limited.matches("limits = {").count(), 2);
-        assert!(limited.trim_end().ends_with("usd_per_month = 1000000000.0 }"));
+        assert!(
+            limited
+                .trim_end()
+                .ends_with("usd_per_month = 1000000000.0 }")
+        );
         assert!(text.contains("listen = \"127.0.0.1:9000\""));
         assert!(text.contains("strategy = \"rated\""));
         assert!(text.contains("retry_after_min_ms = 1"));
