@@ -237,16 +237,27 @@ struct Gateway {
     endpoint: Endpoint,
 }
 
+/// One side of the comparison: its name, its binary, and whether its config has
+/// every caller limit on the bench key.
+struct Side<'a> {
+    name: &'a str,
+    binary: &'a Path,
+    limits: bool,
+}
+
 async fn start_gateway(
     client: &HttpClient,
-    name: &str,
-    binary: &Path,
+    side: Side<'_>,
     dir: &Path,
     fast_base: &str,
     key: &setup::LbKey,
     pool: &str,
-    limits: bool,
 ) -> anyhow::Result<Gateway> {
+    let Side {
+        name,
+        binary,
+        limits,
+    } = side;
     let addr = procs::free_addr()?;
     let config = dir.join(format!("ab-{name}.toml"));
     // Both pools' upstream is the one fast simulator (the slow pools are not measured).
@@ -321,24 +332,28 @@ async fn measure(
     let mut gateways = [
         start_gateway(
             &client,
-            "baseline",
-            baseline,
+            Side {
+                name: "baseline",
+                binary: baseline,
+                limits: false,
+            },
             dir,
             &fast_base,
             &key,
             &options.pool,
-            false,
         )
         .await?,
         start_gateway(
             &client,
-            "current",
-            &bins.keypool,
+            Side {
+                name: "current",
+                binary: &bins.keypool,
+                limits: options.limits,
+            },
             dir,
             &fast_base,
             &key,
             &options.pool,
-            options.limits,
         )
         .await?,
     ];
