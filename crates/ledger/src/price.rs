@@ -7,6 +7,8 @@
 //! is exact, and a cost is one integer division of an exact sum.
 
 use keypool_core::Usage;
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::LedgerError;
@@ -185,12 +187,40 @@ pub struct PriceRule {
 }
 
 /// The prices keypool uses: the first rule whose glob matches the model.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// A model's rule is found by walking the rules once, then remembered (at most
+/// [`PRICE_CACHE_MODELS`] models; beyond, the walk is done every time): every
+/// request prices its model, and the walk over the default rules was ~570
+/// instructions (`docs/BENCHMARKS.md`).
+#[derive(Debug, Default)]
 pub struct PriceTable {
     rules: Vec<PriceRule>,
     /// How many of `rules` (the first ones) the operator wrote.
     operator: usize,
+    /// Model → index of its rule (`None`: no rule matches).
+    found: std::sync::RwLock<HashMap<Box<str>, Option<usize>, foldhash::fast::RandomState>>,
 }
+
+/// The most models a [`PriceTable`] remembers the rule of.
+pub const PRICE_CACHE_MODELS: usize = 1024;
+
+impl Clone for PriceTable {
+    fn clone(&self) -> Self {
+        Self {
+            rules: self.rules.clone(),
+            operator: self.operator,
+            found: std::sync::RwLock::default(),
+        }
+    }
+}
+
+impl PartialEq for PriceTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.rules == other.rules && self.operator == other.operator
+    }
+}
+
+impl Eq for PriceTable {}
 
 impl PriceTable {
     /// The operator's `rules` first, then [`default_rules`].
@@ -198,13 +228,21 @@ impl PriceTable {
         let operator = rules.len();
         let mut rules = rules;
         rules.extend(default_rules());
-        Self { rules, operator }
+        Self {
+            rules,
+            operator,
+            found: std::sync::RwLock::default(),
+        }
     }
 
     /// Only `rules` (no defaults).
     pub fn only(rules: Vec<PriceRule>) -> Self {
         let operator = rules.len();
-        Self { rules, operator }
+        Self {
+            rules,
+            operator,
+            found: std::sync::RwLock::default(),
+        }
     }
 
     /// Every rule in the order they are tried, and whether the operator wrote it.
@@ -217,10 +255,25 @@ impl PriceTable {
 
     /// The prices of `model`, if any rule matches it.
     pub fn prices_for(&self, model: &str) -> Option<&Prices> {
-        self.rules
-            .iter()
-            .find(|r| r.glob.matches(model))
-            .map(|r| &r.prices)
+        use std::sync::PoisonError;
+        let known = self
+            .found
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(model)
+            .copied();
+        let index = match known {
+            Some(index) => index,
+            None => {
+                let index = self.rules.iter().position(|r| r.glob.matches(model));
+                let mut found = self.found.write().unwrap_or_else(PoisonError::into_inner);
+                if found.len() < PRICE_CACHE_MODELS {
+                    found.insert(Box::from(model), index);
+                }
+                index
+            }
+        };
+        index.map(|i| &self.rules[i].prices)
     }
 
     /// The cost of `usage` on `model`; `None` when the model has no price.

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use keypool_core::{AccountId, Strategy, Usage};
 use keypool_ledger::{
-    AttemptRecord, CallerKind, CallerRef, CostBasis, LimitKind, Prices, Spend, UsageRecord, Usd,
+    AttemptRecord, CallerKind, CallerRef, CostBasis, LimitKind, Prices, Spend, UsageRecord,
 };
 use keypool_store::limits::LimitGuard;
 use keypool_store::now_ms;
@@ -168,20 +168,39 @@ impl RequestLog {
     }
 }
 
-/// `"text"` as a JSON string.
-fn json_string(out: &mut String, text: &str) {
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
+/// Writes `n` in decimal without the formatting machinery (the request line writes a
+/// dozen numbers per request).
+fn write_u64(f: &mut std::fmt::Formatter<'_>, mut n: u64) -> std::fmt::Result {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
         }
     }
-    out.push('"');
+    // Only ASCII digits were written.
+    f.write_str(std::str::from_utf8(&buf[i..]).unwrap_or("0"))
+}
+
+/// `"text"` as a JSON string (the whole text at once when nothing needs escaping).
+fn json_string(f: &mut std::fmt::Formatter<'_>, text: &str) -> std::fmt::Result {
+    f.write_str("\"")?;
+    if !text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        f.write_str(text)?;
+        return f.write_str("\"");
+    }
+    for c in text.chars() {
+        match c {
+            '"' => f.write_str("\\\"")?,
+            '\\' => f.write_str("\\\\")?,
+            c if (c as u32) < 0x20 => write!(f, "\\u{:04x}", c as u32)?,
+            c => f.write_char(c)?,
+        }
+    }
+    f.write_str("\"")
 }
 
 /// `[{"account":"a","outcome":"retry_after","status":429,"class":"rate_limit","ms":3},…]`:
@@ -190,33 +209,30 @@ struct Attempts<'a>(&'a [AttemptRecord]);
 
 impl std::fmt::Display for Attempts<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut out = String::with_capacity(96 * self.0.len() + 2);
-        out.push('[');
+        f.write_str("[")?;
         for (i, a) in self.0.iter().enumerate() {
             if i > 0 {
-                out.push(',');
+                f.write_str(",")?;
             }
-            out.push_str("{\"account\":");
-            json_string(&mut out, a.account.as_str());
-            out.push_str(",\"outcome\":");
-            json_string(&mut out, &a.outcome);
+            f.write_str("{\"account\":")?;
+            json_string(f, a.account.as_str())?;
+            f.write_str(",\"outcome\":")?;
+            json_string(f, &a.outcome)?;
+            f.write_str(",\"status\":")?;
             match a.status {
-                Some(s) => {
-                    let _ = write!(out, ",\"status\":{s}");
-                }
-                None => out.push_str(",\"status\":null"),
+                Some(s) => write_u64(f, u64::from(s))?,
+                None => f.write_str("null")?,
             }
+            f.write_str(",\"class\":")?;
             match &a.class {
-                Some(c) => {
-                    out.push_str(",\"class\":");
-                    json_string(&mut out, c);
-                }
-                None => out.push_str(",\"class\":null"),
+                Some(c) => json_string(f, c)?,
+                None => f.write_str("null")?,
             }
-            let _ = write!(out, ",\"ms\":{}}}", a.ms);
+            f.write_str(",\"ms\":")?;
+            write_u64(f, a.ms)?;
+            f.write_str("}")?;
         }
-        out.push(']');
-        f.write_str(&out)
+        f.write_str("]")
     }
 }
 
@@ -231,9 +247,48 @@ impl std::fmt::Display for Statuses<'_> {
             if !std::mem::take(&mut first) {
                 f.write_str(",")?;
             }
-            write!(f, "{status}")?;
+            write_u64(f, u64::from(status))?;
         }
         f.write_str("]")
+    }
+}
+
+/// Nano-USD as `0.000186000` (what `keypool_ledger::Usd` writes), without the formatting machinery.
+struct Cost(u64);
+
+impl std::fmt::Display for Cost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write_u64(f, self.0 / keypool_ledger::NANO_PER_USD)?;
+        let mut frac = [b'0'; 10];
+        frac[0] = b'.';
+        let mut n = self.0 % keypool_ledger::NANO_PER_USD;
+        for slot in frac[1..].iter_mut().rev() {
+            *slot = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        f.write_str(std::str::from_utf8(&frac).unwrap_or(".000000000"))
+    }
+}
+
+/// The client's address as `127.0.0.1:50686` (IPv4 without the formatting
+/// machinery; IPv6 as the standard library writes it).
+struct Peer(SocketAddr);
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            SocketAddr::V4(v4) => {
+                for (i, octet) in v4.ip().octets().iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(".")?;
+                    }
+                    write_u64(f, u64::from(*octet))?;
+                }
+                f.write_str(":")?;
+                write_u64(f, u64::from(v4.port()))
+            }
+            v6 => write!(f, "{v6}"),
+        }
     }
 }
 
@@ -255,7 +310,7 @@ impl Drop for RequestLog {
             .map_or(&self.attempts[..], |(_, r)| &r.attempts);
         tracing::info!(
             target: "keypool::request",
-            request_id = %self.request_id,
+            request_id = &*self.request_id,
             org = self.org.as_deref().unwrap_or("-"),
             url = self.url.as_deref().unwrap_or("-"),
             user_api_key_id = self.caller.as_ref().and_then(Caller::user_api_key_id),
@@ -279,8 +334,8 @@ impl Drop for RequestLog {
             output_tokens = usage.output_tokens,
             cache_creation_input_tokens = usage.cache_creation_input_tokens,
             cache_read_input_tokens = usage.cache_read_input_tokens,
-            cost_usd = cost.map(|c| tracing::field::display(Usd(c))),
-            client = self.client.map(tracing::field::display),
+            cost_usd = cost.map(|c| tracing::field::display(Cost(c))),
+            client = self.client.map(|c| tracing::field::display(Peer(c))),
             user_agent = self.user_agent.as_deref(),
             "request"
         );
@@ -288,5 +343,39 @@ impl Drop for RequestLog {
             app.metrics().usage(&record);
             app.store().record_usage(record);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hand_written_numbers_read_as_the_standard_ones() {
+        for n in [0u64, 7, 186_000, 1_000_000_000, 12_345_678_901, u64::MAX] {
+            assert_eq!(Cost(n).to_string(), keypool_ledger::Usd(n).to_string());
+        }
+        for addr in ["127.0.0.1:50686", "10.0.255.1:0", "[::1]:8080"] {
+            let a: SocketAddr = addr.parse().unwrap();
+            assert_eq!(Peer(a).to_string(), a.to_string());
+        }
+    }
+
+    #[test]
+    fn attempts_are_a_json_array_escaped_where_needed() {
+        let a = |account: &str, status, class: Option<&'static str>| AttemptRecord {
+            account: AccountId::from(account),
+            status,
+            outcome: Cow::Borrowed("ok"),
+            class: class.map(Cow::Borrowed),
+            ms: 12,
+        };
+        let list = [a("a\"1", Some(429), Some("rate_limit")), a("b", None, None)];
+        let text = Attempts(&list).to_string();
+        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(parsed[0]["account"], "a\"1");
+        assert_eq!(parsed[0]["status"], 429);
+        assert_eq!(parsed[1]["status"], serde_json::Value::Null);
+        assert_eq!(Statuses(&list).to_string(), "[429]");
     }
 }
