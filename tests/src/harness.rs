@@ -130,6 +130,8 @@ pub struct HarnessBuilder {
     extra: String,
     extra_keys: Vec<(String, String, String)>,
     org_lines: Vec<String>,
+    /// Serve from a config file (so that the admin API can change it).
+    config_file: bool,
     seed: u64,
     workers: Option<usize>,
     listeners: ListenerSpec,
@@ -168,6 +170,7 @@ impl Default for HarnessBuilder {
             extra: String::new(),
             extra_keys: Vec::new(),
             org_lines: Vec::new(),
+            config_file: false,
             seed: 0x6b65_7970_6f6f_6c00,
             workers: None,
             listeners: ListenerSpec::default(),
@@ -233,6 +236,13 @@ impl HarnessBuilder {
         self
     }
 
+    /// Serves from a config file in a fresh folder ([`Harness::config_path`]), as
+    /// `keypool serve --config` does: the admin API's changes rewrite it.
+    pub fn config_file(mut self) -> Self {
+        self.config_file = true;
+        self
+    }
+
     /// Adds one raw line to the harness org's `[[orgs]]` table (e.g. its `limits`).
     pub fn org_line(mut self, line: &str) -> Self {
         self.org_lines.push(line.to_owned());
@@ -295,7 +305,15 @@ impl HarnessBuilder {
         let config = Config::from_toml_str(&toml, None, &|_| None)
             .unwrap_or_else(|e| panic!("harness config refused: {e}\n{toml}"));
         let store = Store::open(config).await.expect("store opens");
-        let app = App::new(store.clone());
+        let mut app = App::new(store.clone());
+        let mut config_dir = None;
+        if self.config_file {
+            let dir = keypool_store::testing::TempDir::new("harness-config").expect("a temp dir");
+            let path = dir.path().join("keypool.toml");
+            std::fs::write(&path, &toml).expect("the config file is written");
+            app = app.with_config_path(path);
+            config_dir = Some(dir);
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");
@@ -337,6 +355,7 @@ impl HarnessBuilder {
             toml,
             admin_addr,
             tls: self.listeners.tls.is_some(),
+            config_dir,
         }
     }
 
@@ -449,6 +468,8 @@ pub struct Harness {
     toml: String,
     admin_addr: Option<SocketAddr>,
     tls: bool,
+    /// The folder of the config file, with [`HarnessBuilder::config_file`].
+    config_dir: Option<keypool_store::testing::TempDir>,
 }
 
 impl std::fmt::Debug for Harness {
@@ -469,6 +490,13 @@ impl Harness {
     /// A harness with `accounts` (priorities in the given order: 0, 1, 2, …).
     pub async fn with_accounts(accounts: impl IntoIterator<Item = (&str, Script)>) -> Self {
         Self::builder().accounts(accounts).start().await
+    }
+
+    /// The config file, with [`HarnessBuilder::config_file`].
+    pub fn config_path(&self) -> Option<std::path::PathBuf> {
+        self.config_dir
+            .as_ref()
+            .map(|d| d.path().join("keypool.toml"))
     }
 
     /// The simulator.

@@ -70,6 +70,7 @@
 //!   temp folders, for this crate's tests and the end-to-end suites.
 
 pub mod config;
+pub mod document;
 pub mod error;
 pub mod keys;
 pub mod limits;

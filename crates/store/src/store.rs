@@ -131,6 +131,7 @@ struct Inner {
     sessions: SessionBook,
     slots: SlotBook,
     limit_holds: crate::limits::LimitHolds,
+    change_lock: crate::document::ChangeLock,
     last_purged: AtomicU64,
     last_pruned: AtomicU64,
     reloads: ReloadCounts,
@@ -294,6 +295,7 @@ impl Store {
             sessions: SessionBook::new(),
             slots,
             limit_holds: crate::limits::LimitHolds::default(),
+            change_lock: crate::document::ChangeLock::default(),
             last_purged: AtomicU64::new(now),
             last_pruned: AtomicU64::new(0),
             reloads: ReloadCounts::default(),
@@ -394,7 +396,15 @@ impl Store {
                 return Err(e);
             }
         };
+        let diff = crate::document::ConfigDiff::between(&self.config(), &config);
         self.install(config);
+        if !diff.is_empty() {
+            tracing::info!(
+                path = %path.display(),
+                changed = %serde_json::to_string(&diff).unwrap_or_default(),
+                "config reloaded"
+            );
+        }
         let reloads = &self.inner.reloads;
         reloads.applied.fetch_add(1, Ordering::Relaxed);
         reloads.last_applied_at.store(now_ms(), Ordering::Relaxed);
@@ -504,6 +514,11 @@ impl Store {
     }
 
     /// The Redis mirror, when Redis is configured.
+    /// Serialises the changes of the config document.
+    pub(crate) fn change_lock(&self) -> &crate::document::ChangeLock {
+        &self.inner.change_lock
+    }
+
     /// The Redis side of the caller limits.
     pub(crate) fn limit_holds(&self) -> &crate::limits::LimitHolds {
         &self.inner.limit_holds

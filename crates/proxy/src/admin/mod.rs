@@ -20,6 +20,11 @@
 //! | `POST /admin/accounts/{id}/clear-cooldown` | ends an account's cooldown now |
 //! | `POST /admin/accounts/{id}/clear-windows` | drops its usage-window state (and a window's cooldown) |
 //! | `POST /admin/reload` | re-reads the config file (as `SIGHUP` does) |
+//! | `POST /admin/accounts`, `PATCH`/`DELETE /admin/accounts/{id}` | change the accounts (the config document, [`changes`]) |
+//! | `POST /admin/accounts/{id}/disable` | disables an account at runtime |
+//! | `POST /admin/groups`, `PATCH`/`DELETE /admin/groups/{org}/{id}` | change the groups |
+//! | `POST /admin/urls`, `PATCH`/`DELETE /admin/urls/{org}/{custom_url}` | change the URL configs |
+//! | `GET`/`POST /admin/keys`, `PATCH`/`DELETE /admin/keys/{id}`, `POST /admin/keys/{id}/revoke` | list, create (the key shown once), change, delete, revoke LB keys |
 //! | `GET /admin/usage` | usage totals of a day or month by caller, account, model or org (JSON, CSV) |
 //! | `GET /admin/usage/summary` | today's and this month's usage per caller and account, the last hour per minute |
 //! | `GET /admin/requests` | the newest usage records (`caller`, `status`, `limit`) |
@@ -42,6 +47,7 @@ use keypool_store::keys::hash_key;
 use keypool_store::{Store, StoreError, now_ms};
 use serde_json::{Value, json};
 
+mod changes;
 mod limits;
 mod usage;
 
@@ -93,10 +99,14 @@ where
             request_id,
         );
     }
-    // No route takes a body yet; it is read (within the limits) so that the connection
-    // stays usable.
-    if let Err(reject) = app.read_body(parts, body).await {
-        return reject.respond(request_id);
+    // Read within the request limits (also when a route takes none, so that the
+    // connection stays usable).
+    let body = match app.read_body(parts, body).await {
+        Ok(body) => body,
+        Err(reject) => return reject.respond(request_id),
+    };
+    if let Some(answer) = changes::handle(app, &parts.method, &segments, &body.bytes, request_id) {
+        return answer;
     }
     let now = now_ms();
     let get = method == Method::GET;

@@ -9,8 +9,10 @@
 //! them is validation, so a `Weight` is always 1–100, a key hash is always 32 bytes, a
 //! group always names accounts of its own org, and so on.
 
+pub mod edit;
 mod env;
 mod raw;
+pub mod sealed;
 mod secret;
 mod validate;
 
@@ -373,6 +375,10 @@ impl Org {
         self.groups.get(id)
     }
     /// A URL config of this org by `custom_url`.
+    pub fn groups(&self) -> impl Iterator<Item = &Arc<Group>> {
+        self.groups.values()
+    }
+    /// A URL config by `custom_url`.
     pub fn url(&self, custom_url: &str) -> Option<&Arc<UrlConfig>> {
         self.urls.get(custom_url)
     }
@@ -383,7 +389,7 @@ impl Org {
 }
 
 /// One upstream account.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Account {
     pub(crate) id: AccountId,
     pub(crate) org: Arc<str>,
@@ -547,7 +553,7 @@ pub enum KeyScope {
 }
 
 /// An LB key as configured (only its hash is known).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LbKey {
     pub(crate) id: Arc<str>,
     pub(crate) org: Arc<str>,

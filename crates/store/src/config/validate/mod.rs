@@ -306,11 +306,61 @@ fn resolve_secret(
             }
         };
     }
+    if !literal && let Some(path) = value.strip_prefix("file:") {
+        return read_secret_file(path, loc, issues);
+    }
+    if !literal && super::sealed::is_sealed(value) {
+        let key = env(super::sealed::SECRETS_KEY_ENV);
+        return match super::sealed::open(key.as_deref(), value) {
+            Ok(secret) if !secret.is_empty() => Some(Secret::new(secret)),
+            Ok(_) => {
+                issues.push(loc, "secret is empty");
+                None
+            }
+            Err(e) => {
+                issues.push(loc, e.to_string());
+                None
+            }
+        };
+    }
     if value.is_empty() {
         issues.push(loc, "secret is empty");
         return None;
     }
     Some(Secret::new(value))
+}
+
+/// `file:/path`: the file's text, read at every load (a mounted secret that rotates is
+/// picked up by the next reload), without one final line break. Messages name the
+/// path, never what it holds.
+fn read_secret_file(path: &str, loc: &str, issues: &mut Issues) -> Option<Secret> {
+    if path.is_empty() {
+        issues.push(
+            loc,
+            "file: needs a path, e.g. file:/run/secrets/anthropic-1",
+        );
+        return None;
+    }
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let text = text
+                .strip_suffix("\r\n")
+                .or_else(|| text.strip_suffix('\n'))
+                .unwrap_or(&text);
+            if text.is_empty() {
+                issues.push(loc, format!("the secret file {path} is empty"));
+                return None;
+            }
+            Some(Secret::new(text))
+        }
+        Err(e) => {
+            issues.push(
+                loc,
+                format!("cannot read the secret file {path}: {e}; mount it or fix the path"),
+            );
+            None
+        }
+    }
 }
 
 impl OrgBuilder {

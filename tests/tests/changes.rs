@@ -1,0 +1,304 @@
+//! SPEC 13 end to end: the pool changed while it runs, through the admin API, on a
+//! keypool serving from a config file. An account added serves the next request; a
+//! rotated secret is used by the next upstream call; a revoked key gets 401; a key
+//! created is shown once and authenticates; an account deleted while a request is in
+//! flight lets it finish; an invalid change is 422 with located problems and changes
+//! nothing; every change is in the file (so it survives a restart) and in the audit log.
+
+// Test code may unwrap (helpers outside #[test] functions too).
+#![allow(clippy::unwrap_used)]
+
+use keypool_sim::{Delay, OkSpec, Script};
+use keypool_store::config::Config;
+use keypool_tests::{AccountSpec, Harness, HarnessBuilder, MODEL, Reply, message_body, secret_of};
+use serde_json::{Value, json};
+
+const ADMIN_TOKEN: &str = "changes-admin-token-0a1b2c3d4e5f";
+
+fn builder() -> HarnessBuilder {
+    Harness::builder()
+        .account(AccountSpec::new("a", Script::ok()))
+        .extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""))
+        .config_file()
+}
+
+async fn admin(h: &Harness, method: http::Method, path: &str, body: Option<Value>) -> Reply {
+    let mut r = h.client().request(method, h.url(path)).bearer(ADMIN_TOKEN);
+    if let Some(body) = body {
+        r = r.json(&body);
+    }
+    r.send().await
+}
+
+/// A secret file holding `value` (a `file:` reference the test controls).
+fn secret_file(h: &Harness, name: &str, value: &str) -> String {
+    let path = h.config_path().unwrap().with_file_name(name);
+    std::fs::write(&path, format!("{value}\n")).unwrap();
+    format!("file:{}", path.display())
+}
+
+/// The configuration a restart would load from the file.
+fn reloaded(h: &Harness) -> Config {
+    Config::load(&h.config_path().unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn an_account_added_through_the_api_serves_the_next_request_and_survives_a_restart() {
+    let h = builder().start().await;
+    // The simulator knows the credentials of the harness's accounts: `b` presents
+    // `a`'s, and keypool's own record says which account served.
+    let secret = secret_file(&h, "b.secret", &secret_of("a"));
+    let r = admin(
+        &h,
+        http::Method::POST,
+        "/admin/accounts",
+        Some(
+            json!({"id": "b", "org": "acme", "provider": "anthropic", "auth": "api_key",
+                    "secret": secret, "base_url": h.sim().base_url()}),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["diff"]["accounts_added"], json!(["b"]));
+    // Put it alone in the pool.
+    let r = admin(
+        &h,
+        http::Method::PATCH,
+        "/admin/groups/acme/pool",
+        Some(json!({"accounts": ["b"]})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = h.send_message().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let id = r.header("x-request-id").unwrap().to_owned();
+    let record = admin(
+        &h,
+        http::Method::GET,
+        &format!("/admin/requests/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(record.json()["account"], "b", "served by the new account");
+    // In the file: a restart serves the same.
+    let config = reloaded(&h);
+    assert!(config.account("b").is_some());
+    let audit = std::fs::read_to_string(keypool_store::document::audit_log_path(
+        &h.config_path().unwrap(),
+    ))
+    .unwrap();
+    let lines: Vec<Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["route"], "POST /admin/accounts");
+    assert_eq!(lines[1]["changed"]["groups_changed"], json!(["acme/pool"]));
+    assert!(
+        !audit.contains(&secret_of("a")),
+        "no secret in the audit log"
+    );
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn a_rotated_secret_is_used_by_the_next_upstream_call() {
+    // `b` only gives the simulator a second known credential.
+    let h = builder()
+        .account(AccountSpec::new("b", Script::ok()).outside_pool())
+        .start()
+        .await;
+    assert_eq!(h.send_message().await.status, 200);
+    // The simulator names an account by the credential it got: `a` now presents the
+    // credential the simulator knows as `b`'s.
+    let rotated = secret_file(&h, "a.secret", &secret_of("b"));
+    let r = admin(
+        &h,
+        http::Method::PATCH,
+        "/admin/accounts/a",
+        Some(json!({"secret": rotated})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["diff"]["accounts_changed"], json!(["a"]));
+    let r = h.send_message().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Still account `a` for keypool, with the new credential upstream.
+    assert_eq!(h.upstream_order(), ["a", "b"]);
+    let last = h.sim().requests().pop().unwrap();
+    assert_eq!(last.header("x-api-key"), Some(secret_of("b").as_str()));
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn a_key_created_is_shown_once_and_a_revoked_key_gets_401() {
+    let h = builder().start().await;
+    let r = admin(
+        &h,
+        http::Method::POST,
+        "/admin/keys",
+        Some(json!({"id": "carol", "org": "acme"})),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let created = r.json();
+    let key = created["key"].as_str().unwrap().to_owned();
+    assert!(key.starts_with("sk-lb-"));
+    let file = std::fs::read_to_string(h.config_path().unwrap()).unwrap();
+    assert!(!file.contains(&key), "only the hash is stored");
+    let send = |key: String| {
+        let h = &h;
+        async move {
+            h.client()
+                .post(h.messages_url())
+                .api_key(&key)
+                .json(&message_body(MODEL, false))
+                .send()
+                .await
+        }
+    };
+    assert_eq!(send(key.clone()).await.status, 200);
+    // Listed without its hash.
+    let listed = admin(&h, http::Method::GET, "/admin/keys", None)
+        .await
+        .text();
+    assert!(listed.contains("\"carol\""), "{listed}");
+    assert!(!listed.contains("sha256"), "{listed}");
+    let r = admin(&h, http::Method::POST, "/admin/keys/carol/revoke", None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    send(key)
+        .await
+        .assert_keypool_error(401, "authentication_error");
+    assert!(reloaded(&h).lb_key_by_id("carol").unwrap().revoked());
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn an_invalid_change_is_422_with_located_problems_and_changes_nothing() {
+    let h = builder().start().await;
+    let path = h.config_path().unwrap();
+    let before = std::fs::read_to_string(&path).unwrap();
+    let account_before = (**h.store().config().account("a").unwrap()).clone();
+    let r = admin(
+        &h,
+        http::Method::PATCH,
+        "/admin/accounts/a",
+        Some(json!({"weight": 500, "colour": "red"})),
+    )
+    .await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let problems: Vec<&str> = body["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.starts_with("accounts[0].colour: unknown field")),
+        "{problems:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        before,
+        "the file is unchanged"
+    );
+    assert_eq!(**h.store().config().account("a").unwrap(), account_before);
+    // Unknown elements and duplicates.
+    let r = admin(&h, http::Method::DELETE, "/admin/accounts/nobody", None).await;
+    r.assert_keypool_error(404, "not_found_error");
+    let r = admin(
+        &h,
+        http::Method::POST,
+        "/admin/accounts",
+        Some(json!({"id": "a", "org": "acme"})),
+    )
+    .await;
+    r.assert_keypool_error(409, "invalid_request_error");
+    // A literal secret without KEYPOOL_SECRETS_KEY is refused, and says why.
+    let r = admin(
+        &h,
+        http::Method::POST,
+        "/admin/accounts",
+        Some(json!({"id": "c", "org": "acme", "provider": "anthropic", "auth": "api_key", "secret": "sk-ant-api03-literal"})),
+    )
+    .await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(
+        r.text().contains("KEYPOOL_SECRETS_KEY is not set"),
+        "{}",
+        r.text()
+    );
+    assert!(!r.text().contains("sk-ant-api03-literal"));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), before);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn an_account_deleted_with_a_request_in_flight_lets_it_finish() {
+    let slow = OkSpec::default().chunks(10).chunk_interval(Delay::ms(100));
+    let h = Harness::builder()
+        .account(AccountSpec::new("a", Script::new(slow)).priority(0))
+        .account(AccountSpec::new("b", Script::ok()).priority(1))
+        .extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""))
+        .config_file()
+        .start()
+        .await;
+    let mut stream = h
+        .client()
+        .post(h.messages_url())
+        .api_key(&h.key("alice"))
+        .json(&message_body(MODEL, true))
+        .send_streaming()
+        .await;
+    assert_eq!(stream.status, 200);
+    let r = admin(&h, http::Method::DELETE, "/admin/accounts/a", None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["diff"]["accounts_removed"], json!(["a"]));
+    let mut last = None;
+    while let Some(frame) = stream.next_frame().await {
+        last = frame.event;
+    }
+    assert_eq!(
+        last.as_deref(),
+        Some("message_stop"),
+        "the stream in flight finished"
+    );
+    // Gone after: the next request goes to b, the account is unknown to the API.
+    assert_eq!(h.send_message().await.status, 200);
+    assert_eq!(h.upstream_order(), ["a", "b"]);
+    let r = admin(&h, http::Method::GET, "/admin/accounts/a", None).await;
+    r.assert_keypool_error(404, "not_found_error");
+    assert!(reloaded(&h).account("a").is_none());
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn an_account_disabled_through_the_api_stops_serving_until_enabled() {
+    let h = Harness::builder()
+        .account(AccountSpec::new("a", Script::ok()).priority(0))
+        .account(AccountSpec::new("b", Script::ok()).priority(1))
+        .extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""))
+        .config_file()
+        .start()
+        .await;
+    let r = admin(
+        &h,
+        http::Method::POST,
+        "/admin/accounts/a/disable",
+        Some(json!({"reason": "rotating its key"})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["reason"], "operator: rotating its key");
+    assert_eq!(h.send_message().await.status, 200);
+    assert_eq!(h.upstream_order(), ["b"]);
+    let r = admin(&h, http::Method::POST, "/admin/accounts/a/enable", None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(h.send_message().await.status, 200);
+    assert_eq!(h.upstream_order(), ["b", "a"]);
+    h.finish().await;
+}
