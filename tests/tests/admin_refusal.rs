@@ -285,7 +285,12 @@ fn no_data_without_the_token() {
                 );
                 assert!(!r.text().contains("\"accounts\""));
             } else {
-                assert!([200, 404, 405, 409].contains(&status), "{status} {path}");
+                // 400: a change route (SPEC 13) wants a JSON object and these bodies are
+                // empty; nothing can change here (the harness serves no config file: 409).
+                assert!(
+                    [200, 400, 404, 405, 409].contains(&status),
+                    "{status} {path}"
+                );
             }
         },
     );

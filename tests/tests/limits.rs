@@ -50,6 +50,12 @@ async fn send(h: &Harness, key: &str, body: &Value) -> Reply {
         .await
 }
 
+/// Sends a message as `key` and expects it served.
+async fn served(h: &Harness, key: &str) {
+    let r = send(h, key, &message_body(MODEL, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 fn who(caller: &str) -> Who {
     Who {
         org: Arc::from("acme"),
@@ -378,15 +384,9 @@ async fn a_usd_budget_per_month_refuses_once_spent() {
     let h = limited("{ usd_per_month = 0.02 }", 1000, 1000)
         .start()
         .await;
-    assert_eq!(
-        send(&h, "lim", &message_body(MODEL, false)).await.status,
-        200
-    );
+    served(&h, "lim").await;
     // $0.018 spent + a worst case of about $0.001: fits.
-    assert_eq!(
-        send(&h, "lim", &message_body(MODEL, false)).await.status,
-        200
-    );
+    served(&h, "lim").await;
     let r = send(&h, "lim", &message_body(MODEL, false)).await;
     let message = r.assert_keypool_error(429, "rate_limit_error");
     let end = Month::of(now_ms()).end();
@@ -415,14 +415,8 @@ async fn the_orgs_usd_per_month_is_one_team_budget_for_all_its_keys_and_key_limi
         .await;
     // alice and bob share $0.03: two requests of $0.018 leave no room for a third.
     // bob's own rate wins over the org's default; alice has the org's (1 a minute).
-    assert_eq!(
-        send(&h, "alice", &message_body(MODEL, false)).await.status,
-        200
-    );
-    assert_eq!(
-        send(&h, "bob", &message_body(MODEL, false)).await.status,
-        200
-    );
+    served(&h, "alice").await;
+    served(&h, "bob").await;
     let r = send(&h, "alice", &message_body(MODEL, false)).await;
     let message = r.assert_keypool_error(429, "rate_limit_error");
     assert!(message.contains("requests_per_minute = 1"), "{message}");
@@ -649,20 +643,11 @@ async fn with_redis_killed_fail_open_admits_and_counts_locally() {
     let h = shared_builder(&redis.url(), "{ requests_per_minute = 2 }", "open")
         .start()
         .await;
-    assert_eq!(
-        send(&h, "lim", &message_body(MODEL, false)).await.status,
-        200
-    );
+    served(&h, "lim").await;
     redis.kill();
     // Admitted from this process's book, which starts on its own: two a minute.
-    assert_eq!(
-        send(&h, "lim", &message_body(MODEL, false)).await.status,
-        200
-    );
-    assert_eq!(
-        send(&h, "lim", &message_body(MODEL, false)).await.status,
-        200
-    );
+    served(&h, "lim").await;
+    served(&h, "lim").await;
     let r = send(&h, "lim", &message_body(MODEL, false)).await;
     r.assert_keypool_error(429, "rate_limit_error");
     assert_eq!(h.sim().requests().len(), 3);
@@ -686,10 +671,7 @@ async fn with_redis_killed_fail_closed_answers_503_for_shared_limits_only() {
         )
         .start()
         .await;
-    assert_eq!(
-        send(&h, "lim", &message_body(MODEL, false)).await.status,
-        200
-    );
+    served(&h, "lim").await;
     redis.kill();
     let r = send(&h, "lim", &message_body(MODEL, false)).await;
     let message = r.assert_keypool_error(503, "overloaded_error");

@@ -7,6 +7,7 @@
 //! request (~24,000 instructions, 18 % of the request path; see docs/BENCHMARKS.md).
 //! On a terminal the default, coloured formatter is kept.
 
+use keypool_proxy::log::write_u64;
 use std::fmt::{self, Write as _};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -111,22 +112,6 @@ fn put_digits(out: &mut [u8], mut n: u64) {
         *slot = b'0' + (n % 10) as u8;
         n /= 10;
     }
-}
-
-/// Writes `n` in decimal without the formatting machinery.
-fn write_u64(out: &mut impl fmt::Write, n: u64) -> fmt::Result {
-    let mut buf = [0u8; 20];
-    let mut start = buf.len();
-    let mut n = n;
-    loop {
-        start -= 1;
-        buf[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.write_str(std::str::from_utf8(&buf[start..]).map_err(|_| fmt::Error)?)
 }
 
 /// Writes `message` first, then ` name=value` per field: strings quoted (escaped only

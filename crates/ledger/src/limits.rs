@@ -714,55 +714,11 @@ fn decide(
     }
     let day = Day::of(now);
     let month = day.month();
-    let key_of = |caller: bool, period| SpendKey {
-        org: who.org.clone(),
-        caller: caller.then(|| who.caller.clone()),
-        period,
+    let uses = if ask.rate_only {
+        Uses::default()
+    } else {
+        check_budgets(cell, teams, ask, now, seed)?
     };
-    let (mut uses_day, mut uses_month, mut uses_team) = (false, false, false);
-    let mut team_entry = None;
-    if !ask.rate_only {
-        for budget in budgets_of(limits, ask.team_usd_per_month, now) {
-            let entry = match budget.kind {
-                LimitKind::TokensPerDay | LimitKind::UsdPerDay => {
-                    uses_day = true;
-                    current(&mut cell.day, day, || seed(&key_of(true, Period::Day(day))))
-                }
-                LimitKind::TeamUsdPerMonth => {
-                    uses_team = true;
-                    *team_entry.get_or_insert_with(|| {
-                        let mut slot = teams.get(&who.org).copied();
-                        let e = current(&mut slot, month, || {
-                            seed(&key_of(false, Period::Month(month)))
-                        });
-                        if let Some(t) = slot
-                            && teams.get(&who.org) != Some(&t)
-                        {
-                            teams.insert(who.org.clone(), t);
-                        }
-                        e
-                    })
-                }
-                _ => {
-                    uses_month = true;
-                    current(&mut cell.month, month, || {
-                        seed(&key_of(true, Period::Month(month)))
-                    })
-                }
-            };
-            let used = budget.amount(entry.used());
-            if used.saturating_add(budget.amount(ask.worst)) > budget.limit {
-                let end = budget.period.end();
-                return Err(Refusal {
-                    kind: budget.kind,
-                    limit: budget.limit,
-                    used,
-                    resets_at: Some(end),
-                    retry_after_ms: Some(end.saturating_sub(now)),
-                });
-            }
-        }
-    }
     // Everything passed: take it all.
     if tat.is_some() {
         cell.tat = tat;
@@ -770,19 +726,22 @@ fn decide(
     if cap.is_some() {
         cell.in_flight += 1;
     }
-    if uses_day {
+    if uses.day {
         reserve(&mut cell.day, day, ask.worst);
     }
-    if uses_month {
+    if uses.month {
         reserve(&mut cell.month, month, ask.worst);
     }
-    if uses_team && let Some(team) = teams.get_mut(&who.org) {
+    if uses.team
+        && let Some(team) = teams.get_mut(&who.org)
+    {
         let mut slot = Some(*team);
         reserve(&mut slot, month, ask.worst);
         if let Some(t) = slot {
             *team = t;
         }
     }
+    let (uses_day, uses_month, uses_team) = (uses.day, uses.month, uses.team);
     Ok(Reservation {
         who: who.clone(),
         ask: ask.worst,
@@ -791,6 +750,75 @@ fn decide(
         team: uses_team.then_some(month),
         in_flight: cap.is_some(),
     })
+}
+
+/// Which entries a request's budgets use.
+#[derive(Debug, Default, Clone, Copy)]
+struct Uses {
+    day: bool,
+    month: bool,
+    team: bool,
+}
+
+/// Checks every budget of `ask` against its entry (started from `seed` when new).
+fn check_budgets(
+    cell: &mut KeyState,
+    teams: &mut HashMap<Arc<str>, (Month, SpendEntry), Hasher>,
+    ask: &Ask<'_>,
+    now: UnixMs,
+    seed: &dyn Fn(&SpendKey) -> Spend,
+) -> Result<Uses, Refusal> {
+    let who = ask.who;
+    let day = Day::of(now);
+    let month = day.month();
+    let key_of = |caller: bool, period| SpendKey {
+        org: who.org.clone(),
+        caller: caller.then(|| who.caller.clone()),
+        period,
+    };
+    let mut uses = Uses::default();
+    let mut team_entry = None;
+    for budget in budgets_of(ask.limits, ask.team_usd_per_month, now) {
+        let entry = match budget.kind {
+            LimitKind::TokensPerDay | LimitKind::UsdPerDay => {
+                uses.day = true;
+                current(&mut cell.day, day, || seed(&key_of(true, Period::Day(day))))
+            }
+            LimitKind::TeamUsdPerMonth => {
+                uses.team = true;
+                *team_entry.get_or_insert_with(|| {
+                    let mut slot = teams.get(&who.org).copied();
+                    let e = current(&mut slot, month, || {
+                        seed(&key_of(false, Period::Month(month)))
+                    });
+                    if let Some(t) = slot
+                        && teams.get(&who.org) != Some(&t)
+                    {
+                        teams.insert(who.org.clone(), t);
+                    }
+                    e
+                })
+            }
+            _ => {
+                uses.month = true;
+                current(&mut cell.month, month, || {
+                    seed(&key_of(true, Period::Month(month)))
+                })
+            }
+        };
+        let used = budget.amount(entry.used());
+        if used.saturating_add(budget.amount(ask.worst)) > budget.limit {
+            let end = budget.period.end();
+            return Err(Refusal {
+                kind: budget.kind,
+                limit: budget.limit,
+                used,
+                resets_at: Some(end),
+                retry_after_ms: Some(end.saturating_sub(now)),
+            });
+        }
+    }
+    Ok(uses)
 }
 
 #[cfg(test)]

@@ -11,7 +11,6 @@ use http::request::Parts;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use keypool_ledger::LimitKind;
 use keypool_providers::{Endpoint, inspect_request};
 use keypool_selector::HedgeBudget;
 use keypool_store::resolve::PoolKey;
@@ -402,24 +401,10 @@ impl App {
         }
         // SPEC 12: the caller's limits, before any account is chosen.
         let org = route.org();
-        match crate::limits::admit(self, org, key, &info, body.bytes.len(), endpoint, now_ms())
-            .await
-        {
-            Ok(admitted) => {
-                if let Some(log) = ctx.log_mut() {
-                    log.limit_guard = admitted.guard;
-                    log.asked_prices = admitted.asked_prices;
-                }
-            }
-            Err(refused) => {
-                let name = refused.limit.map_or("redis_unavailable", LimitKind::as_str);
-                self.metrics()
-                    .limit_rejected(org.slug_shared(), key.id_shared(), name);
-                if let Some(log) = ctx.log_mut() {
-                    log.limit = refused.limit;
-                }
-                return refused.reject.respond(&ctx.id);
-            }
+        let admitted =
+            crate::limits::admit(self, org, key, &info, body.bytes.len(), endpoint, now_ms());
+        if let Some(refused) = crate::limits::into_log(self, ctx, org, key, admitted.await) {
+            return refused;
         }
         // 5–8. Filter, choose, call and fail over, answer.
         let call = Call {

@@ -108,6 +108,36 @@ pub(crate) async fn admit(
     }
 }
 
+/// Puts what the check of a request took into its log line (settled with the
+/// record): `None`; or counts its refusal (metric, log line, usage record) and gives
+/// its answer.
+pub(crate) fn into_log(
+    app: &App,
+    ctx: &mut crate::context::RequestContext<'_>,
+    org: &Org,
+    key: &LbKey,
+    checked: Result<Admitted, Refused>,
+) -> Option<http::Response<crate::body::ProxyBody>> {
+    match checked {
+        Ok(admitted) => {
+            if let Some(log) = ctx.log_mut() {
+                log.limit_guard = admitted.guard;
+                log.asked_prices = admitted.asked_prices;
+            }
+            None
+        }
+        Err(refused) => {
+            let name = refused.limit.map_or("redis_unavailable", LimitKind::as_str);
+            app.metrics()
+                .limit_rejected(org.slug_shared(), key.id_shared(), name);
+            if let Some(log) = ctx.log_mut() {
+                log.limit = refused.limit;
+            }
+            Some(refused.reject.respond(&ctx.id))
+        }
+    }
+}
+
 /// The request's worst case (SPEC 12): body bytes / 3 input tokens and `max_tokens`
 /// output, priced at the dearest of the model asked (`asked`, its prices) and the
 /// org's `model` overrides (it may be sent as any of them); no price table → 0 USD.

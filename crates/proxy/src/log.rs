@@ -169,8 +169,11 @@ impl RequestLog {
 }
 
 /// Writes `n` in decimal without the formatting machinery (the request line writes a
-/// dozen numbers per request).
-fn write_u64(f: &mut std::fmt::Formatter<'_>, mut n: u64) -> std::fmt::Result {
+/// dozen numbers per request; the binary's log formatters share it).
+///
+/// # Errors
+/// What `out` answers.
+pub fn write_u64(out: &mut impl std::fmt::Write, mut n: u64) -> std::fmt::Result {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     loop {
@@ -182,7 +185,7 @@ fn write_u64(f: &mut std::fmt::Formatter<'_>, mut n: u64) -> std::fmt::Result {
         }
     }
     // Only ASCII digits were written.
-    f.write_str(std::str::from_utf8(&buf[i..]).unwrap_or("0"))
+    out.write_str(std::str::from_utf8(&buf[i..]).map_err(|_| std::fmt::Error)?)
 }
 
 /// `"text"` as a JSON string (the whole text at once when nothing needs escaping).

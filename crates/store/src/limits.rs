@@ -249,6 +249,48 @@ async fn send_settle(
         .await
 }
 
+/// The refusal of a shared check's answer that is neither admitted nor a seed request.
+fn shared_refusal(
+    verdict: SharedVerdict,
+    check: &LimitCheck<'_>,
+    cap: Option<u32>,
+    budgets: &[Budget],
+    now: UnixMs,
+) -> Result<Refusal, crate::StoreError> {
+    Ok(match verdict {
+        SharedVerdict::OverRate(wait_us) => Refusal {
+            kind: LimitKind::RequestsPerMinute,
+            limit: check.limits.rate.map_or(0, |r| u64::from(r.per_minute)),
+            used: 0,
+            resets_at: None,
+            retry_after_ms: Some(wait_us.div_ceil(1000)),
+        },
+        SharedVerdict::AtCap => {
+            let cap = u64::from(cap.unwrap_or(0));
+            Refusal {
+                kind: LimitKind::MaxConcurrent,
+                limit: cap,
+                used: cap,
+                resets_at: None,
+                retry_after_ms: Some(1000),
+            }
+        }
+        SharedVerdict::OverBudget(i, used) => match budgets.get(i) {
+            Some(b) => refusal_of(b, used, now),
+            None => {
+                return Err(crate::StoreError::Redis(
+                    "the limit script named a budget this check does not have".into(),
+                ));
+            }
+        },
+        SharedVerdict::Admitted | SharedVerdict::NeedsSeed(_) => {
+            return Err(crate::StoreError::Redis(
+                "the limit script's answer was read twice".into(),
+            ));
+        }
+    })
+}
+
 fn refusal_of(budget: &Budget, used: u64, now: UnixMs) -> Refusal {
     let end = budget.period.end();
     Refusal {
@@ -332,26 +374,14 @@ impl Store {
     ) -> Result<Result<LimitGuard, LimitDenial>, crate::StoreError> {
         let who = check.who;
         let budgets = check.budgets(now);
-        let mut shared: Vec<SharedBudget> = budgets
-            .iter()
-            .map(|b| SharedBudget {
-                key: spend_key(&who.org, (!b.is_team()).then_some(&*who.caller), b.period),
-                usd: b.kind.is_usd(),
-                limit: b.limit,
-                period_end: b.period.end(),
-                seed: None,
-            })
-            .collect();
+        let mut shared = shared_budgets(who, &budgets);
         let mut distinct: Vec<String> = shared.iter().map(|b| b.key.clone()).collect();
         distinct.sort();
         distinct.dedup();
         let cap = check.cap();
         let member = (cap.is_some() || !distinct.is_empty()).then(|| {
-            let id = format!(
-                "{}:{}",
-                mirror.origin(),
-                self.limit_holds().next_id.fetch_add(1, Ordering::Relaxed)
-            );
+            let n = self.limit_holds().next_id.fetch_add(1, Ordering::Relaxed);
+            let id = format!("{}:{n}", mirror.origin());
             hold_member(&id, &who.caller, check.worst, cap.is_some(), &distinct)
         });
         let rate = check
@@ -379,14 +409,11 @@ impl Store {
                     if let Some(m) = &member {
                         lock(&self.limit_holds().held).insert(m.clone(), who.org.clone());
                     }
+                    let held = member.is_some();
                     return Ok(Ok(LimitGuard {
                         store: self.clone(),
                         local: None,
-                        reserved: if member.is_some() {
-                            check.worst
-                        } else {
-                            Spend::default()
-                        },
+                        reserved: if held { check.worst } else { Spend::default() },
                         shared: member.map(|m| SharedHold {
                             org: who.org.clone(),
                             caller: who.caller.clone(),
@@ -397,31 +424,6 @@ impl Store {
                         }),
                     }));
                 }
-                SharedVerdict::OverRate(wait_us) => Refusal {
-                    kind: LimitKind::RequestsPerMinute,
-                    limit: check.limits.rate.map_or(0, |r| u64::from(r.per_minute)),
-                    used: 0,
-                    resets_at: None,
-                    retry_after_ms: Some(wait_us.div_ceil(1000)),
-                },
-                SharedVerdict::AtCap => {
-                    let cap = u64::from(cap.unwrap_or(0));
-                    Refusal {
-                        kind: LimitKind::MaxConcurrent,
-                        limit: cap,
-                        used: cap,
-                        resets_at: None,
-                        retry_after_ms: Some(1000),
-                    }
-                }
-                SharedVerdict::OverBudget(i, used) => match budgets.get(i) {
-                    Some(b) => refusal_of(b, used, now),
-                    None => {
-                        return Err(crate::StoreError::Redis(
-                            "the limit script named a budget this check does not have".into(),
-                        ));
-                    }
-                },
                 SharedVerdict::NeedsSeed(_) => {
                     for (b, budget) in shared.iter_mut().zip(&budgets) {
                         let key = SpendKey {
@@ -433,6 +435,7 @@ impl Store {
                     }
                     continue;
                 }
+                refused => shared_refusal(refused, check, cap, &budgets, now)?,
             };
             return Ok(Err(LimitDenial::Refused(refusal)));
         }
@@ -515,6 +518,20 @@ impl Store {
     pub fn limit_in_flight(&self, who: &Who) -> u32 {
         self.runtime().limits.in_flight(who)
     }
+}
+
+/// The budgets of a shared check, with their Redis hashes (seeds not known yet).
+fn shared_budgets(who: &Who, budgets: &[Budget]) -> Vec<SharedBudget> {
+    budgets
+        .iter()
+        .map(|b| SharedBudget {
+            key: spend_key(&who.org, (!b.is_team()).then_some(&*who.caller), b.period),
+            usd: b.kind.is_usd(),
+            limit: b.limit,
+            period_end: b.period.end(),
+            seed: None,
+        })
+        .collect()
 }
 
 /// The distinct Redis budget hashes of a check.

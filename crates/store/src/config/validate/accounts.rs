@@ -49,38 +49,9 @@ fn validate_account(
     issues: &mut Issues,
 ) -> Option<Account> {
     let p = format!("accounts[{i}]");
-    let mut ok = true;
-    if a.id.trim().is_empty() {
-        issues.push(
-            format!("{p}.id"),
-            "account id is empty; give every account a unique id",
-        );
-        ok = false;
-    } else if let Some(j) = first.get(&a.id) {
-        issues.push(format!("{p}.id"), format!("duplicate account id `{}` (first at accounts[{j}]); ids must be unique in the whole file", a.id));
-        ok = false;
-    } else {
-        first.insert(a.id.clone(), i);
-    }
+    let mut ok = unique_id(i, a, first, &p, issues);
     let org = ctx.org_ref(&a.org, format!("{p}.org"), issues);
-    let provider = parse_named::<Provider>(&a.provider, &format!("{p}.provider"), issues);
-    let auth = parse_named::<AuthType>(&a.auth, &format!("{p}.auth"), issues);
-    if let (Some(pr), Some(au)) = (provider, auth) {
-        if !pr.accepts(au) {
-            issues.push(
-                format!("{p}.auth"),
-                format!(
-                    "auth `{au}` is not supported by provider `{pr}` ({})",
-                    supported_auth_types()
-                ),
-            );
-            ok = false;
-        }
-        if !pr.has_default_base_url() && a.base_url.is_none() {
-            issues.push(format!("{p}.base_url"), "provider `anthropic_compatible` needs a base_url (where the third party serves the Messages API)");
-            ok = false;
-        }
-    }
+    let (provider, auth) = provider_and_auth(a, &p, &mut ok, issues);
     let priority = i32::try_from(a.priority).ok();
     if priority.is_none() {
         issues.push(
@@ -118,9 +89,7 @@ fn validate_account(
     let weight = weight(a.weight, &p, issues);
     let window_threshold = window_threshold(a.window_threshold, &p, issues);
     let max_concurrent = max_concurrent(a.max_concurrent, &p, issues);
-    if let Some(m) = &a.model
-        && m.trim().is_empty()
-    {
+    if a.model.as_ref().is_some_and(|m| m.trim().is_empty()) {
         issues.push(
             format!("{p}.model"),
             "model is empty; omit it to keep the request's model",
@@ -145,6 +114,58 @@ fn validate_account(
         active: a.active.unwrap_or(true),
         proxy_url: proxy_url?,
     })
+}
+
+/// Checks the account's id: not empty, not a duplicate (else remembered).
+fn unique_id(
+    i: usize,
+    a: &RawAccount,
+    first: &mut HashMap<String, usize>,
+    p: &str,
+    issues: &mut Issues,
+) -> bool {
+    if a.id.trim().is_empty() {
+        issues.push(
+            format!("{p}.id"),
+            "account id is empty; give every account a unique id",
+        );
+        return false;
+    }
+    if let Some(j) = first.get(&a.id) {
+        issues.push(format!("{p}.id"), format!("duplicate account id `{}` (first at accounts[{j}]); ids must be unique in the whole file", a.id));
+        return false;
+    }
+    first.insert(a.id.clone(), i);
+    true
+}
+
+/// The account's provider and auth type, and whether they go together (and the
+/// provider has a default `base_url` or the account sets one); `ok` is cleared when not.
+fn provider_and_auth(
+    a: &RawAccount,
+    p: &str,
+    ok: &mut bool,
+    issues: &mut Issues,
+) -> (Option<Provider>, Option<AuthType>) {
+    let provider = parse_named::<Provider>(&a.provider, &format!("{p}.provider"), issues);
+    let auth = parse_named::<AuthType>(&a.auth, &format!("{p}.auth"), issues);
+    if let (Some(pr), Some(au)) = (provider, auth) {
+        if !pr.accepts(au) {
+            issues.push(
+                format!("{p}.auth"),
+                format!(
+                    "auth `{au}` is not supported by provider `{pr}` ({})",
+                    supported_auth_types()
+                ),
+            );
+            *ok = false;
+        }
+        if !pr.has_default_base_url() && a.base_url.is_none() {
+            issues.push(format!("{p}.base_url"), "provider `anthropic_compatible` needs a base_url (where the third party serves the Messages API)");
+            *ok = false;
+        }
+    }
+    (provider, auth)
 }
 
 /// Whether `secret` is a well-formed `$ENV_NAME` whose variable is unset or empty.
