@@ -540,7 +540,14 @@ fn normal_reply(command: &[String], shared: &FakeShared) -> Vec<u8> {
             "$-1\r\n".repeat(command.len() - 1)
         ),
         "SCAN" => format!("*2\r\n{}*0\r\n", bulk("0")),
-        "HGETALL" => "*0\r\n".to_owned(),
+        "HGETALL" | "LRANGE" => "*0\r\n".to_owned(),
+        // the usage flush's list of recent records: its length after the push
+        "LPUSH" | "RPUSH" => ":1\r\n".to_owned(),
+        "HMGET" => format!(
+            "*{}\r\n{}",
+            command.len().saturating_sub(2),
+            "$-1\r\n".repeat(command.len().saturating_sub(2))
+        ),
         "EVAL" => ":1\r\n".to_owned(),
         "HSET" | "HDEL" | "DEL" | "PUBLISH" | "ZREM" | "ZADD" => ":0\r\n".to_owned(),
         _ => "+OK\r\n".to_owned(),
