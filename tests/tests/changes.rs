@@ -302,3 +302,62 @@ async fn an_account_disabled_through_the_api_stops_serving_until_enabled() {
     assert_eq!(h.upstream_order(), ["b", "a"]);
     h.finish().await;
 }
+
+/// `keypool keys …` and `keypool accounts …` talk to a running keypool's admin API:
+/// the key is printed once and works; an account disabled from the shell stops serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_creates_and_revokes_keys_and_disables_accounts_through_the_api() {
+    use keypool_tests::process::keypool_command;
+    let h = Harness::builder()
+        .account(AccountSpec::new("a", Script::ok()).priority(0))
+        .account(AccountSpec::new("b", Script::ok()).priority(1))
+        .extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""))
+        .config_file()
+        .start()
+        .await;
+    let url = h.base_url();
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            keypool_command(&args, &[("KEYPOOL_ADMIN_TOKEN", ADMIN_TOKEN)])
+        })
+    };
+    let args = |list: &[&str]| -> Vec<String> {
+        list.iter()
+            .map(|s| (*s).to_owned())
+            .chain(["--url".to_owned(), url.clone()])
+            .collect()
+    };
+    let (code, out, err) = run(args(&["keys", "create", "erin", "--org", "acme"]))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0), "{out}{err}");
+    let created: Value = serde_json::from_str(&out).unwrap();
+    let key = created["key"].as_str().unwrap().to_owned();
+    let send = |key: &str| {
+        h.client()
+            .post(h.messages_url())
+            .api_key(key)
+            .json(&message_body(MODEL, false))
+            .send()
+    };
+    assert_eq!(send(&key).await.status, 200);
+    let (code, out, _) = run(args(&["keys", "list"])).await.unwrap();
+    assert_eq!(code, Some(0));
+    assert!(out.contains("\"erin\"") && !out.contains(&key), "{out}");
+    let (code, _, _) = run(args(&["keys", "revoke", "erin"])).await.unwrap();
+    assert_eq!(code, Some(0));
+    send(&key)
+        .await
+        .assert_keypool_error(401, "authentication_error");
+    let (code, out, err) = run(args(&["accounts", "disable", "a", "--reason", "cli test"]))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(h.send_message().await.status, 200);
+    assert_eq!(h.upstream_order(), ["a", "b"]);
+    // A refused change exits 1 with the answer.
+    let (code, out, _) = run(args(&["keys", "revoke", "nobody"])).await.unwrap();
+    assert_eq!(code, Some(1), "{out}");
+    h.finish().await;
+}

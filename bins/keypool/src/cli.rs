@@ -1,4 +1,4 @@
-//! The commands: `serve`, `check-config`, `keygen`, `demo`.
+//! The commands: `serve`, `check-config`, `probe`, `keygen`, `keys`, `accounts`, `demo`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -108,6 +108,22 @@ pub enum Command {
     /// (`sk-lb-…`, give it to the caller once; keypool never stores it) and the
     /// `sha256 = "…"` line to paste into a `[[keys]]` table of the config.
     Keygen,
+    /// Create, list or revoke LB keys of a running keypool through its admin API
+    /// (`KEYPOOL_ADMIN_TOKEN`); `create` prints the new key once.
+    Keys {
+        #[command(subcommand)]
+        action: crate::remote::KeysAction,
+        #[command(flatten)]
+        target: crate::remote::Target,
+    },
+    /// Add, disable or enable accounts of a running keypool through its admin API
+    /// (`KEYPOOL_ADMIN_TOKEN`).
+    Accounts {
+        #[command(subcommand)]
+        action: crate::remote::AccountsAction,
+        #[command(flatten)]
+        target: crate::remote::Target,
+    },
     /// A self-contained demo: six simulated accounts (fast, slow, flaky with 529s,
     /// rate-limited with retry-after, one with an exhausted 5-hour window, one revoked),
     /// keypool in front of them on 127.0.0.1 with an embedded config (memory state, no
@@ -139,7 +155,7 @@ impl Command {
     /// output; one line per request would bury it), `info` otherwise.
     pub fn default_log_level(&self) -> &'static str {
         match self {
-            Command::Demo { .. } => "warn",
+            Command::Demo { .. } | Command::Keys { .. } | Command::Accounts { .. } => "warn",
             _ => "info",
         }
     }
@@ -200,6 +216,8 @@ pub fn execute(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(EXIT_OK))
         }
         Command::Serve { config } => serve(&config),
+        Command::Keys { action, target } => crate::remote::keys(&target, action),
+        Command::Accounts { action, target } => crate::remote::accounts(&target, action),
         Command::Probe { config, live, url } => probe(config.as_deref(), live, url),
         Command::Demo {
             duration,
@@ -248,6 +266,9 @@ fn check_config(path: &Path) -> ExitCode {
                 config.accounts().count(),
                 config.keys().count()
             );
+            for w in config.warnings() {
+                println!("warning: {w}");
+            }
             ExitCode::from(EXIT_OK)
         }
         Err(code) => code,
@@ -288,6 +309,9 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
+    for w in config.warnings() {
+        tracing::warn!(location = %w.location, "{}", w.message);
+    }
     // This thread's runtime hosts the store's background tasks and the signal handlers,
     // and serves as the first worker; run_workers starts the others.
     let workers = match config.server().workers {

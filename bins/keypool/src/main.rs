@@ -8,6 +8,7 @@ mod logbuf;
 mod logfmt;
 mod logjson;
 mod probe;
+mod remote;
 
 use std::process::ExitCode;
 

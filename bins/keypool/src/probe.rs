@@ -30,8 +30,22 @@ pub fn url_for(listen: SocketAddr, admin: Option<SocketAddr>, path: &str) -> Str
 /// # Errors
 /// When the URL is not `http://host:port/path`, or nothing answers within 3 s.
 pub fn get(url: &str) -> anyhow::Result<(u16, String)> {
+    request("GET", url, &[], None)
+}
+
+/// `method url` with `headers` and a JSON `body` over plain HTTP/1.1 (the probe, and
+/// the commands that talk to the admin API): the status and the body (at most 1 MiB).
+///
+/// # Errors
+/// When the URL is not `http://host:port/path`, or nothing answers within 3 s.
+pub fn request(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
     let rest = url.strip_prefix("http://").context(
-        "the probe speaks plain http:// only (probe the admin listener when listen has TLS)",
+        "only plain http:// is spoken here (use the admin listener when listen has TLS)",
     )?;
     let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
     let path = if path.is_empty() { "/" } else { path };
@@ -44,13 +58,24 @@ pub fn get(url: &str) -> anyhow::Result<(u16, String)> {
         .with_context(|| format!("cannot connect to {authority}"))?;
     stream.set_read_timeout(Some(TIMEOUT))?;
     stream.set_write_timeout(Some(TIMEOUT))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nhost: {authority}\r\nuser-agent: keypool-probe\r\nconnection: close\r\n\r\n"
-    )?;
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {authority}\r\nuser-agent: keypool-cli\r\nconnection: close\r\n"
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    let body = body.unwrap_or("");
+    if !body.is_empty() || method != "GET" {
+        head.push_str(&format!(
+            "content-type: application/json\r\ncontent-length: {}\r\n",
+            body.len()
+        ));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())?;
     let mut answer = Vec::new();
-    // bounded: keypool's health answers are a line; a few KiB is plenty
-    stream.take(64 * 1024).read_to_end(&mut answer)?;
+    stream.take(1024 * 1024).read_to_end(&mut answer)?;
     let text = String::from_utf8_lossy(&answer);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = head

@@ -993,3 +993,44 @@ fn limits_fail_mode_takes_open_or_closed() {
     let errs = errors(&with("ajar"));
     assert_eq!(locations(&errs), ["server.limits_fail_mode"]);
 }
+
+/// SPEC 13: `check-config` flags secrets that load but cannot work, at their location,
+/// without quoting them.
+#[test]
+fn secrets_that_cannot_work_are_flagged_without_being_shown() {
+    let account = |i: usize, auth: &str, secret: &str| {
+        format!(
+            "[[accounts]]\nid = \"s{i}\"\norg = \"acme\"\nprovider = \"anthropic\"\nauth = \"{auth}\"\nsecret = \"{secret}\"\n"
+        )
+    };
+    let text = format!(
+        "[[orgs]]\nslug = \"acme\"\n{}{}{}{}{}",
+        account(0, "api_key", "sk-ant-api03-GOOD-ONE"),
+        account(1, "api_key", "sk-ant-api03-TRAILING\\n"),
+        account(2, "api_key", "sk-ant-oat01-WRONG-KIND"),
+        account(3, "oauth", "sk-ant-api03-WRONG-KIND-TOO"),
+        account(4, "api_key", "sk-ant-api03-…"),
+    );
+    let config = parse(&text).unwrap();
+    let warnings: Vec<String> = config.warnings().iter().map(ToString::to_string).collect();
+    let locations: Vec<&str> = config
+        .warnings()
+        .iter()
+        .map(|w| w.location.as_str())
+        .collect();
+    assert_eq!(
+        locations,
+        [
+            "accounts[1].secret",
+            "accounts[2].secret",
+            "accounts[3].secret",
+            "accounts[4].secret"
+        ],
+        "{warnings:#?}"
+    );
+    assert!(warnings[1].contains("OAuth access token (sk-ant-oat…) on an api_key account"));
+    for w in &warnings {
+        assert!(!w.contains("TRAILING") && !w.contains("WRONG"), "{w}");
+    }
+    assert!(parse(BASE).unwrap().warnings().is_empty());
+}

@@ -658,6 +658,9 @@ pub struct Config {
     pub(crate) keys_by_hash: HashMap<KeyHash, Arc<LbKey>>,
     pub(crate) legacy: HashMap<Arc<str>, LegacyEntry>,
     pub(crate) prices: keypool_ledger::PriceTable,
+    /// What loads but looks wrong (secrets that cannot work), for `check-config` and
+    /// the log at load.
+    pub(crate) warnings: Vec<ConfigIssue>,
     pub(crate) usage: UsageSettings,
 }
 
@@ -729,6 +732,11 @@ impl Config {
     /// The admin settings.
     pub fn admin(&self) -> &AdminSettings {
         &self.admin
+    }
+    /// What loads but looks wrong: secrets that cannot work (`check-config` prints
+    /// them, `serve` logs them).
+    pub fn warnings(&self) -> &[ConfigIssue] {
+        &self.warnings
     }
     /// The model prices (`[[prices]]`, then keypool's defaults unless
     /// `[usage] default_prices = false`).

@@ -39,6 +39,54 @@ pub(super) fn validate(
     out
 }
 
+/// Secrets that load but cannot work (SPEC 13, `check-config`): whitespace or a line
+/// break around them, an OAuth token (`sk-ant-oat…`) on an `api_key` account or an
+/// API key (`sk-ant-api…`) on an `oauth` one, a placeholder (`…`, `...`, `xxxx`,
+/// `changeme`, `<…>`). Located at `accounts[i].secret`; never quoting the secret.
+pub(super) fn secret_warnings(
+    raw: &[(usize, RawAccount)],
+    accounts: &HashMap<AccountId, Arc<Account>>,
+) -> Vec<crate::config::ConfigIssue> {
+    let mut out = Vec::new();
+    for (i, r) in raw {
+        let Some(account) = accounts.get(r.id.as_str()) else {
+            continue;
+        };
+        let secret = account.secret.expose();
+        if secret.is_empty() {
+            continue;
+        }
+        let mut warn = |message: &str| {
+            out.push(crate::config::ConfigIssue {
+                location: format!("accounts[{i}].secret"),
+                message: message.to_owned(),
+            });
+        };
+        if secret.trim() != secret {
+            warn(
+                "the secret begins or ends with whitespace or a line break: the upstream will refuse it; remove them",
+            );
+        }
+        let lower = secret.to_ascii_lowercase();
+        let placeholder = ["…", "...", "xxxx", "changeme", "your-key", "your_key", "<"];
+        if placeholder.iter().any(|p| lower.contains(p)) {
+            warn(
+                "the secret looks like a placeholder (…, xxxx, changeme, <…>): put the real credential here",
+            );
+        }
+        match account.auth {
+            AuthType::ApiKey if secret.starts_with("sk-ant-oat") => warn(
+                "an OAuth access token (sk-ant-oat…) on an api_key account: set auth = \"oauth\", or use an API key (sk-ant-api…)",
+            ),
+            AuthType::OAuth if secret.starts_with("sk-ant-api") => warn(
+                "an API key (sk-ant-api…) on an oauth account: set auth = \"api_key\", or use the subscription's OAuth token",
+            ),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// One `[[accounts]]` element (`accounts[i]`) → an [`Account`], or `None` with every
 /// problem it has in `issues`. `first` holds the ids seen so far.
 fn validate_account(

@@ -152,6 +152,7 @@ pub(super) fn parse_and_validate(
     };
     orgs::validate(&sections.orgs, &mut ctx, &mut issues);
     let accounts = accounts::validate(&sections.accounts, &mut ctx, &mut issues);
+    let warnings = accounts::secret_warnings(&sections.accounts, &accounts);
     groups::validate(&sections.groups, &mut ctx, &mut issues);
     let orphan_urls = urls::validate(&sections.urls, &mut ctx, &mut issues);
     let keys_by_hash = keys::validate(&sections.keys, &ctx, &mut issues);
@@ -195,6 +196,7 @@ pub(super) fn parse_and_validate(
         keys_by_hash,
         legacy,
         prices: price_table,
+        warnings,
         usage,
     })
 }
