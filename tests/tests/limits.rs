@@ -749,3 +749,31 @@ async fn the_binary_keeps_budgets_and_rate_cells_across_a_restart() {
     drop(k);
     h.finish().await;
 }
+
+/// The limit scripts on a Redis Cluster (three primaries): every key of a check is under
+/// one hash tag, so a rate and a budget hold as on one server.
+#[tokio::test]
+async fn limits_hold_on_a_redis_cluster() {
+    let Some(cluster) = keypool_store::testing::RedisCluster::start_or_skip("limits_cluster")
+    else {
+        return;
+    };
+    let h = shared_builder(
+        &cluster.url(),
+        "{ requests_per_minute = 2, usd_per_day = 5.0, max_concurrent = 3 }",
+        "closed",
+    )
+    .start()
+    .await;
+    served(&h, "lim").await;
+    served(&h, "lim").await;
+    let r = send(&h, "lim", &message_body(MODEL, false)).await;
+    let message = r.assert_keypool_error(429, "rate_limit_error");
+    assert!(message.contains("requests_per_minute = 2"), "{message}");
+    // Admitted through the cluster (closed: a failed script would be a 503), the
+    // budget counted there.
+    assert_eq!(h.sim().requests().len(), 2);
+    h.wait_until_settled("lim", 0).await;
+    assert_eq!(used(&h, "lim", today()).await.nano_usd, 2 * 105_000);
+    h.finish().await;
+}
