@@ -50,6 +50,14 @@ async fn send(h: &Harness, key: &str, body: &Value) -> Reply {
         .await
 }
 
+/// Sends a message as `key` and expects it refused by a limit: the answer and its
+/// message.
+async fn refused(h: &Harness, key: &str) -> (Reply, String) {
+    let r = send(h, key, &message_body(MODEL, false)).await;
+    let message = r.assert_keypool_error(429, "rate_limit_error");
+    (r, message)
+}
+
 /// Sends a message as `key` and expects it served.
 async fn served(h: &Harness, key: &str) {
     let r = send(h, key, &message_body(MODEL, false)).await;
@@ -169,8 +177,7 @@ async fn requests_per_minute_past_the_burst_is_429_with_the_wait_until_admitted(
     let h = limited("{ requests_per_minute = 1 }", 10, 5).start().await;
     let r = send(&h, "lim", &message_body(MODEL, false)).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let r = send(&h, "lim", &message_body(MODEL, false)).await;
-    let message = r.assert_keypool_error(429, "rate_limit_error");
+    let (r, message) = refused(&h, "lim").await;
     // One a minute, burst 1: the next is admitted a minute after the first.
     assert_retry_after_near(&r, 60);
     assert!(
@@ -246,8 +253,7 @@ async fn max_concurrent_refuses_a_request_past_the_cap_with_retry_after_1() {
         .send_streaming()
         .await;
     assert_eq!(first.status, 200);
-    let r = send(&h, "lim", &message_body(MODEL, false)).await;
-    let message = r.assert_keypool_error(429, "rate_limit_error");
+    let (r, message) = refused(&h, "lim").await;
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(r.header("x-should-retry"), None);
     assert_eq!(
@@ -363,8 +369,7 @@ async fn a_usd_budget_per_day_refuses_once_spent_naming_value_use_and_reset() {
     let r = send(&h, "lim", &message_body(MODEL, false)).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(used(&h, "lim", today()).await.nano_usd, BIG_REQUEST_NANO);
-    let r = send(&h, "lim", &message_body(MODEL, false)).await;
-    let message = r.assert_keypool_error(429, "rate_limit_error");
+    let (r, message) = refused(&h, "lim").await;
     assert_retry_after_near(&r, secs_to_midnight());
     assert!(
         message.starts_with(
@@ -387,8 +392,7 @@ async fn a_usd_budget_per_month_refuses_once_spent() {
     served(&h, "lim").await;
     // $0.018 spent + a worst case of about $0.001: fits.
     served(&h, "lim").await;
-    let r = send(&h, "lim", &message_body(MODEL, false)).await;
-    let message = r.assert_keypool_error(429, "rate_limit_error");
+    let (r, message) = refused(&h, "lim").await;
     let end = Month::of(now_ms()).end();
     assert_retry_after_near(&r, (end - now_ms()).div_ceil(1000));
     assert!(
@@ -417,11 +421,9 @@ async fn the_orgs_usd_per_month_is_one_team_budget_for_all_its_keys_and_key_limi
     // bob's own rate wins over the org's default; alice has the org's (1 a minute).
     served(&h, "alice").await;
     served(&h, "bob").await;
-    let r = send(&h, "alice", &message_body(MODEL, false)).await;
-    let message = r.assert_keypool_error(429, "rate_limit_error");
+    let (_, message) = refused(&h, "alice").await;
     assert!(message.contains("requests_per_minute = 1"), "{message}");
-    let r = send(&h, "bob", &message_body(MODEL, false)).await;
-    let message = r.assert_keypool_error(429, "rate_limit_error");
+    let (r, message) = refused(&h, "bob").await;
     assert!(
         message.starts_with(
             "The team budget of org \"acme\" (usd_per_month = $0.03) is used: $0.03 spent or reserved"
@@ -767,8 +769,7 @@ async fn limits_hold_on_a_redis_cluster() {
     .await;
     served(&h, "lim").await;
     served(&h, "lim").await;
-    let r = send(&h, "lim", &message_body(MODEL, false)).await;
-    let message = r.assert_keypool_error(429, "rate_limit_error");
+    let (_, message) = refused(&h, "lim").await;
     assert!(message.contains("requests_per_minute = 2"), "{message}");
     // Admitted through the cluster (closed: a failed script would be a 503), the
     // budget counted there.

@@ -373,6 +373,35 @@ pub struct Ask<'a> {
 /// most of the limits' cost (`docs/BENCHMARKS.md`).
 type Hasher = foldhash::fast::RandomState;
 
+impl Ask<'_> {
+    /// Its budgets at `now` (none for a `count_tokens` call), the team's last.
+    pub fn budgets(&self, now: UnixMs) -> Vec<Budget> {
+        if self.rate_only {
+            Vec::new()
+        } else {
+            self.limits.budgets(self.team_usd_per_month, now)
+        }
+    }
+
+    /// The key's `max_concurrent`, when it holds this request (not `count_tokens`).
+    pub fn cap(&self) -> Option<u32> {
+        if self.rate_only {
+            None
+        } else {
+            self.limits.max_concurrent
+        }
+    }
+
+    /// Whether anything but the models is limited: what a shared store shares.
+    pub fn is_shared(&self) -> bool {
+        self.limits.rate.is_some()
+            || (!self.rate_only
+                && (self.limits.max_concurrent.is_some()
+                    || self.limits.has_budget()
+                    || self.team_usd_per_month.is_some()))
+    }
+}
+
 /// Everything of one key: its request-rate cell, its requests in flight and its
 /// day and month budget entries (one look-up per request finds them all).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -696,11 +725,7 @@ fn decide(
             retry_after_ms: Some(wait_us.div_ceil(1000)),
         })?),
     };
-    let cap = if ask.rate_only {
-        None
-    } else {
-        limits.max_concurrent
-    };
+    let cap = ask.cap();
     if let Some(cap) = cap
         && cell.in_flight >= cap
     {

@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use keypool_core::UnixMs;
 use keypool_ledger::{
-    AggregateKey, Ask, Budget, Dimension, LimitKind, Limits, NanoUsd, Period, Refusal, Reservation,
-    Spend, SpendKey, Totals, Who,
+    AggregateKey, Ask, Budget, Dimension, LimitKind, Period, Refusal, Reservation, Spend, SpendKey,
+    Totals, Who,
 };
 
 use crate::Store;
@@ -96,48 +96,9 @@ impl Drop for LimitGuard {
     }
 }
 
-/// One request's check: its key, limits, the org's team budget, its worst case and
-/// whether it only counts against the request rate (`count_tokens`).
-#[derive(Debug, Clone, Copy)]
-pub struct LimitCheck<'a> {
-    /// The key.
-    pub who: &'a Who,
-    /// Its limits.
-    pub limits: &'a Limits,
-    /// The org's `usd_per_month`.
-    pub team_usd_per_month: Option<NanoUsd>,
-    /// The request's worst case.
-    pub worst: Spend,
-    /// `count_tokens`: the request rate only.
-    pub rate_only: bool,
-}
-
-impl LimitCheck<'_> {
-    fn budgets(&self, now: UnixMs) -> Vec<Budget> {
-        if self.rate_only {
-            Vec::new()
-        } else {
-            self.limits.budgets(self.team_usd_per_month, now)
-        }
-    }
-
-    fn cap(&self) -> Option<u32> {
-        if self.rate_only {
-            None
-        } else {
-            self.limits.max_concurrent
-        }
-    }
-
-    /// Whether anything but the models is limited: what Redis shares.
-    fn is_shared(&self) -> bool {
-        self.limits.rate.is_some()
-            || (!self.rate_only
-                && (self.limits.max_concurrent.is_some()
-                    || self.limits.has_budget()
-                    || self.team_usd_per_month.is_some()))
-    }
-}
+/// One request's check (the ledger's [`Ask`]: its key, limits, the org's team budget,
+/// its worst case and whether it only counts against the request rate).
+pub type LimitCheck<'a> = Ask<'a>;
 
 /// A settle Redis did not take yet.
 #[derive(Debug)]
@@ -345,18 +306,11 @@ impl Store {
     }
 
     fn check_local(&self, check: &LimitCheck<'_>, now: UnixMs) -> Result<LimitGuard, LimitDenial> {
-        let ask = Ask {
-            who: check.who,
-            limits: check.limits,
-            team_usd_per_month: check.team_usd_per_month,
-            worst: check.worst,
-            rate_only: check.rate_only,
-        };
         let seed = |key: &SpendKey| self.spent_so_far(key);
         let reservation = self
             .runtime()
             .limits
-            .check(&ask, now, &seed)
+            .check(check, now, &seed)
             .map_err(LimitDenial::Refused)?;
         Ok(LimitGuard {
             store: self.clone(),
