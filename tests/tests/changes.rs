@@ -30,6 +30,15 @@ async fn admin(h: &Harness, method: http::Method, path: &str, body: Option<Value
     r.send().await
 }
 
+/// Accounts `a` (answering with `a`, tried first) and `b`, served from a config file.
+fn two_accounts(a: Script) -> HarnessBuilder {
+    Harness::builder()
+        .account(AccountSpec::new("a", a).priority(0))
+        .account(AccountSpec::new("b", Script::ok()).priority(1))
+        .extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""))
+        .config_file()
+}
+
 /// A secret file holding `value` (a `file:` reference the test controls).
 fn secret_file(h: &Harness, name: &str, value: &str) -> String {
     let path = h.config_path().unwrap().with_file_name(name);
@@ -240,13 +249,7 @@ async fn an_invalid_change_is_422_with_located_problems_and_changes_nothing() {
 #[tokio::test]
 async fn an_account_deleted_with_a_request_in_flight_lets_it_finish() {
     let slow = OkSpec::default().chunks(10).chunk_interval(Delay::ms(100));
-    let h = Harness::builder()
-        .account(AccountSpec::new("a", Script::new(slow)).priority(0))
-        .account(AccountSpec::new("b", Script::ok()).priority(1))
-        .extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""))
-        .config_file()
-        .start()
-        .await;
+    let h = two_accounts(Script::new(slow)).start().await;
     let mut stream = h
         .client()
         .post(h.messages_url())
@@ -278,13 +281,7 @@ async fn an_account_deleted_with_a_request_in_flight_lets_it_finish() {
 
 #[tokio::test]
 async fn an_account_disabled_through_the_api_stops_serving_until_enabled() {
-    let h = Harness::builder()
-        .account(AccountSpec::new("a", Script::ok()).priority(0))
-        .account(AccountSpec::new("b", Script::ok()).priority(1))
-        .extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""))
-        .config_file()
-        .start()
-        .await;
+    let h = two_accounts(Script::ok()).start().await;
     let r = admin(
         &h,
         http::Method::POST,
@@ -308,13 +305,7 @@ async fn an_account_disabled_through_the_api_stops_serving_until_enabled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_creates_and_revokes_keys_and_disables_accounts_through_the_api() {
     use keypool_tests::process::keypool_command;
-    let h = Harness::builder()
-        .account(AccountSpec::new("a", Script::ok()).priority(0))
-        .account(AccountSpec::new("b", Script::ok()).priority(1))
-        .extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""))
-        .config_file()
-        .start()
-        .await;
+    let h = two_accounts(Script::ok()).start().await;
     let url = h.base_url();
     let run = |args: Vec<String>| {
         tokio::task::spawn_blocking(move || {
