@@ -124,6 +124,12 @@ pub enum Command {
         #[command(flatten)]
         target: crate::remote::Target,
     },
+    /// Move the config document between a file and Redis (`config_store = "redis"`):
+    /// `push FILE` validates and saves it, `pull` prints it.
+    Config {
+        #[command(subcommand)]
+        action: crate::document::ConfigAction,
+    },
     /// A self-contained demo: six simulated accounts (fast, slow, flaky with 529s,
     /// rate-limited with retry-after, one with an exhausted 5-hour window, one revoked),
     /// keypool in front of them on 127.0.0.1 with an embedded config (memory state, no
@@ -155,7 +161,10 @@ impl Command {
     /// output; one line per request would bury it), `info` otherwise.
     pub fn default_log_level(&self) -> &'static str {
         match self {
-            Command::Demo { .. } | Command::Keys { .. } | Command::Accounts { .. } => "warn",
+            Command::Demo { .. }
+            | Command::Keys { .. }
+            | Command::Accounts { .. }
+            | Command::Config { .. } => "warn",
             _ => "info",
         }
     }
@@ -219,6 +228,7 @@ pub fn execute(command: Command) -> anyhow::Result<ExitCode> {
         Command::Keys { action, target } => crate::remote::keys(&target, action),
         Command::Accounts { action, target } => crate::remote::accounts(&target, action),
         Command::Probe { config, live, url } => probe(config.as_deref(), live, url),
+        Command::Config { action } => crate::document::execute(action),
         Command::Demo {
             duration,
             rps,
@@ -239,7 +249,7 @@ pub fn execute(command: Command) -> anyhow::Result<ExitCode> {
 }
 
 /// Loads `path`, printing every problem on stderr.
-fn load(path: &Path) -> Result<Config, ExitCode> {
+pub(crate) fn load(path: &Path) -> Result<Config, ExitCode> {
     match Config::load(path) {
         Ok(config) => Ok(config),
         Err(StoreError::InvalidConfig { path, errors }) => {
@@ -332,6 +342,9 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
             }
             Some(state) => tracing::debug!(?state, "runtime state restored"),
             None => {}
+        }
+        if let Err(code) = crate::document::attach(&store, path).await {
+            return Ok(code);
         }
         let listeners = bind(&store.config()).await?;
         let tls = listeners.1.clone();

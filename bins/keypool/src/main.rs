@@ -4,6 +4,7 @@
 
 mod cli;
 mod demo;
+mod document;
 mod logbuf;
 mod logfmt;
 mod logjson;

@@ -57,7 +57,7 @@ pub fn spawn_reload_with_tls_on_sighup(
     })?;
     Ok(tokio::spawn(async move {
         while hup.recv().await.is_some() {
-            match store.reload(&path) {
+            match store.reload_config(&path).await {
                 Ok(()) => tracing::info!(config = %path.display(), "configuration reloaded"),
                 Err(e) => tracing::error!(
                     config = %path.display(),

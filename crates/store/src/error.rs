@@ -23,6 +23,17 @@ pub enum StoreError {
         /// Every problem, with its location.
         errors: ConfigErrors,
     },
+    /// The config document in Redis (`config_store = "redis"`) is not valid with this
+    /// replica's `[server]` table and environment; every problem is listed.
+    #[error(
+        "the config document in Redis (keypool:{{config}}:document, with the [server] table of {local}) is invalid: {errors}; fix it with `keypool config pull`, edit, `keypool config push`"
+    )]
+    InvalidDocument {
+        /// This replica's local file (its `[server]` table).
+        local: PathBuf,
+        /// Every problem, with its location.
+        errors: ConfigErrors,
+    },
     /// The state file could not be written.
     #[error("cannot write state file {path}: {source}; check the folder exists and is writable")]
     WriteState {

@@ -131,7 +131,7 @@ struct Inner {
     sessions: SessionBook,
     slots: SlotBook,
     limit_holds: crate::limits::LimitHolds,
-    change_lock: crate::document::ChangeLock,
+    document: crate::document::DocumentState,
     last_purged: AtomicU64,
     last_pruned: AtomicU64,
     reloads: ReloadCounts,
@@ -295,7 +295,7 @@ impl Store {
             sessions: SessionBook::new(),
             slots,
             limit_holds: crate::limits::LimitHolds::default(),
-            change_lock: crate::document::ChangeLock::default(),
+            document: crate::document::DocumentState::default(),
             last_purged: AtomicU64::new(now),
             last_pruned: AtomicU64::new(0),
             reloads: ReloadCounts::default(),
@@ -336,10 +336,17 @@ impl Store {
                     match messages.recv().await {
                         Ok(message) => {
                             let Some(inner) = w.upgrade() else { return };
-                            if let Backend::Redis(m) = &inner.backend
-                                && let Some(event) = m.parse(&message)
-                            {
+                            let Backend::Redis(m) = &inner.backend else {
+                                return;
+                            };
+                            if let Some(event) = m.parse(&message) {
                                 Store { inner }.apply_remote(event, now_ms());
+                            } else if let Some(change) = m.parse_config(&message) {
+                                // off this loop: installing reads Redis
+                                let store = Store { inner };
+                                tokio::spawn(
+                                    async move { store.follow_logged(change.reload).await },
+                                );
                             }
                         }
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
@@ -392,7 +399,7 @@ impl Store {
         let config = match Config::load(path) {
             Ok(config) => config,
             Err(e) => {
-                self.inner.reloads.rejected.fetch_add(1, Ordering::Relaxed);
+                self.count_reload(false);
                 return Err(e);
             }
         };
@@ -405,10 +412,29 @@ impl Store {
                 "config reloaded"
             );
         }
-        let reloads = &self.inner.reloads;
-        reloads.applied.fetch_add(1, Ordering::Relaxed);
-        reloads.last_applied_at.store(now_ms(), Ordering::Relaxed);
+        self.count_reload(true);
         Ok(())
+    }
+
+    /// Reconciles with Redis now (the state of the configured accounts), instead of at
+    /// the next maintenance tick.
+    pub(crate) async fn reconcile_now(&self) -> Result<(), StoreError> {
+        let Some(mirror) = self.redis() else {
+            return Ok(());
+        };
+        let accounts = account_ids(&self.config());
+        reconcile(mirror, &self.inner.state, &accounts, now_ms()).await
+    }
+
+    /// Counts a reload that was applied or refused (for the metrics).
+    pub(crate) fn count_reload(&self, applied: bool) {
+        let reloads = &self.inner.reloads;
+        if applied {
+            reloads.applied.fetch_add(1, Ordering::Relaxed);
+            reloads.last_applied_at.store(now_ms(), Ordering::Relaxed);
+        } else {
+            reloads.rejected.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// What the reloads of the config file ([`Store::reload`]: `SIGHUP`,
@@ -433,9 +459,10 @@ impl Store {
             || a.workers != b.workers
             || a.admin_listen != b.admin_listen
             || a.tls != b.tls
+            || a.config_store != b.config_store
         {
             tracing::warn!(
-                "listen, admin_listen, the TLS file paths, workers, redis_url, state_file and [server.rating] changes take effect at the next restart"
+                "listen, admin_listen, the TLS file paths, workers, redis_url, config_store, state_file and [server.rating] changes take effect at the next restart"
             );
         }
         self.inner
@@ -513,10 +540,10 @@ impl Store {
         &self.inner.state
     }
 
-    /// The Redis mirror, when Redis is configured.
-    /// Serialises the changes of the config document.
-    pub(crate) fn change_lock(&self) -> &crate::document::ChangeLock {
-        &self.inner.change_lock
+    /// The config document's state: the change lock, and the Redis document's
+    /// version when it lives there.
+    pub(crate) fn document(&self) -> &crate::document::DocumentState {
+        &self.inner.document
     }
 
     /// The Redis side of the caller limits.
@@ -524,6 +551,7 @@ impl Store {
         &self.inner.limit_holds
     }
 
+    /// The Redis mirror, when Redis is configured.
     pub(crate) fn redis(&self) -> Option<&Arc<RedisMirror>> {
         match &self.inner.backend {
             Backend::Redis(mirror) => Some(mirror),
@@ -825,6 +853,7 @@ impl Store {
     /// sync every interval; once an hour, usage totals past their retention go.
     pub async fn maintain(&self, now: UnixMs) {
         self.inner.slots.renew_due(now).await;
+        self.maintain_document(now).await;
         if let Some(mirror) = self.redis().filter(|m| m.ready()) {
             self.inner.limit_holds.maintain(mirror, now).await;
         }

@@ -146,6 +146,17 @@ impl RedisServer {
         inline_command(self.port, line)
     }
 
+    /// Sends one command as a RESP array (arguments may hold spaces and newlines) and
+    /// returns the raw reply.
+    pub fn command_args(&self, args: &[&str]) -> Result<String, String> {
+        let mut line = format!("*{}\r\n", args.len());
+        for a in args {
+            line.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        // inline_command appends one more CRLF: an empty inline command, ignored
+        inline_command(self.port, line.trim_end_matches("\r\n"))
+    }
+
     fn wait_ready(&mut self) -> Result<(), String> {
         // bounded: a fresh redis-server answers within milliseconds
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -994,6 +994,30 @@ fn limits_fail_mode_takes_open_or_closed() {
     assert_eq!(locations(&errs), ["server.limits_fail_mode"]);
 }
 
+/// SPEC 13: `config_store` takes `file` (the default) or `redis`, which needs `redis_url`.
+#[test]
+fn config_store_takes_file_or_redis_and_redis_needs_a_url() {
+    use keypool_store::config::ConfigStore;
+    let with = |lines: &str| format!("[server]\n{lines}\n{BASE}");
+    let redis = with("config_store = \"redis\"\nredis_url = \"redis://127.0.0.1:6379\"");
+    assert_eq!(
+        parse(&redis).unwrap().server().config_store,
+        ConfigStore::Redis
+    );
+    assert_eq!(
+        parse(BASE).unwrap().server().config_store,
+        ConfigStore::File
+    );
+    let errs = errors(&with("config_store = \"redis\""));
+    assert_eq!(locations(&errs), ["server.config_store"]);
+    assert!(
+        errs.issues()[0].to_string().contains("set redis_url"),
+        "{errs}"
+    );
+    let errs = errors(&with("config_store = \"etcd\""));
+    assert_eq!(locations(&errs), ["server.config_store"]);
+}
+
 /// SPEC 13: `check-config` flags secrets that load but cannot work, at their location,
 /// without quoting them.
 #[test]

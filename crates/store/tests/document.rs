@@ -49,6 +49,7 @@ async fn the_example_file_changes_only_in_the_value_changed() {
         .change_config(&path, "PATCH /admin/accounts/acme-api-1", &env, |doc| {
             edit::change(doc, &account("acme-api-1"), &fields)
         })
+        .await
         .unwrap();
     assert_eq!(diff.accounts_changed, ["acme-api-1"]);
     let after = std::fs::read_to_string(&path).unwrap();
@@ -79,6 +80,7 @@ async fn an_invalid_change_writes_nothing_and_reports_located_problems() {
         .change_config(&path, "PATCH /admin/accounts/acme-api-1", &env, |doc| {
             edit::change(doc, &account("acme-api-1"), &fields)
         })
+        .await
         .unwrap_err();
     let ChangeError::Invalid(errors) = err else {
         panic!("{err:?}")

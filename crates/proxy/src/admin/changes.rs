@@ -116,7 +116,7 @@ fn target_of(entity: Entity, rest: &[&str]) -> Option<Target> {
 }
 
 /// Answers a change route, or `None` when `segments` is not one.
-pub(super) fn handle(
+pub(super) async fn handle(
     app: &App,
     method: &Method,
     segments: &[&str],
@@ -128,7 +128,7 @@ pub(super) fn handle(
     let route = format!("{method} /admin/{}", segments.join("/"));
     let answer = match (method, rest) {
         (&Method::GET, []) if entity == Entity::Key => Ok(list_keys(app)),
-        (&Method::POST, []) => create(app, entity, body, &route, request_id),
+        (&Method::POST, []) => create(app, entity, body, &route, request_id).await,
         (&Method::POST, [id, "disable"]) if entity == Entity::Account => disable(app, id, body),
         (&Method::POST, [id, "revoke"]) if entity == Entity::Key => {
             let target = target_of(entity, &[id])?;
@@ -137,15 +137,19 @@ pub(super) fn handle(
             apply(app, &route, request_id, StatusCode::OK, |doc| {
                 edit::change(doc, &target, &fields).map(|()| json!({"revoked": target.id}))
             })
+            .await
         }
         (&Method::PATCH, rest) => match target_of(entity, rest) {
-            Some(target) => change(app, &target, body, &route, request_id),
+            Some(target) => change(app, &target, body, &route, request_id).await,
             None => return None,
         },
         (&Method::DELETE, rest) => match target_of(entity, rest) {
-            Some(target) => apply(app, &route, request_id, StatusCode::OK, |doc| {
-                edit::delete(doc, &target).map(|()| json!({"deleted": target.to_string()}))
-            }),
+            Some(target) => {
+                apply(app, &route, request_id, StatusCode::OK, |doc| {
+                    edit::delete(doc, &target).map(|()| json!({"deleted": target.to_string()}))
+                })
+                .await
+            }
             None => return None,
         },
         _ => return None,
@@ -153,7 +157,7 @@ pub(super) fn handle(
     Some(answer.unwrap_or_else(|reject| reject.respond(request_id)))
 }
 
-fn create(
+async fn create(
     app: &App,
     entity: Entity,
     body: &Bytes,
@@ -188,14 +192,16 @@ fn create(
                 "key": generated.key,
                 "note": "the key is shown only now: keypool stores only its SHA-256",
             }))
-        });
+        })
+        .await;
     }
     apply(app, route, request_id, StatusCode::CREATED, |doc| {
         edit::create(doc, entity, &fields).map(|t| json!({"created": t.to_string()}))
     })
+    .await
 }
 
-fn change(
+async fn change(
     app: &App,
     target: &Target,
     body: &Bytes,
@@ -216,15 +222,16 @@ fn change(
     apply(app, route, request_id, StatusCode::OK, |doc| {
         edit::change(doc, target, &fields).map(|()| json!({"changed": target.to_string()}))
     })
+    .await
 }
 
 /// Runs one change of the document and answers it.
-fn apply(
+async fn apply(
     app: &App,
     route: &str,
     request_id: &str,
     status: StatusCode,
-    edit: impl FnOnce(&mut edit::DocumentMut) -> Result<Value, EditError>,
+    edit: impl keypool_store::document::Edit<Value>,
 ) -> Result<Response<ProxyBody>, Reject> {
     let Some(path) = app.config_path() else {
         return Err(Reject::new(
@@ -234,7 +241,7 @@ fn apply(
         ));
     };
     let env = |name: &str| std::env::var(name).ok();
-    match app.store().change_config(path, route, &env, edit) {
+    match app.store().change_config(path, route, &env, edit).await {
         Ok((mut answer, diff)) => {
             answer["diff"] = diff_json(&diff);
             Ok(json_response(status, &answer))
@@ -259,6 +266,14 @@ fn apply(
                 Reject::new(StatusCode::CONFLICT, ErrorType::InvalidRequest, message)
             }
         }),
+        Err(ChangeError::Unavailable(message)) => {
+            tracing::warn!(error = %message, "admin: the config document is unavailable");
+            Err(Reject::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorType::Overloaded,
+                message,
+            ))
+        }
         Err(ChangeError::Io(message)) => {
             tracing::error!(error = %message, "admin: the config document could not be written");
             Err(Reject::new(

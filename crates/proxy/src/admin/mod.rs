@@ -105,7 +105,9 @@ where
         Ok(body) => body,
         Err(reject) => return reject.respond(request_id),
     };
-    if let Some(answer) = changes::handle(app, &parts.method, &segments, &body.bytes, request_id) {
+    if let Some(answer) =
+        changes::handle(app, &parts.method, &segments, &body.bytes, request_id).await
+    {
         return answer;
     }
     let now = now_ms();
@@ -123,7 +125,7 @@ where
             id,
             action @ ("enable" | "clear-cooldown" | "clear-windows"),
         ] if post => account(id).map(|account| account_action(app.store(), account, action, now)),
-        ["reload"] if post => Ok(reload(app, app.store(), request_id)),
+        ["reload"] if post => Ok(reload(app, app.store(), request_id).await),
         ["usage"] if get => usage::usage(app, &config, parts.uri.query(), now).await,
         ["usage", "summary"] if get => Ok(json_response(
             StatusCode::OK,
@@ -225,7 +227,7 @@ fn unknown_account(id: &str) -> Reject {
     )
 }
 
-fn reload(app: &App, store: &Store, request_id: &str) -> Response<ProxyBody> {
+async fn reload(app: &App, store: &Store, request_id: &str) -> Response<ProxyBody> {
     let Some(path) = app.config_path() else {
         return Reject::new(
             StatusCode::CONFLICT,
@@ -234,7 +236,7 @@ fn reload(app: &App, store: &Store, request_id: &str) -> Response<ProxyBody> {
         )
         .respond(request_id);
     };
-    match store.reload(path) {
+    match store.reload_config(path).await {
         Ok(()) => {
             let config = store.config();
             tracing::info!(path = %path.display(), "admin: configuration reloaded");
@@ -246,12 +248,14 @@ fn reload(app: &App, store: &Store, request_id: &str) -> Response<ProxyBody> {
                     "orgs": config.orgs().count(),
                     "accounts": config.accounts().count(),
                     "keys": config.keys().count(),
+                    "document": store.document_status(),
                 }),
             )
         }
         Err(e) => {
             let problems: Vec<String> = match &e {
-                StoreError::InvalidConfig { errors, .. } => {
+                StoreError::InvalidConfig { errors, .. }
+                | StoreError::InvalidDocument { errors, .. } => {
                     errors.issues().iter().map(ToString::to_string).collect()
                 }
                 other => vec![other.to_string()],
@@ -315,6 +319,7 @@ fn overview(app: &App, config: &Config, now: UnixMs) -> Value {
         },
         "redis_ready": backend.redis_ready,
         "state_file_error": backend.state_file_error,
+        "document": app.store().document_status(),
         "orgs": orgs,
     })
 }

@@ -75,6 +75,7 @@ impl Metrics {
 
     /// `keypool_build_info`, `keypool_config_reloads_total`,
     /// `keypool_config_last_reload_success_timestamp_seconds`,
+    /// `keypool_config_document_version` (with the Redis document),
     /// `keypool_internal_requests_total` and the `process_*` series.
     pub(super) fn render_operations(&self, out: &mut String, store: &Store) {
         let default = BuildInfo::default();
@@ -100,6 +101,12 @@ impl Metrics {
                 .last_applied_at
                 .map_or_else(super::process::start_time_secs, |ms| ms as f64 / 1000.0)
         );
+        if let Some(version) = store.document_status().version {
+            let _ = writeln!(
+                out,
+                "# HELP keypool_config_document_version The version of the config document in Redis this replica serves (config_store = \"redis\"); replicas that disagree for more than a few seconds are not following it.\n# TYPE keypool_config_document_version gauge\nkeypool_config_document_version {version}"
+            );
+        }
         out.push_str("# HELP keypool_internal_requests_total Requests to keypool's own routes (health checks, scrapes, admin API and status page, HEAD preflights, unknown paths), by route and status; not counted in keypool_requests_total.\n# TYPE keypool_internal_requests_total counter\n");
         let mut rows: Vec<_> = self
             .internal_requests

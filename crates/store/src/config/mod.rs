@@ -96,6 +96,9 @@ pub struct ServerSettings {
     /// What a request that needs a shared caller limit gets while Redis is unreachable
     /// (`limits_fail_mode`).
     pub limits_fail_mode: LimitsFailMode,
+    /// Where the config document lives (`config_store`, SPEC 13): the config file, or
+    /// Redis (every replica serves the one document there; restart only).
+    pub config_store: ConfigStore,
     /// Lower bound of the hedge delay (`hedge_min_delay_ms`).
     pub hedge_min_delay_ms: u64,
     /// Extra attempts allowed as a fraction of a group's requests per minute (`hedge_budget`).
@@ -190,6 +193,40 @@ impl std::str::FromStr for LimitsFailMode {
     }
 }
 
+/// `config_store` (SPEC 13): where the one config document lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConfigStore {
+    /// The config file: admin changes rewrite it (comments and order kept).
+    #[default]
+    File,
+    /// Redis (`redis_url`): every replica serves the document there, with its own
+    /// `[server]` table from its local file; a change reaches every replica within 1 s.
+    Redis,
+}
+
+impl ConfigStore {
+    /// The config name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::File => "file",
+            Self::Redis => "redis",
+        }
+    }
+}
+
+impl std::str::FromStr for ConfigStore {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "file" => Ok(Self::File),
+            "redis" => Ok(Self::Redis),
+            other => Err(format!(
+                "config_store {other:?} is not a store: write \"file\" (the config file is the document, the default) or \"redis\" (the document lives in Redis, shared by every replica; needs redis_url)"
+            )),
+        }
+    }
+}
+
 impl Default for ServerSettings {
     fn default() -> Self {
         Self {
@@ -216,6 +253,7 @@ impl Default for ServerSettings {
             redis_url: None,
             redis_timeout_ms: 250,
             limits_fail_mode: LimitsFailMode::Open,
+            config_store: ConfigStore::File,
             hedge_min_delay_ms: 200,
             hedge_budget: 0.10,
             default_window_threshold: Threshold(0.95),

@@ -86,6 +86,7 @@ pub(crate) struct RawServer {
     pub redis_url_from_env: bool,
     pub redis_timeout_ms: Option<i64>,
     pub limits_fail_mode: Option<String>,
+    pub config_store: Option<String>,
     pub hedge_min_delay_ms: Option<i64>,
     pub hedge_budget: Option<f64>,
     pub default_window_threshold: Option<f64>,

@@ -18,6 +18,7 @@
 //! | `keypool:request:{id}` | string, 7 d | one JSON `UsageRecord`, for lookup by request id |
 //! | `keypool:{lim:<org>}:…` | see [`super::redis_limits`] | the caller limits of every replica |
 //! | channel `keypool:events` | pub/sub | JSON [`Envelope`] after every mirrored write |
+//! | `keypool:{config}:…`, channel `keypool:config` | see [`super::redis_document`] | the config document (`config_store = "redis"`) |
 //!
 //! Every operation is bounded by `redis_timeout_ms`; a failure or timeout marks the
 //! mirror not ready, counts a fallback and asks for a reconciliation, and the caller
@@ -451,17 +452,23 @@ impl RedisMirror {
         Ok(())
     }
 
-    /// Subscribes to the events channel (again, when a reconnection lost it).
+    /// Subscribes to the events channel and the config document's channel (again,
+    /// when a reconnection lost them).
     pub(crate) async fn ensure_subscribed(&self) -> Result<(), StoreError> {
-        if self.subscriber.tracked_channels().is_empty() {
-            self.bounded(self.subscriber.subscribe(EVENTS_CHANNEL))
-                .await?;
+        let tracked = self.subscriber.tracked_channels();
+        for channel in [EVENTS_CHANNEL, super::redis_document::CONFIG_CHANNEL] {
+            if !tracked.iter().any(|c| &**c == channel) {
+                self.bounded(self.subscriber.subscribe(channel)).await?;
+            }
         }
         Ok(())
     }
 
     /// Parses a published message; `None` for foreign or own messages.
     pub(crate) fn parse(&self, message: &fred::types::Message) -> Option<StateEvent> {
+        if &*message.channel != EVENTS_CHANNEL {
+            return None;
+        }
         let text = message.value.as_str()?;
         let envelope: Envelope = serde_json::from_str(&text).ok()?;
         (envelope.origin != self.origin).then_some(envelope.event)

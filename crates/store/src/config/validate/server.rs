@@ -29,6 +29,12 @@ pub(super) fn validate_server(
     out.state_file = state_file(s, base_dir);
     r.listeners(s, base_dir, &mut out);
     out.redis_url = redis_url(s, env, r.issues);
+    if out.config_store == crate::config::ConfigStore::Redis && s.redis_url.is_none() {
+        r.issues.push(
+            "server.config_store",
+            "config_store = \"redis\" keeps the document in Redis: set redis_url (or REDIS_URL) too, or write config_store = \"file\"",
+        );
+    }
     out.rating = r.rating(&s.rating);
     r.limits(s, &mut out);
     r.intervals(s, &mut out);
@@ -132,6 +138,11 @@ impl Reader<'_> {
             && let Some(mode) = parse_named(v, "server.limits_fail_mode", self.issues)
         {
             out.limits_fail_mode = mode;
+        }
+        if let Some(v) = s.config_store.as_deref()
+            && let Some(store) = parse_named(v, "server.config_store", self.issues)
+        {
+            out.config_store = store;
         }
         if let Some(list) = &s.passthrough_statuses {
             out.passthrough_statuses = self.passthrough_statuses(list);

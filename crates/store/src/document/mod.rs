@@ -10,16 +10,27 @@
 //!
 //! Changes are serialised: one at a time per process, each starting from the file as
 //! it is on disk (an operator's own edit followed by a reload is not lost).
+//!
+//! With `config_store = "redis"` the document lives in Redis instead ([`shared`]):
+//! every replica serves it (with its own `[server]` table from its local file), a
+//! change is saved there by version and published, and every replica installs it
+//! within a second.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
 
 use toml_edit::DocumentMut;
 
 use crate::Store;
 use crate::config::edit::EditError;
 use crate::config::{Config, ConfigErrors};
+
+mod shared;
+pub use crate::state::redis_document::{AUDIT_KEEP, CONFIG_CHANNEL, ConfigMessage, StoredDocument};
+pub use shared::{
+    CHECK_MS, DocumentBoot, DocumentStatus, merge_server, pull_document, push_document,
+    redis_copy_path,
+};
 
 /// Why a change was not applied (nothing changed then).
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +45,9 @@ pub enum ChangeError {
     /// The document cannot be read or written.
     #[error("{0}")]
     Io(String),
+    /// The document lives in Redis, which does not answer now.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// What one change did, by id: for the answer, the audit log and the reload log.
@@ -131,9 +145,20 @@ impl ConfigDiff {
     }
 }
 
-/// Serialises the changes of one process.
+/// The config document's state in one process: changes one at a time, and where the
+/// document lives.
 #[derive(Debug, Default)]
-pub(crate) struct ChangeLock(Mutex<()>);
+pub struct DocumentState {
+    lock: tokio::sync::Mutex<()>,
+    shared: std::sync::OnceLock<shared::SharedDocument>,
+}
+
+impl DocumentState {
+    /// The Redis document, once attached.
+    pub(crate) fn shared(&self) -> Option<&shared::SharedDocument> {
+        self.shared.get()
+    }
+}
 
 /// The audit log beside the config file.
 pub fn audit_log_path(config: &Path) -> PathBuf {
@@ -177,26 +202,37 @@ fn write_atomically(path: &Path, text: &str) -> Result<(), ChangeError> {
     })
 }
 
+/// A change's edit of the document: may run again on a newer text when another
+/// replica saved first (the Redis document).
+pub trait Edit<T>: FnMut(&mut DocumentMut) -> Result<T, EditError> + Send {}
+impl<T, F: FnMut(&mut DocumentMut) -> Result<T, EditError> + Send> Edit<T> for F {}
+
+/// `$ENV_NAME` look-ups for a change's validation.
+pub type Env<'a> = &'a (dyn Fn(&str) -> Option<String> + Sync);
+
 impl Store {
-    /// Applies `edit` to the config document at `path` (SPEC 13): the file as it is now,
-    /// edited, validated like a load (with `env` for `$ENV_NAME` and the secrets key),
-    /// written back atomically and installed; `route` and the change go to the audit
-    /// log. Returns the edit's value and what changed.
+    /// Applies `edit` to the config document (SPEC 13), validated like a load (with
+    /// `env` for `$ENV_NAME` and the secrets key) and installed; `route` and the
+    /// change go to the audit log. Returns the edit's value and what changed.
+    ///
+    /// The document is the config file at `path` (rewritten atomically, the previous
+    /// version kept as `<file>.bak`), or, with `config_store = "redis"` once
+    /// [`Store::attach_redis_document`] ran, the document in Redis (every replica
+    /// installs it within a second; `path`'s `[server]` table is this replica's).
     ///
     /// # Errors
     /// [`ChangeError`]: nothing was written or installed then.
-    pub fn change_config<T>(
+    pub async fn change_config<T>(
         &self,
         path: &Path,
         route: &str,
-        env: &dyn Fn(&str) -> Option<String>,
-        edit: impl FnOnce(&mut DocumentMut) -> Result<T, EditError>,
+        env: Env<'_>,
+        mut edit: impl Edit<T>,
     ) -> Result<(T, ConfigDiff), ChangeError> {
-        let _one_at_a_time = self
-            .change_lock()
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _one_at_a_time = self.document().lock.lock().await;
+        if self.document().shared().is_some() {
+            return self.change_shared(path, route, env, &mut edit).await;
+        }
         let text = std::fs::read_to_string(path).map_err(|e| io("read", path, &e))?;
         let mut doc = crate::config::edit::parse(&text)?;
         let value = edit(&mut doc)?;
@@ -206,20 +242,24 @@ impl Store {
         let diff = ConfigDiff::between(&self.config(), &config);
         write_atomically(path, &new_text)?;
         self.install(config);
-        audit(path, route, &diff);
+        audit(path, &audit_line(route, &diff));
         Ok((value, diff))
     }
 }
 
-/// One line of the audit log (and the `keypool::audit` event).
-fn audit(path: &Path, route: &str, diff: &ConfigDiff) {
-    let line = serde_json::json!({
+/// One line of the audit log: time, route, what changed (by id; never a secret).
+fn audit_line(route: &str, diff: &ConfigDiff) -> String {
+    serde_json::json!({
         "at": crate::now_ms(),
         "route": route,
         "changed": diff,
     })
-    .to_string();
-    tracing::info!(target: "keypool::audit", route, changed = %line, "config changed");
+    .to_string()
+}
+
+/// Appends `line` to the audit log beside `path` (and logs the `keypool::audit` event).
+fn audit(path: &Path, line: &str) {
+    tracing::info!(target: "keypool::audit", changed = %line, "config changed");
     let log = audit_log_path(path);
     let appended = std::fs::OpenOptions::new()
         .create(true)
