@@ -21,6 +21,8 @@
 //!   [`HarnessBuilder`].
 //! - [`fake_upstream`]: [`fake_upstream::FakeUpstream`], an upstream that writes exactly
 //!   the bytes a test scripts (careless and hostile upstreams).
+//! - [`browser`]: headless Chromium and [`browser::WebDriver`] (real clicks and typing
+//!   into the status page through `chromedriver`).
 //! - [`client`]: the HTTP client of the suites, [`Reply`] and SSE frames.
 //! - [`logs`]: [`LogLines`], log lines captured in memory.
 //! - [`property`]: [`check_property`], a proptest property against one harness.
@@ -35,6 +37,7 @@
 //! - [`venv`]: the Python venv with the Anthropic SDK (shared with `xtask`), and
 //!   [`sdk_python`], the policy when it cannot be created.
 
+pub mod browser;
 pub mod client;
 pub mod egress_proxy;
 pub mod fake_upstream;

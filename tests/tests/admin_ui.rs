@@ -7,12 +7,13 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use keypool_core::Window;
 use keypool_sim::{Behaviour, Delay, ErrorReply, OkSpec, Script, UnifiedHeaders};
+use keypool_tests::browser::chromium;
 use keypool_tests::{AccountSpec, Harness, Reply, admin_account};
 use serde_json::Value;
 
@@ -376,52 +377,6 @@ async fn metrics_show_per_account_gauges() {
         assert!(text.contains(line), "no {line:?} in:\n{text}");
     }
     h.finish().await;
-}
-
-/// Debian's `chromium`; installed with apt when missing (CI runs as root). Under
-/// `CI=true` a missing browser is a failure, never a skip.
-fn chromium() -> PathBuf {
-    let find = || {
-        ["chromium", "chromium-browser", "google-chrome"]
-            .iter()
-            .find_map(|name| {
-                std::env::var_os("PATH").and_then(|paths| {
-                    std::env::split_paths(&paths)
-                        .map(|dir| dir.join(name))
-                        .find(|p| p.is_file())
-                })
-            })
-    };
-    if let Some(path) = find() {
-        return path;
-    }
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-    if ci {
-        panic!(
-            "the status-page test needs Chromium and CI=true: `cargo xtask ci` installs it \
-             (apt-get install -y chromium); it is missing"
-        );
-    }
-    // Two tests may get here at once: one installs, the other waits and finds it.
-    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = INSTALL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(path) = find() {
-        return path;
-    }
-    eprintln!("status page test: chromium not found; trying `apt-get install -y chromium`");
-    let installed = Command::new("apt-get")
-        .args(["install", "-y", "chromium"])
-        .status()
-        .is_ok_and(|s| s.success());
-    match find() {
-        Some(path) if installed => path,
-        _ => panic!(
-            "the status-page test needs a headless Chromium: install Debian's `chromium` \
-             package (apt-get install -y chromium, as root) and run the test again"
-        ),
-    }
 }
 
 /// Runs headless Chromium on `url` with `mode` (`--dump-dom` or `--screenshot=…`).

@@ -3,9 +3,9 @@
 //! - `cargo xtask ci`: formatting check, clippy with warnings denied, the whole test
 //!   suite. This is the README's test command and what `.ci/run` calls. Before the
 //!   tests it creates the Anthropic SDK venv (`target/py-sdk`) the SDK suites use,
-//!   installs the Debian packages the tests need when missing (`chromium`, `curl`,
-//!   `prometheus` for `promtool`, `redis-server`, `redis-tools`) and runs `promtool check rules` on
-//!   `deploy/prometheus/*-rules.yaml`.
+//!   installs the Debian packages the tests need when missing (`chromium`,
+//!   `chromium-driver`, `curl`, `prometheus` for `promtool`, `redis-server`,
+//!   `redis-tools`) and runs `promtool check rules` on `deploy/prometheus/*-rules.yaml`.
 //! - `cargo xtask bench [--quick] [--peers]`: keypool's overhead and throughput against
 //!   the bare upstream simulator and, with `--peers`, LiteLLM and Portkey (`bench`).
 //! - `cargo xtask ab REV [--rounds N] [--seconds S] [--pool NAME]`: this tree's keypool
@@ -88,11 +88,16 @@ fn cargo(root: &Path, args: &[&str]) -> anyhow::Result<()> {
 /// it)`: installed when the program is missing (CI runs as root with apt reachable). A
 /// failure is reported here, and the test that needs the program then fails with the
 /// reason under `CI=true`.
-const DEBIAN_TOOLS: [(&str, &str, &str); 5] = [
+const DEBIAN_TOOLS: [(&str, &str, &str); 6] = [
     (
         "chromium",
         "chromium",
         "the status-page test (tests/tests/admin_ui.rs)",
+    ),
+    (
+        "chromedriver",
+        "chromium-driver",
+        "the status-page click-through test (tests/tests/admin_ui_actions.rs)",
     ),
     ("curl", "curl", "the HTTP/2 test (tests/tests/listeners.rs)"),
     (
