@@ -160,12 +160,36 @@ async fn a_key_created_on_one_replica_authenticates_on_the_other_within_a_second
     for file in &r.files {
         assert!(!std::fs::read_to_string(file).unwrap().contains("carol"));
     }
+    // Each replica keeps a private copy of the document it serves (for a Redis that
+    // lost its data, or does not answer at start).
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let copy = keypool_store::document::redis_copy_path(&r.files[1]);
+        assert!(
+            std::fs::read_to_string(&copy)
+                .unwrap()
+                .contains("id = \"carol\"")
+        );
+        let mode = std::fs::metadata(&copy).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
     // A restart of B serves the newest document (the key), not its local file.
     let _ = r.b.child.kill();
     let _ = r.b.child.wait();
     let port = r.b.port;
     r.b = KeypoolProcess::start(&r.files[1], port).await;
     assert_eq!(send(&h, &r.b, &key).await.status, 200);
+    // Redis loses its data: the next replica to start gives it back the newest
+    // document (its copy), not its older local file.
+    assert!(redis.command("FLUSHALL").unwrap().starts_with("+OK"));
+    let _ = r.b.child.kill();
+    let _ = r.b.child.wait();
+    r.b = KeypoolProcess::start(&r.files[1], port).await;
+    assert_eq!(send(&h, &r.b, &key).await.status, 200);
+    let stored = redis
+        .command("HGET keypool:{config}:document text")
+        .unwrap();
+    assert!(stored.contains("id = \"carol\""), "{stored}");
     // Revoked on B: refused on A within a second.
     let revoked = admin(
         &h,

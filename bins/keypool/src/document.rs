@@ -116,12 +116,19 @@ fn plain(e: StoreError) -> anyhow::Error {
     }
 }
 
-/// Writes `text` over `path` through a temporary file beside it.
+/// Writes `text` over `path` through a temporary file beside it, readable by the owner
+/// only (the document may hold literal secrets).
 fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("cannot restrict {}", tmp.display()))?;
+    }
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
 }
 

@@ -180,6 +180,12 @@ fn io(what: &str, path: &Path, e: &std::io::Error) -> ChangeError {
 
 /// Writes `text` over `path` atomically, the previous version kept as `<path>.bak`.
 fn write_atomically(path: &Path, text: &str) -> Result<(), ChangeError> {
+    write_replacing(path, text, false)
+}
+
+/// [`write_atomically`]; `private`: readable by the owner only (mode 0600), whatever
+/// the file's permissions were (a copy of a document that may hold literal secrets).
+fn write_replacing(path: &Path, text: &str, private: bool) -> Result<(), ChangeError> {
     if path.exists() {
         std::fs::copy(path, backup_path(path)).map_err(|e| io("back up", path, &e))?;
     }
@@ -191,7 +197,13 @@ fn write_atomically(path: &Path, text: &str) -> Result<(), ChangeError> {
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
         // Keep the file's permissions (a config with secrets may be 0600).
-        if let Ok(meta) = std::fs::metadata(path) {
+        if private {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt as _;
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+            }
+        } else if let Ok(meta) = std::fs::metadata(path) {
             std::fs::set_permissions(&tmp, meta.permissions())?;
         }
         std::fs::rename(&tmp, path)

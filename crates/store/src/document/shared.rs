@@ -16,17 +16,18 @@
 //! - A reload on one replica ([`Store::reload_config`]) is published too: every replica
 //!   re-reads its local file (`[server]`, `file:` secrets) and the document.
 //! - After installing a document a replica keeps a copy, `<file>.redis.toml`, so that
-//!   a Redis that lost its data is given back the newest document, not an old file.
+//!   a Redis that lost its data is given back the newest document, not an old file
+//!   (mode 0600: the document may hold literal secrets).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use super::{ChangeError, ConfigDiff, Edit, Env, audit, audit_line, io, write_atomically};
+use super::{ChangeError, ConfigDiff, Edit, Env, audit, audit_line, io, write_replacing};
 use crate::config::{Config, ConfigStore};
 use crate::state::redis::RedisMirror;
-use crate::state::redis_document::StoredDocument;
+use crate::state::redis_document::{StoredDocument, digest};
 use crate::{Store, StoreError};
 
 /// How often a replica compares its document's version with Redis's (pub/sub tells it
@@ -41,6 +42,8 @@ const SAVE_ATTEMPTS: usize = 5;
 pub(crate) struct SharedDocument {
     path: PathBuf,
     version: AtomicU64,
+    /// The digest of the text served ([`StoredDocument::digest`]).
+    digest: std::sync::Mutex<String>,
     last_checked: AtomicU64,
 }
 
@@ -101,6 +104,23 @@ impl SharedDocument {
     fn version(&self) -> u64 {
         self.version.load(Ordering::Relaxed)
     }
+
+    /// Records the version and digest now served.
+    fn served(&self, version: u64, digest: String) {
+        self.version.store(version, Ordering::Relaxed);
+        *self
+            .digest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = digest;
+    }
+
+    fn serves(&self, other: Option<&str>) -> bool {
+        let mine = self
+            .digest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        other.is_some_and(|d| d == mine.as_str())
+    }
 }
 
 impl Store {
@@ -122,6 +142,7 @@ impl Store {
         let shared = SharedDocument {
             path: path.to_path_buf(),
             version: AtomicU64::new(0),
+            digest: std::sync::Mutex::default(),
             last_checked: AtomicU64::new(crate::now_ms()),
         };
         if self.document().shared.set(shared).is_err() {
@@ -154,7 +175,7 @@ impl Store {
         let copy = redis_copy_path(path);
         if let Ok(text) = std::fs::read_to_string(&copy) {
             let env = |name: &str| std::env::var(name).ok();
-            let stored = StoredDocument { text, version: 0 };
+            let stored = StoredDocument::new(text, 0);
             if let Err(problem) = self.install_stored(&stored, &env) {
                 tracing::error!(copy = %copy.display(), error = %problem, "the copy of the Redis document is invalid; serving the local file");
             }
@@ -187,7 +208,7 @@ impl Store {
             .await?
         {
             Some(version) => {
-                self.install_stored(&StoredDocument { text, version }, &env)?;
+                self.install_stored(&StoredDocument::new(text, version), &env)?;
                 Ok(DocumentBoot::Seeded { from })
             }
             // another replica seeded first: serve its document
@@ -230,13 +251,14 @@ impl Store {
             }
         })?;
         let diff = ConfigDiff::between(&self.config(), &config);
-        self.install(config);
+        // the copy and the version first: whoever sees the new config sees them too
         if stored.version > 0 {
-            shared.version.store(stored.version, Ordering::Relaxed);
-            if let Err(e) = write_atomically(&redis_copy_path(path), &stored.text) {
+            if let Err(e) = write_replacing(&redis_copy_path(path), &stored.text, true) {
                 tracing::warn!(error = %e, "the copy of the Redis document could not be written");
             }
+            shared.served(stored.version, stored.digest());
         }
+        self.install(config);
         if !diff.is_empty() {
             tracing::info!(
                 version = stored.version,
@@ -247,8 +269,9 @@ impl Store {
         Ok(diff)
     }
 
-    /// Installs Redis's document when its version moved past the one served (or
-    /// always, for a `reload`). `Ok(true)` when one was installed.
+    /// Installs Redis's document when its text is not the one served (by digest: a
+    /// version alone is not enough, a Redis that lost its data was seeded again from
+    /// 1), or always, for a `reload`. `Ok(true)` when one was installed.
     pub(crate) async fn follow_document(&self, reload: bool) -> Result<bool, StoreError> {
         let Some(shared) = self.document().shared() else {
             return Ok(false);
@@ -258,7 +281,7 @@ impl Store {
         shared
             .last_checked
             .store(crate::now_ms(), Ordering::Relaxed);
-        if !reload && mirror.document_version().await? <= shared.version() {
+        if !reload && shared.serves(mirror.document_digest().await?.as_deref()) {
             return Ok(false);
         }
         let Some(stored) = mirror.load_document().await? else {
@@ -356,9 +379,9 @@ impl Store {
             let Some(version) = saved else { continue };
             self.install(config);
             if let Some(shared) = self.document().shared() {
-                shared.version.store(version, Ordering::Relaxed);
+                shared.served(version, digest(&new_text));
             }
-            if let Err(e) = write_atomically(&redis_copy_path(path), &new_text) {
+            if let Err(e) = write_replacing(&redis_copy_path(path), &new_text, true) {
                 tracing::warn!(error = %e, "the copy of the Redis document could not be written");
             }
             audit(path, &line);
