@@ -49,11 +49,14 @@
 //! - `recorder`: the bounded request log ([`RecordedRequest`]).
 //! - `body`: the response body state machine (paced frames, stalls, cuts).
 //! - `server`: [`Sim`], [`SimConfig`], [`SimHandle`], the hyper accept loop and handler.
+//! - `oauth`: the token endpoint (`POST …/v1/oauth/token`, rotating refresh tokens)
+//!   and access tokens that expire ([`IssuedTokens`], [`OAuthStats`]).
 //! - `error`: [`SimError`].
 
 mod accounts;
 mod body;
 mod error;
+pub mod oauth;
 mod recorder;
 mod script;
 mod server;
@@ -61,6 +64,7 @@ pub mod wire;
 
 pub use accounts::{ANY_CREDENTIAL, AccountStats, SimAccount};
 pub use error::SimError;
+pub use oauth::{IssuedTokens, OAuthStats};
 pub use recorder::RecordedRequest;
 pub use script::{
     Behaviour, Cut, Delay, ErrorReply, OkSpec, Script, UnifiedHeaders, Usage, WindowReading,

@@ -142,6 +142,7 @@ impl Sim {
             recorder: Recorder::new(config.record_limit),
             ids: AtomicU64::new(0),
             seed: config.seed,
+            issuer: crate::oauth::Issuer::default(),
         });
         let (shutdown, signal) = watch::channel(false);
         let task = tokio::spawn(serve(
@@ -238,6 +239,38 @@ impl SimHandle {
         self.shared.recorder.clear();
     }
 
+    /// Logs account `id` in through OAuth: a new access token (valid for the token
+    /// lifetime, 8 h unless [`SimHandle::set_token_lifetime`]) and refresh token.
+    /// Requests with the access token are the account's.
+    pub fn issue_tokens(&self, id: &str) -> Result<crate::oauth::IssuedTokens, SimError> {
+        let account = self.shared.accounts.by_id(id)?;
+        Ok(self.shared.issuer.issue(&account.id))
+    }
+
+    /// How long access tokens issued from now on live.
+    pub fn set_token_lifetime(&self, lifetime: Duration) {
+        self.shared.issuer.set_lifetime(lifetime);
+    }
+
+    /// Every refresh token of account `id` stops working (`invalid_grant`).
+    pub fn revoke_refresh_tokens(&self, id: &str) -> Result<(), SimError> {
+        let account = self.shared.accounts.by_id(id)?;
+        self.shared.issuer.revoke(&account.id);
+        Ok(())
+    }
+
+    /// The token endpoint answers every grant with `status` while set (`None`: again
+    /// as usual).
+    pub fn fail_token_endpoint(&self, status: Option<u16>) {
+        self.shared.issuer.set_failing(status);
+    }
+
+    /// The token endpoint's counters for account `id`.
+    pub fn oauth_stats(&self, id: &str) -> Result<crate::oauth::OAuthStats, SimError> {
+        let account = self.shared.accounts.by_id(id)?;
+        Ok(self.shared.issuer.stats(&account.id))
+    }
+
     /// One account's counters (`"*"` for the any-credential fallback).
     pub fn stats(&self, id: &str) -> Result<AccountStats, SimError> {
         Ok(self.shared.accounts.by_id(id)?.counters.read())
@@ -285,6 +318,7 @@ struct Shared {
     recorder: Recorder,
     ids: AtomicU64,
     seed: u64,
+    issuer: crate::oauth::Issuer,
 }
 
 async fn serve(
@@ -446,7 +480,13 @@ async fn handle(req: Request<Incoming>, shared: Arc<Shared>, reset: ResetFlag) -
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map_err(io::Error::other)?.to_bytes();
     let arrived = std::time::Instant::now();
-    let account = shared.accounts.identify(credential(&parts.headers));
+    let presented = credential(&parts.headers);
+    // An access token the token endpoint issued names its account (expired or not).
+    let issued = presented.and_then(|c| shared.issuer.account_of(c));
+    let account = match &issued {
+        Some((id, _)) => shared.accounts.by_id(id.as_str()).ok(),
+        None => shared.accounts.identify(presented),
+    };
     let guard = shared.accounts.begin(account.clone());
     let n = shared.ids.fetch_add(1, Ordering::Relaxed);
     let endpoint = endpoint(&parts.method, parts.uri.path());
@@ -473,12 +513,20 @@ async fn handle(req: Request<Incoming>, shared: Arc<Shared>, reset: ResetFlag) -
         headers: None,
         guard,
     };
+    if parts.method == Method::POST && parts.uri.path().ends_with("/v1/oauth/token") {
+        return Ok(token_answer(reply, shared.issuer.grant(&body)));
+    }
     let Some(endpoint) = endpoint else {
         return Ok(error(reply, &ErrorReply::new(StatusCode::NOT_FOUND)));
     };
     let Some(account) = account else {
         return Ok(error(reply, &ErrorReply::new(StatusCode::UNAUTHORIZED)));
     };
+    if issued.is_some_and(|(_, expired)| expired) {
+        let expired =
+            ErrorReply::new(StatusCode::UNAUTHORIZED).message(crate::oauth::EXPIRED_MESSAGE);
+        return Ok(error(reply, &expired));
+    }
     let (behaviour, headers) = account.next();
     if !headers.is_empty() {
         reply.headers = Some(headers);
@@ -710,6 +758,32 @@ fn json(reply: Reply, status: StatusCode, bytes: Bytes) -> Response<SimBody> {
         body,
         false,
     )
+}
+
+/// The token endpoint's answer: new tokens, or an OAuth error body.
+fn token_answer(mut reply: Reply, grant: crate::oauth::Grant) -> Response<SimBody> {
+    reply.guard.finish();
+    match grant {
+        crate::oauth::Grant::Issued(t) => {
+            let body = serde_json::json!({
+                "token_type": "Bearer",
+                "access_token": t.access_token,
+                "refresh_token": t.refresh_token,
+                "expires_in": t.expires_in,
+                "scope": "user:inference user:profile",
+            });
+            json(reply, StatusCode::OK, Bytes::from(body.to_string()))
+        }
+        crate::oauth::Grant::Refused {
+            status,
+            error,
+            description,
+        } => {
+            let body = serde_json::json!({"error": error, "error_description": description});
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+            json(reply, status, Bytes::from(body.to_string()))
+        }
+    }
 }
 
 fn error(reply: Reply, e: &ErrorReply) -> Response<SimBody> {

@@ -791,3 +791,44 @@ async fn shutdown_releases_the_port() {
     );
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+/// SPEC 14's simulator side: an OAuth login's access token serves until it expires,
+/// then gets the real API's expired-token `401`; the token endpoint rotates refresh
+/// tokens and refuses a second use of one.
+#[tokio::test(start_paused = true)]
+async fn oauth_access_tokens_expire_and_refresh_tokens_rotate() {
+    let sim = start(Script::ok(), Script::ok()).await;
+    sim.set_token_lifetime(Duration::from_millis(300));
+    let tokens = sim.issue_tokens("b").unwrap();
+    let (status, _, _) = call(&sim, "/v1/messages", Some(&tokens.access_token), BODY).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sim.stats("b").unwrap().requests, 1);
+    tokio::time::advance(Duration::from_millis(350)).await;
+    let (status, headers, body) =
+        call(&sim, "/v1/messages", Some(&tokens.access_token), BODY).await;
+    assert_error(status, &headers, &body, 401, "authentication_error");
+    assert_eq!(
+        json_of(&body)["error"]["message"],
+        keypool_sim::oauth::EXPIRED_MESSAGE
+    );
+    let grant = |refresh: &str| {
+        json!({"grant_type": "refresh_token", "refresh_token": refresh, "client_id": "x"})
+            .to_string()
+    };
+    let (status, _, body) =
+        call(&sim, "/v1/oauth/token", None, &grant(&tokens.refresh_token)).await;
+    assert_eq!(status, StatusCode::OK);
+    let fresh = json_of(&body);
+    assert_eq!(fresh["token_type"], "Bearer");
+    assert!(fresh["expires_in"].as_u64().is_some());
+    let access = fresh["access_token"].as_str().unwrap();
+    let (status, _, _) = call(&sim, "/v1/messages", Some(access), BODY).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, body) =
+        call(&sim, "/v1/oauth/token", None, &grant(&tokens.refresh_token)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(json_of(&body)["error"], "invalid_grant");
+    let stats = sim.oauth_stats("b").unwrap();
+    assert_eq!((stats.refreshed, stats.reused), (1, 1));
+    sim.shutdown().await;
+}
