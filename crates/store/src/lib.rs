@@ -74,6 +74,7 @@ pub mod document;
 pub mod error;
 pub mod keys;
 pub mod limits;
+pub mod oauth;
 pub mod resolve;
 pub mod sessions;
 pub mod slots;

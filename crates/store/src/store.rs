@@ -230,6 +230,7 @@ impl Store {
         let settings = config.server().clone();
         let usage = UsageBook::new(config.usage().recent_requests, settings.redis_url.is_some());
         let state = RuntimeState::new(health, rating, usage);
+        state.oauth.seed(&config);
         let (backend, boot, writes) = match &settings.redis_url {
             Some(url) => {
                 let timeout = Duration::from_millis(settings.redis_timeout_ms);
@@ -426,6 +427,19 @@ impl Store {
         reconcile(mirror, &self.inner.state, &accounts, now_ms()).await
     }
 
+    /// The tokens of OAuth accounts that renew themselves (SPEC 14).
+    pub fn oauth_tokens(&self) -> &crate::oauth::TokenBook {
+        &self.inner.state.oauth
+    }
+
+    /// Persists now (the state file; with Redis nothing yet): called after a refresh
+    /// rotated tokens, so that a crash right after does not lose them.
+    pub async fn persist_tokens(&self) {
+        if matches!(self.inner.backend, Backend::Memory { file: Some(_) }) {
+            let _ = self.persist(now_ms()).await;
+        }
+    }
+
     /// Counts a reload that was applied or refused (for the metrics).
     pub(crate) fn count_reload(&self, applied: bool) {
         let reloads = &self.inner.reloads;
@@ -469,6 +483,7 @@ impl Store {
             .state
             .health
             .set_config(config.cooldown().clone());
+        self.inner.state.oauth.seed(&config);
         self.inner.config.store(Arc::new(config));
         self.invalidate_snapshots();
     }

@@ -1058,3 +1058,60 @@ fn secrets_that_cannot_work_are_flagged_without_being_shown() {
     }
     assert!(parse(BASE).unwrap().warnings().is_empty());
 }
+
+/// SPEC 14: `refresh_token` and `expires_at` on `oauth` accounts, `[oauth]` with its
+/// defaults; every problem located, no secret shown.
+#[test]
+fn oauth_refresh_fields_and_the_oauth_table_are_validated() {
+    let account = |lines: &str| {
+        format!(
+            "[[orgs]]\nslug = \"acme\"\n\n[[accounts]]\nid = \"max\"\norg = \"acme\"\nprovider = \"anthropic\"\n{lines}\n"
+        )
+    };
+    let ok = parse(&account(
+        "auth = \"oauth\"\nsecret = \"sk-ant-oat01-A\"\nrefresh_token = \"sk-ant-ort01-R\"\nexpires_at = 1798761599",
+    ))
+    .unwrap();
+    let seed = ok.account("max").unwrap().oauth().unwrap();
+    assert_eq!(seed.refresh_token.expose(), "sk-ant-ort01-R");
+    assert_eq!(seed.expires_at_ms, Some(1_798_761_599_000));
+    assert!(!format!("{seed:?}").contains("sk-ant-ort01-R"));
+    assert_eq!(
+        ok.oauth().token_url,
+        keypool_store::config::DEFAULT_TOKEN_URL
+    );
+    assert_eq!(ok.oauth().refresh_lead_ms, 300_000);
+    let on_api_key = errors(&account(
+        "auth = \"api_key\"\nsecret = \"sk-ant-api03-A\"\nrefresh_token = \"sk-ant-ort01-R\"",
+    ));
+    assert_eq!(locations(&on_api_key), ["accounts[0].refresh_token"]);
+    assert!(!on_api_key.to_string().contains("sk-ant-ort01-R"));
+    let millis = errors(&account(
+        "auth = \"oauth\"\nsecret = \"a\"\nrefresh_token = \"r\"\nexpires_at = 1798761599000",
+    ));
+    assert_eq!(locations(&millis), ["accounts[0].expires_at"]);
+    assert!(millis.to_string().contains("milliseconds"), "{millis}");
+    let alone = errors(&account(
+        "auth = \"oauth\"\nsecret = \"a\"\nexpires_at = 1798761599",
+    ));
+    assert_eq!(locations(&alone), ["accounts[0].expires_at"]);
+    let table = errors(&format!(
+        "[oauth]\ntoken_url = \"ftp://x\"\nclient_id = \"\"\nrefresh_lead_secs = 99999\n{BASE}"
+    ));
+    assert_eq!(
+        locations(&table),
+        [
+            "oauth.token_url",
+            "oauth.client_id",
+            "oauth.refresh_lead_secs"
+        ]
+    );
+    let set = parse(&format!(
+        "[oauth]\ntoken_url = \"http://127.0.0.1:9/v1/oauth/token\"\nclient_id = \"c\"\nrefresh_lead_secs = 1\n{BASE}"
+    ))
+    .unwrap();
+    assert_eq!(
+        (set.oauth().client_id.as_str(), set.oauth().refresh_lead_ms),
+        ("c", 1000)
+    );
+}

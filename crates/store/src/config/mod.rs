@@ -442,6 +442,27 @@ pub struct Account {
     pub(crate) max_concurrent: Option<u32>,
     pub(crate) active: bool,
     pub(crate) proxy_url: Option<Secret>,
+    pub(crate) oauth: Option<OAuthSeed>,
+}
+
+/// What the config says of an `oauth` account's token lifecycle (SPEC 14): only the
+/// seed, the tokens in force live in the runtime state once a refresh rotated them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OAuthSeed {
+    /// The refresh token (`refresh_token`, a secret).
+    pub refresh_token: Secret,
+    /// When the configured access token (`secret`) expires (`expires_at`, unix
+    /// seconds, as unix ms); `None`: unknown, refreshed at once.
+    pub expires_at_ms: Option<u64>,
+}
+
+impl std::fmt::Debug for OAuthSeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthSeed")
+            .field("refresh_token", &self.refresh_token)
+            .field("expires_at_ms", &self.expires_at_ms)
+            .finish()
+    }
 }
 
 impl Account {
@@ -464,6 +485,11 @@ impl Account {
     /// Its credential.
     pub fn secret(&self) -> &Secret {
         &self.secret
+    }
+    /// An `oauth` account's refresh token and expiry (`refresh_token`, `expires_at`):
+    /// keypool refreshes its access token (SPEC 14).
+    pub fn oauth(&self) -> Option<&OAuthSeed> {
+        self.oauth.as_ref()
     }
     /// Its `base_url` (`http://` or `https://`), if not the provider's default.
     pub fn base_url(&self) -> Option<&str> {
@@ -700,6 +726,38 @@ pub struct Config {
     /// the log at load.
     pub(crate) warnings: Vec<ConfigIssue>,
     pub(crate) usage: UsageSettings,
+    pub(crate) oauth: OAuthSettings,
+}
+
+/// `[oauth]` (SPEC 14): where and how `oauth` accounts with a `refresh_token` renew
+/// their access token. The defaults are what Claude Code uses (see docs/CONFIG.md for
+/// where each comes from): providers move them, so they are settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OAuthSettings {
+    /// The token endpoint (`token_url`).
+    pub token_url: String,
+    /// The OAuth client id sent with every grant (`client_id`).
+    pub client_id: String,
+    /// How long before expiry an access token is renewed (`refresh_lead_secs`), ms.
+    pub refresh_lead_ms: u64,
+    /// Bound on one call of the token endpoint (`refresh_timeout_ms`).
+    pub refresh_timeout_ms: u64,
+}
+
+/// Claude Code's token endpoint (2026-12: `console.anthropic.com`).
+pub const DEFAULT_TOKEN_URL: &str = "https://console.anthropic.com/v1/oauth/token";
+/// Claude Code's public OAuth client id.
+pub const DEFAULT_CLIENT_ID: &str = "9d1c250a-e61b-44d9-88ed-5944d1962f5e";
+
+impl Default for OAuthSettings {
+    fn default() -> Self {
+        Self {
+            token_url: DEFAULT_TOKEN_URL.to_owned(),
+            client_id: DEFAULT_CLIENT_ID.to_owned(),
+            refresh_lead_ms: 300_000,
+            refresh_timeout_ms: 10_000,
+        }
+    }
 }
 
 /// `[usage]`: how much of the usage ledger is kept (SPEC 11).
@@ -784,6 +842,10 @@ impl Config {
     /// `[usage]`.
     pub fn usage(&self) -> &UsageSettings {
         &self.usage
+    }
+    /// `[oauth]`.
+    pub fn oauth(&self) -> &OAuthSettings {
+        &self.oauth
     }
     /// The LB key with id `id` (key ids are unique in the file).
     pub fn lb_key_by_id(&self, id: &str) -> Option<&Arc<LbKey>> {

@@ -35,6 +35,8 @@ pub(crate) struct RawConfig {
     pub prices: Vec<RawPrice>,
     #[serde(default)]
     pub usage: RawUsage,
+    #[serde(default)]
+    pub oauth: RawOAuth,
 }
 
 /// One `[[prices]]` element: a model glob and USD per million tokens of each kind.
@@ -46,6 +48,16 @@ pub(crate) struct RawPrice {
     pub output: f64,
     pub cache_write: Option<f64>,
     pub cache_read: Option<f64>,
+}
+
+/// `[oauth]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOAuth {
+    pub token_url: Option<String>,
+    pub client_id: Option<String>,
+    pub refresh_lead_secs: Option<i64>,
+    pub refresh_timeout_ms: Option<i64>,
 }
 
 /// `[usage]`.
@@ -168,6 +180,8 @@ pub(crate) struct RawAccount {
     pub max_concurrent: Option<i64>,
     pub active: Option<bool>,
     pub proxy_url: Option<String>,
+    pub refresh_token: Option<String>,
+    pub expires_at: Option<i64>,
 }
 
 /// One `[[groups]]` element.

@@ -77,6 +77,12 @@ pub fn save(path: &Path, export: &StateExport) -> Result<(), StoreError> {
     let tmp = path.with_file_name(tmp_name);
     let write = || -> std::io::Result<()> {
         let mut f = fs::File::create(&tmp)?;
+        // owner only: the state holds the OAuth tokens that accounts rotated
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            f.set_permissions(fs::Permissions::from_mode(0o600))?;
+        }
         f.write_all(&json)?;
         f.sync_all()?;
         drop(f);

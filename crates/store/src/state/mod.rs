@@ -56,6 +56,15 @@ pub struct StateExport {
     /// totals above.
     #[serde(default)]
     pub limit_cells: Vec<(Arc<str>, Arc<str>, u64)>,
+    /// The tokens of OAuth accounts that renewed themselves (SPEC 14), sealed with
+    /// `KEYPOOL_SECRETS_KEY` when it is set.
+    #[serde(default)]
+    pub oauth: Vec<crate::oauth::TokenRecord>,
+}
+
+/// `KEYPOOL_SECRETS_KEY`, which seals the OAuth tokens persisted.
+fn secrets_key() -> Option<String> {
+    std::env::var(crate::config::sealed::SECRETS_KEY_ENV).ok()
 }
 
 /// The usage ledger's persisted part.
@@ -81,6 +90,8 @@ pub struct RuntimeState {
     pub usage: UsageBook,
     /// The caller limits of this process (SPEC 12).
     pub limits: keypool_ledger::LimitBook,
+    /// The tokens of OAuth accounts that renew themselves (SPEC 14).
+    pub oauth: crate::oauth::TokenBook,
     last_used: DashMap<AccountId, AtomicU64>,
 }
 
@@ -93,6 +104,7 @@ impl RuntimeState {
             counters: MemoryCounter::new(),
             usage,
             limits: keypool_ledger::LimitBook::new(),
+            oauth: crate::oauth::TokenBook::default(),
             last_used: DashMap::new(),
         }
     }
@@ -134,6 +146,7 @@ impl RuntimeState {
                 recent: self.usage.recent.export(),
             },
             limit_cells: self.limits.export_cells(now),
+            oauth: self.oauth.export(secrets_key().as_deref()),
         }
     }
 
@@ -150,6 +163,13 @@ impl RuntimeState {
         }
         self.usage.aggregates.import(export.usage.aggregates);
         self.limits.import_cells(export.limit_cells);
+        let skipped = self.oauth.import(export.oauth, secrets_key().as_deref());
+        if skipped > 0 {
+            tracing::warn!(
+                skipped,
+                "OAuth tokens in the state were sealed with another KEYPOOL_SECRETS_KEY: those accounts start from their config tokens"
+            );
+        }
         for record in export.usage.recent {
             self.usage.recent.push(record);
         }

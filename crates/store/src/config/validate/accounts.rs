@@ -134,6 +134,7 @@ fn validate_account(
         );
         ok = false;
     }
+    let oauth = oauth_seed(a, &p, ctx, issues);
     let weight = weight(a.weight, &p, issues);
     let window_threshold = window_threshold(a.window_threshold, &p, issues);
     let max_concurrent = max_concurrent(a.max_concurrent, &p, issues);
@@ -161,7 +162,52 @@ fn validate_account(
         max_concurrent: max_concurrent?,
         active: a.active.unwrap_or(true),
         proxy_url: proxy_url?,
+        oauth: oauth?,
     })
+}
+
+/// `refresh_token` and `expires_at` (SPEC 14): only on `oauth` accounts; `expires_at`
+/// in unix seconds. `Some(None)`: none; `None`: invalid.
+fn oauth_seed(
+    a: &RawAccount,
+    p: &str,
+    ctx: &Context<'_>,
+    issues: &mut Issues,
+) -> Option<Option<crate::config::OAuthSeed>> {
+    if let Some(at) = a.expires_at {
+        let problem = if a.refresh_token.is_none() {
+            Some("expires_at needs refresh_token: without it keypool cannot renew the access token")
+        } else if at <= 0 {
+            Some("expires_at must be a unix time in seconds (e.g. 1798761599)")
+        } else if at > 100_000_000_000 {
+            Some("expires_at looks like milliseconds: write unix seconds (divide by 1000)")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            issues.push(format!("{p}.expires_at"), problem);
+            return None;
+        }
+    }
+    let Some(token) = a.refresh_token.as_deref() else {
+        return Some(None);
+    };
+    if a.auth != "oauth" {
+        issues.push(
+            format!("{p}.refresh_token"),
+            "refresh_token is for auth = \"oauth\" accounts (a subscription's token); remove it or set auth = \"oauth\"",
+        );
+        return None;
+    }
+    let refresh_token =
+        resolve_secret(token, false, &format!("{p}.refresh_token"), ctx.env, issues)?;
+    Some(Some(crate::config::OAuthSeed {
+        refresh_token,
+        expires_at_ms: a
+            .expires_at
+            .and_then(|s| u64::try_from(s).ok())
+            .map(|s| s.saturating_mul(1000)),
+    }))
 }
 
 /// Checks the account's id: not empty, not a duplicate (else remembered).

@@ -6,8 +6,8 @@ use serde::de::DeserializeOwned;
 
 use super::Issues;
 use crate::config::raw::{
-    RawAccount, RawAdmin, RawConfig, RawGroup, RawKey, RawLimits, RawOrg, RawPrice, RawRating,
-    RawServer, RawUrl, RawUsage, field_names,
+    RawAccount, RawAdmin, RawConfig, RawGroup, RawKey, RawLimits, RawOAuth, RawOrg, RawPrice,
+    RawRating, RawServer, RawUrl, RawUsage, field_names,
 };
 
 /// The document's sections as written, each element deserialised on its own with its
@@ -22,6 +22,7 @@ pub(super) struct Sections {
     pub keys: Vec<(usize, RawKey)>,
     pub prices: Vec<(usize, RawPrice)>,
     pub usage: RawUsage,
+    pub oauth: RawOAuth,
 }
 
 /// Reads every section of `table`, reporting unknown and mistyped keys.
@@ -43,6 +44,10 @@ pub(super) fn read_sections(table: &toml::Table, issues: &mut Issues) -> Section
     let usage = table
         .get("usage")
         .and_then(|v| check_element::<RawUsage>(v, "usage", issues))
+        .unwrap_or_default();
+    let oauth = table
+        .get("oauth")
+        .and_then(|v| check_element::<RawOAuth>(v, "oauth", issues))
         .unwrap_or_default();
     Sections {
         raw,
@@ -66,6 +71,7 @@ pub(super) fn read_sections(table: &toml::Table, issues: &mut Issues) -> Section
         ),
         prices: elements::<RawPrice>(table, "prices", issues),
         usage,
+        oauth,
     }
 }
 

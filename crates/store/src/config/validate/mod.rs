@@ -20,6 +20,7 @@ mod elements;
 mod groups;
 mod keys;
 mod limits;
+mod oauth;
 mod orgs;
 mod prices;
 mod server;
@@ -157,6 +158,7 @@ pub(super) fn parse_and_validate(
     let orphan_urls = urls::validate(&sections.urls, &mut ctx, &mut issues);
     let keys_by_hash = keys::validate(&sections.keys, &ctx, &mut issues);
     let usage = prices::validate_usage(&sections.usage, &mut issues);
+    let oauth = oauth::validate(&sections.oauth, &mut issues);
     let price_table = prices::validate_prices(&sections.prices, &usage, &mut issues);
 
     let Some(server) = server else {
@@ -198,6 +200,7 @@ pub(super) fn parse_and_validate(
         prices: price_table,
         warnings,
         usage,
+        oauth,
     })
 }
 

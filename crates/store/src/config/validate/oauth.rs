@@ -1,0 +1,64 @@
+//! `[oauth]` (SPEC 14): the token endpoint, client id and timing of OAuth refreshes.
+
+use super::Issues;
+use crate::config::OAuthSettings;
+use crate::config::raw::RawOAuth;
+
+/// Longest `refresh_lead_secs`: an access token lives hours; a lead of a day would
+/// refresh at every tick.
+const MAX_LEAD_SECS: i64 = 6 * 3600;
+
+/// `[oauth]` against its defaults; every problem located.
+pub(super) fn validate(o: &RawOAuth, issues: &mut Issues) -> OAuthSettings {
+    let d = OAuthSettings::default();
+    let token_url = match o.token_url.as_deref() {
+        None => d.token_url,
+        Some(u) if u.starts_with("https://") || u.starts_with("http://") => u.to_owned(),
+        Some(_) => {
+            issues.push(
+                "oauth.token_url",
+                "token_url must be an http:// or https:// URL (the provider's OAuth token endpoint)",
+            );
+            d.token_url
+        }
+    };
+    let client_id = match o.client_id.as_deref() {
+        None => d.client_id,
+        Some(c) if !c.trim().is_empty() => c.to_owned(),
+        Some(_) => {
+            issues.push(
+                "oauth.client_id",
+                "client_id is empty; omit it for the default",
+            );
+            d.client_id
+        }
+    };
+    let refresh_lead_ms = match o.refresh_lead_secs {
+        None => d.refresh_lead_ms,
+        Some(n @ 0..=MAX_LEAD_SECS) => u64::try_from(n).unwrap_or(0) * 1000,
+        Some(n) => {
+            issues.push(
+                "oauth.refresh_lead_secs",
+                format!("refresh_lead_secs must be between 0 and {MAX_LEAD_SECS} (got {n})"),
+            );
+            d.refresh_lead_ms
+        }
+    };
+    let refresh_timeout_ms = match o.refresh_timeout_ms {
+        None => d.refresh_timeout_ms,
+        Some(n @ 100..=120_000) => u64::try_from(n).unwrap_or(d.refresh_timeout_ms),
+        Some(n) => {
+            issues.push(
+                "oauth.refresh_timeout_ms",
+                format!("refresh_timeout_ms must be between 100 and 120000 (got {n})"),
+            );
+            d.refresh_timeout_ms
+        }
+    };
+    OAuthSettings {
+        token_url,
+        client_id,
+        refresh_lead_ms,
+        refresh_timeout_ms,
+    }
+}
