@@ -159,11 +159,12 @@ pub(crate) async fn attempt(
         Some(model) => override_model(&call.body, model).unwrap_or_else(|_| call.body.clone()),
         None => call.body.clone(),
     };
+    let token = crate::oauth::access_token(call.app, &account);
     let head = build_upstream_head(
         call.uri,
         call.headers,
         call.endpoint,
-        &upstream_account(&account),
+        &upstream_account(&account, token.as_deref()),
     )
     .map_err(|e| {
         tracing::error!(account = %account.id(), error = %e, "account cannot be called");
@@ -281,12 +282,16 @@ async fn full_answer(
     ))
 }
 
-/// What the provider adapter needs of `account` (its secret included: keep it local).
-pub(crate) fn upstream_account(account: &Account) -> UpstreamAccount<'_> {
+/// What the provider adapter needs of `account` (its secret included: keep it local):
+/// its configured secret, or the access token in force when it renews itself.
+pub(crate) fn upstream_account<'a>(
+    account: &'a Account,
+    token: Option<&'a keypool_store::oauth::Tokens>,
+) -> UpstreamAccount<'a> {
     UpstreamAccount {
         provider: account.provider(),
         auth: account.auth(),
-        secret: account.secret().expose(),
+        secret: token.map_or(account.secret().expose(), |t| t.access.expose()),
         base_url: account.base_url(),
     }
 }

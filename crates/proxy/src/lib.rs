@@ -76,6 +76,7 @@ pub mod headers;
 mod limits;
 pub mod log;
 pub mod metrics;
+pub mod oauth;
 pub mod reject;
 pub mod route;
 pub mod server;

@@ -22,6 +22,7 @@ use keypool_ledger::{CostBasis, NANO_PER_USD, UsageRecord};
 use keypool_selector::GateReason;
 use keypool_store::Store;
 
+mod oauth;
 mod operations;
 mod process;
 mod usage;
@@ -136,6 +137,7 @@ pub struct Metrics {
     account_attempts: Map<AccountId, AtomicU64>,
     account_failures: Map<(AccountId, &'static str), AtomicU64>,
     internal_requests: Map<(InternalRoute, u16), AtomicU64>,
+    oauth_refreshes: oauth::Refreshes,
     build: std::sync::OnceLock<BuildInfo>,
 }
 
@@ -439,6 +441,7 @@ impl Metrics {
         render_backend(&mut out, store);
         self.render_account_traffic(&mut out, store);
         usage::render_account_windows(&mut out, store, now);
+        self.render_oauth(&mut out, store);
         self.render_operations(&mut out, store);
         out
     }

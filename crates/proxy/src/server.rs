@@ -81,8 +81,19 @@ pub async fn run(
     let app = app.into();
     let Listeners { public, admin, tls } = listeners.into();
     log_listening(&public, admin.as_ref(), tls.is_some(), 1)?;
+    let refresher = crate::oauth::spawn_refresher(app.clone());
     serve(public, admin, tls.as_ref(), &app, shutdown).await;
+    refresher.abort();
     persist(&app).await
+}
+
+/// Stops a background task when dropped (on every return path).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Logs the addresses (and fails when one cannot be read).
@@ -131,6 +142,7 @@ pub async fn run_workers(
     let Listeners { public, admin, tls } = listeners.into();
     let workers = workers.max(1);
     log_listening(&public, admin.as_ref(), tls.is_some(), workers)?;
+    let _refresher = AbortOnDrop(crate::oauth::spawn_refresher(app.clone()));
     let shared = public.into_std().map_err(ProxyError::Listener)?;
     // Dropping the sender (this function returning, on any path) also stops them.
     let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -481,3 +481,57 @@ async fn kept_survivors_hold_only_for_their_epoch_and_until_a_block_ends() {
         "a block they saw has ended"
     );
 }
+
+/// SPEC 14: tokens a refresh rotated survive a restart (the state file, owner-only),
+/// as long as the config still names the refresh token they grew from; a new login
+/// put in the config wins over them.
+#[tokio::test]
+async fn rotated_oauth_tokens_survive_a_restart_unless_the_config_has_a_new_login() {
+    let dir = TempDir::new("oauth-restart").unwrap();
+    let state = dir.path().join("state.json");
+    let text = |refresh: &str| {
+        format!(
+            "[server]\nstate_file = {:?}\n\n[[orgs]]\nslug = \"acme\"\n\n[[accounts]]\nid = \"max\"\norg = \"acme\"\nprovider = \"anthropic\"\nauth = \"oauth\"\nsecret = \"sk-ant-oat01-FIRST\"\nrefresh_token = \"{refresh}\"\nexpires_at = 1798761599\n",
+            state.display().to_string()
+        )
+    };
+    let id = AccountId::from("max");
+    let store = Store::open(config(&text("sk-ant-ort01-SEED")))
+        .await
+        .unwrap();
+    let seeded = store.oauth_tokens().current(&id).unwrap();
+    assert_eq!(seeded.access.expose(), "sk-ant-oat01-FIRST");
+    store.oauth_tokens().refreshed(
+        &id,
+        keypool_store::oauth::Tokens {
+            access: keypool_store::config::Secret::new("sk-ant-oat01-ROTATED"),
+            refresh: keypool_store::config::Secret::new("sk-ant-ort01-ROTATED"),
+            expires_at_ms: Some(1_900_000_000_000),
+        },
+    );
+    store.persist(now_ms()).await.unwrap();
+    drop(store);
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&state).unwrap().permissions().mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "the state file holds tokens: owner only"
+        );
+    }
+    let again = Store::open(config(&text("sk-ant-ort01-SEED")))
+        .await
+        .unwrap();
+    let restored = again.oauth_tokens().current(&id).unwrap();
+    assert_eq!(restored.access.expose(), "sk-ant-oat01-ROTATED");
+    assert_eq!(restored.refresh.expose(), "sk-ant-ort01-ROTATED");
+    assert_eq!(restored.expires_at_ms, Some(1_900_000_000_000));
+    drop(again);
+    let relogged = Store::open(config(&text("sk-ant-ort01-NEW-LOGIN")))
+        .await
+        .unwrap();
+    let fresh = relogged.oauth_tokens().current(&id).unwrap();
+    assert_eq!(fresh.refresh.expose(), "sk-ant-ort01-NEW-LOGIN");
+    assert_eq!(fresh.access.expose(), "sk-ant-oat01-FIRST");
+}

@@ -6,7 +6,7 @@
 //! stored); `POST /admin/accounts/{id}/disable` disables an account at runtime (state,
 //! not the document: `enable` undoes it).
 //!
-//! A secret in a body (`secret`, `proxy_url`) is stored as given when it is a
+//! A secret in a body (`secret`, `proxy_url`, `refresh_token`) is stored as given when it is a
 //! reference (`$ENV_NAME`, `file:/path`), else sealed with `KEYPOOL_SECRETS_KEY`
 //! ([`keypool_store::config::sealed`]); without that key the change is refused and says
 //! why. No answer ever carries a secret or a key hash.
@@ -26,7 +26,7 @@ use crate::body::ProxyBody;
 use crate::reject::Reject;
 
 /// The fields of an account that hold secrets.
-const SECRET_FIELDS: [&str; 2] = ["secret", "proxy_url"];
+const SECRET_FIELDS: [&str; 3] = ["secret", "proxy_url", "refresh_token"];
 
 fn bad(message: impl Into<String>) -> Reject {
     Reject::new(

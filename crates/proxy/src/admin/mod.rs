@@ -277,6 +277,23 @@ async fn reload(app: &App, store: &Store, request_id: &str) -> Response<ProxyBod
     }
 }
 
+/// An account that renews its token (SPEC 14): when the token in force expires,
+/// refreshes failed in a row, the backoff, whether it is `expired`; `null` otherwise.
+fn oauth_view(store: &Store, account: &Account) -> Value {
+    let Some(state) = account
+        .oauth()
+        .and_then(|_| store.oauth_tokens().state(account.id()))
+    else {
+        return Value::Null;
+    };
+    json!({
+        "expires_at": state.tokens.expires_at_ms,
+        "failures": state.failures,
+        "retry_at": Some(state.retry_at_ms).filter(|&t| t > 0),
+        "expired": state.expired,
+    })
+}
+
 /// `GET /admin/accounts`: every org with its groups (and the accounts of no group).
 fn overview(app: &App, config: &Config, now: UnixMs) -> Value {
     let views = AccountViews::new(app, config, now);
@@ -433,6 +450,7 @@ impl<'a> AccountViews<'a> {
             "state": state,
             "active_in_config": account.active(),
             "disabled": disabled.map(|d| json!({"reason": d.reason, "at": d.at})),
+            "oauth": oauth_view(store, account),
             "cooldown": cooldown.map(|e| json!({
                 "until": e.until,
                 "remaining_ms": e.until.saturating_sub(now),

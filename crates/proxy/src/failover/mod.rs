@@ -136,9 +136,11 @@ fn exhausted(
                 .map_or(wait, |ms| ms.div_ceil(1000))
                 .clamp(1, cap.max(1))
         });
+        let token = crate::oauth::access_token(call.app, account);
+        let upstream = upstream_account(account, token.as_deref());
         return json_error(
             *status,
-            passthrough_body(*status, body, Some(request_id), &upstream_account(account)),
+            passthrough_body(*status, body, Some(request_id), &upstream),
             retry_after,
         );
     }

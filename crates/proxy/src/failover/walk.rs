@@ -20,7 +20,7 @@ use tokio::time::Sleep;
 
 use super::credit::{commit, record_failure};
 use super::planning::{ExtraAttempt, PlannedRequest};
-use crate::attempt::{Call, Failure, Ready, attempt};
+use crate::attempt::{Call, Failure, Ready};
 use crate::body::ProxyBody;
 use crate::ceiling::AttemptCeiling;
 use crate::context::RequestContext;
@@ -147,7 +147,11 @@ impl<'c> Walker<'c> {
         let first_chunk = Arc::new(AtomicBool::new(false));
         let in_flight = self.call.app.metrics().start_in_flight(account.id());
         self.running[which] = Some(Running {
-            future: Box::pin(attempt(self.call, account, first_chunk.clone())),
+            future: Box::pin(crate::oauth::attempt_with_refresh(
+                self.call,
+                account,
+                first_chunk.clone(),
+            )),
             index,
             started_at: now_ms(),
             role,

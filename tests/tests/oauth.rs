@@ -1,0 +1,224 @@
+//! SPEC 14 end to end against the simulator's token endpoint: a subscription account
+//! whose access tokens live 3 s serves for many lifetimes without one failed request;
+//! an expired-token `401` is refreshed and retried on the same account; a revoked
+//! refresh token makes the account `expired` (disabled with that reason) and the request
+//! fails over; a token endpoint answering 500 backs off without disabling anything.
+//!
+//! Real time: the simulator's tokens expire by its clock and keypool's by the wall
+//! clock; every wait is bounded.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use keypool_sim::{IssuedTokens, Script};
+use keypool_tests::{AccountSpec, Harness, secret_of};
+
+const ADMIN: &str = "oauth-admin-token-0123456789";
+
+/// `max` (oauth, first) and `b` (api key, second) in a priority pool, with a config file.
+async fn pool() -> Harness {
+    Harness::builder()
+        .account(
+            AccountSpec::new("max", Script::ok())
+                .provider("anthropic", "oauth")
+                .priority(0),
+        )
+        .account(AccountSpec::new("b", Script::ok()).priority(1))
+        .strategy("priority")
+        .extra_toml(&format!("[admin]\ntoken = \"{ADMIN}\""))
+        .config_file()
+        .start()
+        .await
+}
+
+/// Makes `max` renew itself with `tokens` (its access token in force, its expiry in
+/// `expires_in` seconds from now as keypool believes), `[oauth]` on the simulator, and
+/// reloads.
+fn renew_with(h: &Harness, tokens: &IssuedTokens, expires_in: u64, lead_secs: u64) {
+    let path = h.config_path().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let expires_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + expires_in;
+    let text = text.replacen(
+        &format!("secret = \"{}\"", secret_of("max")),
+        &format!(
+            "secret = \"{}\"\nrefresh_token = \"{}\"\nexpires_at = {expires_at}",
+            tokens.access_token, tokens.refresh_token
+        ),
+        1,
+    ) + &format!(
+        "\n[oauth]\ntoken_url = \"{}/v1/oauth/token\"\nrefresh_lead_secs = {lead_secs}\n",
+        h.sim().base_url()
+    );
+    std::fs::write(&path, text).unwrap();
+    h.store().reload(&path).unwrap();
+}
+
+/// The accounts of the Messages requests the simulator saw (not the token grants).
+fn served_by(h: &Harness) -> Vec<String> {
+    h.sim()
+        .requests()
+        .iter()
+        .filter(|r| r.path_and_query.contains("/v1/messages"))
+        .map(|r| {
+            r.account
+                .as_ref()
+                .map_or("<unknown>", |a| a.as_str())
+                .to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_account_serves_for_many_token_lifetimes_without_a_failed_request() {
+    let h = pool().await;
+    h.sim().set_token_lifetime(Duration::from_secs(3));
+    let first = h.sim().issue_tokens("max").unwrap();
+    renew_with(&h, &first, 3, 2);
+    let start = Instant::now();
+    let mut sent = 0;
+    while start.elapsed() < Duration::from_secs(10) {
+        let r = h.send_message().await;
+        assert_eq!(r.status, 200, "request {sent}: {}", r.text());
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stats = h.sim().oauth_stats("max").unwrap();
+    assert!(stats.refreshed >= 3, "{stats:?} in 10 s of 3 s tokens");
+    assert_eq!(
+        (stats.reused, stats.refused),
+        (0, 0),
+        "no refresh token used twice"
+    );
+    assert!(
+        served_by(&h).iter().all(|a| a == "max"),
+        "every request on max, none failed over"
+    );
+    let metrics = h.metrics().await;
+    assert!(
+        metrics.contains(&format!(
+            "keypool_oauth_refreshes_total{{account=\"max\",outcome=\"refreshed\"}} {}",
+            stats.refreshed
+        )),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("outcome=\"failed\"") && !metrics.contains("outcome=\"expired\""));
+    assert!(metrics.contains("keypool_oauth_token_expiry_timestamp_seconds{account=\"max\"}"));
+    // The tokens sent upstream are the rotated ones, never the first after it expired.
+    let last = h.sim().requests_for("max").pop().unwrap();
+    let auth = last.headers["authorization"].to_str().unwrap().to_owned();
+    assert!(!auth.contains(&first.access_token), "{auth}");
+}
+
+#[tokio::test]
+async fn an_expired_token_401_is_refreshed_and_the_same_account_tried_again() {
+    let h = pool().await;
+    // Issued already expired, while keypool believes it lives an hour (no refresh ahead).
+    h.sim().set_token_lifetime(Duration::ZERO);
+    let tokens = h.sim().issue_tokens("max").unwrap();
+    h.sim().set_token_lifetime(Duration::from_secs(3600));
+    renew_with(&h, &tokens, 3600, 0);
+    let r = h.send_message().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        served_by(&h),
+        ["max", "max"],
+        "the 401, then the retry on the same account"
+    );
+    assert_eq!(h.sim().oauth_stats("max").unwrap().refreshed, 1);
+    let view = h.store().config();
+    assert!(
+        !h.store()
+            .health()
+            .disabled
+            .is_disabled(view.account("max").unwrap().id())
+    );
+    // The next request uses the new token at once.
+    assert_eq!(h.send_message().await.status, 200);
+    assert_eq!(served_by(&h).len(), 3);
+    // The admin API and the status page show when the token in force expires.
+    let view = h
+        .client()
+        .request(http::Method::GET, h.url("/admin/accounts/max"))
+        .bearer(ADMIN)
+        .send()
+        .await
+        .json();
+    let expires_at = view["oauth"]["expires_at"].as_u64().unwrap();
+    assert!(expires_at > keypool_store::now_ms() + 3_500_000, "{view}");
+    assert_eq!(view["oauth"]["failures"], 0);
+    assert_eq!(view["oauth"]["expired"], false);
+    let browser = keypool_tests::browser::WebDriver::start().await;
+    browser
+        .goto(&format!("{}#token={ADMIN}", h.url("/admin/ui")))
+        .await;
+    browser
+        .wait_text("[data-oauth=\"max\"]", "the token's expiry", |t| {
+            t.contains("renews, expires in 59m") || t.contains("renews, expires in 1h")
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn a_revoked_refresh_token_makes_the_account_expired_and_the_request_fails_over() {
+    let h = pool().await;
+    h.sim().set_token_lifetime(Duration::ZERO);
+    let tokens = h.sim().issue_tokens("max").unwrap();
+    h.sim().revoke_refresh_tokens("max").unwrap();
+    renew_with(&h, &tokens, 3600, 0);
+    let r = h.send_message().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(served_by(&h), ["max", "b"]);
+    let id = keypool_core::AccountId::from("max");
+    let disabled = h
+        .store()
+        .health()
+        .disabled
+        .get(&id)
+        .expect("max is disabled");
+    assert!(
+        disabled.reason.starts_with("expired"),
+        "{}",
+        disabled.reason
+    );
+    let state = h.store().oauth_tokens().state(&id).unwrap();
+    assert!(state.expired);
+    assert!(
+        h.metrics()
+            .await
+            .contains("keypool_oauth_refreshes_total{account=\"max\",outcome=\"expired\"} 1")
+    );
+    // Expired: no more grants are spent on it.
+    assert_eq!(h.send_message().await.status, 200);
+    assert_eq!(h.sim().oauth_stats("max").unwrap().refused, 1);
+}
+
+#[tokio::test]
+async fn a_failing_token_endpoint_backs_off_without_disabling_the_account() {
+    let h = pool().await;
+    h.sim().set_token_lifetime(Duration::ZERO);
+    let tokens = h.sim().issue_tokens("max").unwrap();
+    h.sim().fail_token_endpoint(Some(500));
+    renew_with(&h, &tokens, 3600, 0);
+    let r = h.send_message().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(served_by(&h), ["max", "b"], "this request fails over");
+    let id = keypool_core::AccountId::from("max");
+    assert!(!h.store().health().disabled.is_disabled(&id));
+    let state = h.store().oauth_tokens().state(&id).unwrap();
+    assert_eq!(state.failures, 1);
+    assert!(!state.expired);
+    assert!(
+        state.retry_at_ms >= keypool_store::now_ms() + 25_000,
+        "backs off 30 s"
+    );
+    assert!(
+        h.metrics()
+            .await
+            .contains("keypool_oauth_refreshes_total{account=\"max\",outcome=\"failed\"} 1")
+    );
+}
