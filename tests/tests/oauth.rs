@@ -18,24 +18,40 @@ const ADMIN: &str = "oauth-admin-token-0123456789";
 
 /// `max` (oauth, first) and `b` (api key, second) in a priority pool, with a config file.
 async fn pool() -> Harness {
-    Harness::builder()
-        .account(
-            AccountSpec::new("max", Script::ok())
-                .provider("anthropic", "oauth")
-                .priority(0),
-        )
-        .account(AccountSpec::new("b", Script::ok()).priority(1))
+    builder(None, None).start().await
+}
+
+/// [`pool`]'s builder; `redis`: its URL; `upstream`: another harness's simulator, for a
+/// second replica of the same accounts.
+fn builder(redis: Option<&str>, upstream: Option<&str>) -> keypool_tests::HarnessBuilder {
+    let spec = |id: &str| {
+        let spec = AccountSpec::new(id, Script::ok());
+        match upstream {
+            Some(url) => spec.base_url(url),
+            None => spec,
+        }
+    };
+    let mut b = Harness::builder()
+        .account(spec("max").provider("anthropic", "oauth").priority(0))
+        .account(spec("b").priority(1))
         .strategy("priority")
         .extra_toml(&format!("[admin]\ntoken = \"{ADMIN}\""))
-        .config_file()
-        .start()
-        .await
+        .config_file();
+    if let Some(url) = redis {
+        b = b.server("redis_url", &format!("{url:?}"));
+    }
+    b
 }
 
 /// Makes `max` renew itself with `tokens` (its access token in force, its expiry in
 /// `expires_in` seconds from now as keypool believes), `[oauth]` on the simulator, and
 /// reloads.
 fn renew_with(h: &Harness, tokens: &IssuedTokens, expires_in: u64, lead_secs: u64) {
+    renew_on(h, &h.sim().base_url(), tokens, expires_in, lead_secs);
+}
+
+/// [`renew_with`] with the token endpoint of the simulator at `sim`.
+fn renew_on(h: &Harness, sim: &str, tokens: &IssuedTokens, expires_in: u64, lead_secs: u64) {
     let path = h.config_path().unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
     let expires_at = std::time::SystemTime::now()
@@ -51,8 +67,7 @@ fn renew_with(h: &Harness, tokens: &IssuedTokens, expires_in: u64, lead_secs: u6
         ),
         1,
     ) + &format!(
-        "\n[oauth]\ntoken_url = \"{}/v1/oauth/token\"\nrefresh_lead_secs = {lead_secs}\n",
-        h.sim().base_url()
+        "\n[oauth]\ntoken_url = \"{sim}/v1/oauth/token\"\nrefresh_lead_secs = {lead_secs}\n"
     );
     std::fs::write(&path, text).unwrap();
     h.store().reload(&path).unwrap();
@@ -221,4 +236,54 @@ async fn a_failing_token_endpoint_backs_off_without_disabling_the_account() {
             .await
             .contains("keypool_oauth_refreshes_total{account=\"max\",outcome=\"failed\"} 1")
     );
+}
+
+/// SPEC 14 across replicas: two replicas on one real `redis-server` share an OAuth
+/// account whose tokens live 3 s. Every refresh token is used exactly once (the
+/// simulator refuses and counts a second use), and no client request fails.
+#[tokio::test]
+async fn two_replicas_on_one_redis_refresh_each_token_once() {
+    let Some(redis) = keypool_store::testing::RedisServer::start_or_skip("oauth_replicas") else {
+        return;
+    };
+    let a = builder(Some(&redis.url()), None).start().await;
+    let sim = a.sim().base_url();
+    let b = builder(Some(&redis.url()), Some(&sim)).start().await;
+    a.sim().set_token_lifetime(Duration::from_secs(3));
+    let first = a.sim().issue_tokens("max").unwrap();
+    renew_on(&a, &sim, &first, 3, 2);
+    renew_on(&b, &sim, &first, 3, 2);
+    let start = Instant::now();
+    let mut sent = 0;
+    while start.elapsed() < Duration::from_secs(10) {
+        for h in [&a, &b] {
+            let r = h.send_message().await;
+            assert_eq!(r.status, 200, "request {sent}: {}", r.text());
+            sent += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stats = a.sim().oauth_stats("max").unwrap();
+    assert_eq!(
+        (stats.reused, stats.refused),
+        (0, 0),
+        "{stats:?}: a refresh token was used twice"
+    );
+    assert!(stats.refreshed >= 3, "{stats:?}");
+    assert!(
+        served_by(&a).iter().all(|id| id == "max"),
+        "no request failed over"
+    );
+    // Both replicas took part: each refreshed or adopted the other's tokens.
+    let on = |h: &Harness| {
+        h.store()
+            .oauth_tokens()
+            .current(&keypool_core::AccountId::from("max"))
+            .unwrap()
+            .refresh
+            .expose()
+            .to_owned()
+    };
+    assert_ne!(on(&a), first.refresh_token);
+    assert_ne!(on(&b), first.refresh_token);
 }

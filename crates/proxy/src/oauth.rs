@@ -11,6 +11,9 @@
 //!   error nor a failover.
 //! - One refresh per account at a time in this process: the others wait for it and
 //!   use its tokens (a refresh token works once; a second use of the old one fails).
+//!   With Redis, one at a time across replicas too
+//!   ([`keypool_store::Store::begin_refresh`]): a replica first takes the tokens
+//!   another one shared, else the shared lock, else waits for the holder's tokens.
 //! - A transport failure, timeout, 429 or 5xx backs off; `invalid_grant` (any other
 //!   4xx), or three failures in a row, make the account `expired`: it is disabled with
 //!   that reason (SPEC 14; a person logs it in again and puts the new tokens in the
@@ -26,7 +29,7 @@ use http_body_util::{BodyExt, Full};
 use keypool_core::AccountId;
 use keypool_store::config::Account;
 use keypool_store::now_ms;
-use keypool_store::oauth::{AfterFailure, RefreshFailure, Tokens};
+use keypool_store::oauth::{AfterFailure, RefreshFailure, RefreshTurn, Tokens};
 
 use crate::App;
 use crate::attempt::{Call, Failure, Ready, attempt};
@@ -67,33 +70,56 @@ pub(crate) async fn refresh(
     if state.expired {
         return Err(RefreshError::NotRenewable);
     }
+    // Across replicas: another one may have rotated the tokens, or be doing it now.
+    let wait = Duration::from_millis(app.store().config().oauth().refresh_timeout_ms + 2_000);
+    let holder = match app.store().begin_refresh(account.id(), wait).await {
+        RefreshTurn::Adopted(tokens) => return Ok(tokens),
+        RefreshTurn::Busy => return Err(RefreshError::Failed),
+        RefreshTurn::Mine { holder } => Some(holder),
+        RefreshTurn::Alone => None,
+    };
+    let tokens = book.current(account.id()).unwrap_or(state.tokens);
     let now = now_ms();
-    match call_token_endpoint(app, account, &state.tokens).await {
-        Ok(tokens) => {
-            book.refreshed(account.id(), tokens);
+    let outcome = call_token_endpoint(app, account, &tokens).await;
+    if let Ok(tokens) = &outcome {
+        book.refreshed(account.id(), tokens.clone());
+    }
+    if let Some(holder) = &holder {
+        app.store()
+            .end_refresh(account.id(), holder, outcome.is_ok())
+            .await;
+    }
+    let answer = match outcome {
+        Ok(_) => {
             app.metrics().oauth_refresh(account.id(), "refreshed");
             tracing::info!(account = %account.id(), "oauth access token refreshed");
-            app.store().persist_tokens().await;
             book.current(account.id()).ok_or(RefreshError::NotRenewable)
         }
         Err(failure) => {
-            match book.failed(account.id(), failure, now) {
-                Some(AfterFailure::RetryAt(at)) => {
-                    app.metrics().oauth_refresh(account.id(), "failed");
-                    tracing::warn!(account = %account.id(), retry_in_ms = at.saturating_sub(now), "oauth refresh failed; backing off");
-                }
-                Some(AfterFailure::Expired) | None => {
-                    app.metrics().oauth_refresh(account.id(), "expired");
-                    tracing::error!(account = %account.id(), "oauth refresh token refused: the account is expired; log it in again");
-                    app.store().disable(
-                        account.id(),
-                        "expired: the OAuth refresh was refused; log the account in again",
-                        now,
-                    );
-                }
-            }
-            app.store().persist_tokens().await;
+            record_failure(app, account, failure, now);
             Err(RefreshError::Failed)
+        }
+    };
+    app.store().persist_tokens().await;
+    answer
+}
+
+/// A refresh that failed: backing off, or the account is `expired` (disabled).
+fn record_failure(app: &App, account: &Account, failure: RefreshFailure, now: u64) {
+    let book = app.store().oauth_tokens();
+    match book.failed(account.id(), failure, now) {
+        Some(AfterFailure::RetryAt(at)) => {
+            app.metrics().oauth_refresh(account.id(), "failed");
+            tracing::warn!(account = %account.id(), retry_in_ms = at.saturating_sub(now), "oauth refresh failed; backing off");
+        }
+        Some(AfterFailure::Expired) | None => {
+            app.metrics().oauth_refresh(account.id(), "expired");
+            tracing::error!(account = %account.id(), "oauth refresh token refused: the account is expired; log it in again");
+            app.store().disable(
+                account.id(),
+                "expired: the OAuth refresh was refused; log the account in again",
+                now,
+            );
         }
     }
 }

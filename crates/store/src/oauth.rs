@@ -248,11 +248,33 @@ impl TokenBook {
         out
     }
 
+    /// `id`'s state as persisted and shared (see [`TokenBook::export`]).
+    pub fn record_of(&self, id: &AccountId, key: Option<&str>) -> Option<TokenRecord> {
+        self.export(key).into_iter().find(|r| &r.account == id)
+    }
+
     /// Restores persisted states (before or after [`TokenBook::seed`]: a record whose
     /// seed is not the config's is replaced by the next seeding). A record that cannot
     /// be opened (sealed with another key) is skipped; the count is returned.
     pub fn import(&self, records: Vec<TokenRecord>, key: Option<&str>) -> usize {
         let mut skipped = 0;
+        for r in records {
+            if self.take(r, key, false).is_none() {
+                skipped += 1;
+            }
+        }
+        skipped
+    }
+
+    /// Takes tokens another replica shared, when they grew from the same config seed
+    /// and expire later than the ones in force. Returns whether they were taken.
+    pub fn adopt(&self, record: TokenRecord, key: Option<&str>) -> bool {
+        self.take(record, key, true) == Some(true)
+    }
+
+    /// Installs `r` (`None`: it cannot be opened). `newer_only`: only when it expires
+    /// later than the state in force (and grew from its seed).
+    fn take(&self, r: TokenRecord, key: Option<&str>, newer_only: bool) -> Option<bool> {
         let open = |v: &str| {
             if sealed::is_sealed(v) {
                 sealed::open(key, v).ok().map(Secret::new)
@@ -260,35 +282,127 @@ impl TokenBook {
                 Some(Secret::new(v))
             }
         };
-        for r in records {
-            let (Some(access), Some(refresh), Some(seed)) =
-                (open(&r.access), open(&r.refresh), open(&r.seed))
-            else {
-                skipped += 1;
-                continue;
-            };
-            if self.states.get(&r.account).is_some_and(|s| s.seed != seed) {
-                // the config names another login now
-                continue;
+        let (access, refresh, seed) = (open(&r.access)?, open(&r.refresh)?, open(&r.seed)?);
+        if let Some(current) = self.states.get(&r.account) {
+            // the config names another login now: its seeding wins
+            if current.seed != seed {
+                return Some(false);
             }
-            self.states.insert(
-                r.account,
-                TokenState {
-                    tokens: Arc::new(Tokens {
-                        access,
-                        refresh,
-                        expires_at_ms: r.expires_at_ms,
-                    }),
-                    seed,
-                    failures: r.failures,
-                    retry_at_ms: 0,
-                    expired: r.expired,
-                    generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
-                },
-            );
+            let later = match (r.expires_at_ms, current.tokens.expires_at_ms) {
+                (Some(theirs), Some(ours)) => theirs > ours,
+                (Some(_), None) => true,
+                _ => false,
+            };
+            if newer_only && (!later || current.tokens.refresh == refresh) {
+                return Some(false);
+            }
+        } else if newer_only {
+            return Some(false);
         }
-        skipped
+        self.states.insert(
+            r.account,
+            TokenState {
+                tokens: Arc::new(Tokens {
+                    access,
+                    refresh,
+                    expires_at_ms: r.expires_at_ms,
+                }),
+                seed,
+                failures: r.failures,
+                retry_at_ms: 0,
+                expired: r.expired,
+                generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
+            },
+        );
+        Some(true)
     }
+}
+
+/// Whose turn a refresh is, across replicas (with Redis).
+#[derive(Debug)]
+pub enum RefreshTurn {
+    /// This replica refreshes, holding the shared lock as `holder`
+    /// ([`crate::Store::end_refresh`] releases it).
+    Mine {
+        /// The lock's value.
+        holder: String,
+    },
+    /// Another replica rotated the tokens: these are in force now.
+    Adopted(Arc<Tokens>),
+    /// Another replica holds the lock and did not share new tokens in time.
+    Busy,
+    /// No Redis (or it does not answer): this replica refreshes on its own.
+    Alone,
+}
+
+/// How often a replica waiting for another one's refresh reads the shared tokens.
+const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl crate::Store {
+    /// Before a refresh of `id`: takes the tokens another replica already shared, or
+    /// the shared lock, or waits (at most `wait`) for the replica that holds it.
+    pub async fn begin_refresh(&self, id: &AccountId, wait: std::time::Duration) -> RefreshTurn {
+        let Some(mirror) = self.redis().filter(|m| m.ready()) else {
+            return RefreshTurn::Alone;
+        };
+        let key = secrets_key();
+        let book = self.oauth_tokens();
+        let adopted = |r: Option<TokenRecord>| {
+            r.filter(|r| book.adopt(r.clone(), key.as_deref()))
+                .and_then(|_| book.current(id))
+        };
+        let Ok(shared) = mirror.shared_tokens(id.as_str()).await else {
+            return RefreshTurn::Alone;
+        };
+        if let Some(tokens) = adopted(shared) {
+            return RefreshTurn::Adopted(tokens);
+        }
+        let holder = format!("{}-{}", mirror.origin(), crate::now_ms());
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match mirror.lock_refresh(id.as_str(), &holder).await {
+                Err(_) => return RefreshTurn::Alone,
+                Ok(true) => {
+                    // what the previous holder shared just before releasing
+                    let shared = mirror.shared_tokens(id.as_str()).await.ok().flatten();
+                    if let Some(tokens) = adopted(shared) {
+                        let _ = mirror.unlock_refresh(id.as_str(), &holder).await;
+                        return RefreshTurn::Adopted(tokens);
+                    }
+                    return RefreshTurn::Mine { holder };
+                }
+                Ok(false) => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return RefreshTurn::Busy;
+            }
+            tokio::time::sleep(WAIT_POLL).await;
+            let shared = mirror.shared_tokens(id.as_str()).await.ok().flatten();
+            if let Some(tokens) = adopted(shared) {
+                return RefreshTurn::Adopted(tokens);
+            }
+        }
+    }
+
+    /// After this replica's refresh of `id` ([`RefreshTurn::Mine`]): shares the new
+    /// tokens (when `refreshed`) and releases the lock.
+    pub async fn end_refresh(&self, id: &AccountId, holder: &str, refreshed: bool) {
+        let Some(mirror) = self.redis() else {
+            return;
+        };
+        if refreshed
+            && let Some(record) = self.oauth_tokens().record_of(id, secrets_key().as_deref())
+            && let Err(e) = mirror.save_tokens(&record).await
+        {
+            tracing::warn!(account = %id, error = %e, "the rotated OAuth tokens could not be shared through redis");
+        }
+        let _ = mirror.unlock_refresh(id.as_str(), holder).await;
+    }
+}
+
+/// `KEYPOOL_SECRETS_KEY`, which seals the tokens shared and persisted.
+fn secrets_key() -> Option<String> {
+    std::env::var(sealed::SECRETS_KEY_ENV).ok()
 }
 
 #[cfg(test)]

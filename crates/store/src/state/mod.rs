@@ -11,6 +11,7 @@ pub(crate) mod file;
 pub(crate) mod redis;
 pub(crate) mod redis_document;
 pub(crate) mod redis_limits;
+pub(crate) mod redis_oauth;
 pub mod relays;
 pub mod resp_guard;
 

@@ -19,6 +19,7 @@
 //! | `keypool:{lim:<org>}:…` | see [`super::redis_limits`] | the caller limits of every replica |
 //! | channel `keypool:events` | pub/sub | JSON [`Envelope`] after every mirrored write |
 //! | `keypool:{config}:…`, channel `keypool:config` | see [`super::redis_document`] | the config document (`config_store = "redis"`) |
+//! | `keypool:oauth:{account}`, `keypool:oauth-lock:{account}` | see [`super::redis_oauth`] | OAuth tokens rotated by any replica, and the refresh lock |
 //!
 //! Every operation is bounded by `redis_timeout_ms`; a failure or timeout marks the
 //! mirror not ready, counts a fallback and asks for a reconciliation, and the caller
