@@ -54,12 +54,28 @@ fn renew_with(h: &Harness, tokens: &IssuedTokens, expires_in: u64, lead_secs: u6
 fn renew_on(h: &Harness, sim: &str, tokens: &IssuedTokens, expires_in: u64, lead_secs: u64) {
     let path = h.config_path().unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        with_refresh(&text, sim, tokens, expires_in, lead_secs),
+    )
+    .unwrap();
+    h.store().reload(&path).unwrap();
+}
+
+/// `text` with `max` renewing itself with `tokens` at the simulator at `sim`.
+fn with_refresh(
+    text: &str,
+    sim: &str,
+    tokens: &IssuedTokens,
+    expires_in: u64,
+    lead_secs: u64,
+) -> String {
     let expires_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
         + expires_in;
-    let text = text.replacen(
+    text.replacen(
         &format!("secret = \"{}\"", secret_of("max")),
         &format!(
             "secret = \"{}\"\nrefresh_token = \"{}\"\nexpires_at = {expires_at}",
@@ -68,9 +84,7 @@ fn renew_on(h: &Harness, sim: &str, tokens: &IssuedTokens, expires_in: u64, lead
         1,
     ) + &format!(
         "\n[oauth]\ntoken_url = \"{sim}/v1/oauth/token\"\nrefresh_lead_secs = {lead_secs}\n"
-    );
-    std::fs::write(&path, text).unwrap();
-    h.store().reload(&path).unwrap();
+    )
 }
 
 /// The accounts of the Messages requests the simulator saw (not the token grants).
@@ -286,4 +300,62 @@ async fn two_replicas_on_one_redis_refresh_each_token_once() {
     };
     assert_ne!(on(&a), first.refresh_token);
     assert_ne!(on(&b), first.refresh_token);
+}
+
+/// SPEC 14: the real binary restarted in the middle keeps the tokens it rotated (the
+/// state file): after the restart it goes on with them, and no refresh token is ever
+/// presented twice.
+#[tokio::test]
+async fn a_restart_keeps_the_rotated_tokens() {
+    use keypool_tests::process::{KeypoolProcess, binary_config, free_port};
+    let h = pool().await;
+    h.sim().set_token_lifetime(Duration::from_secs(3));
+    let first = h.sim().issue_tokens("max").unwrap();
+    let dir = keypool_store::testing::TempDir::new("oauth-restart").unwrap();
+    let port = free_port();
+    let state = dir.path().join("state.json");
+    let state_file = format!("{:?}", state.display().to_string());
+    let text = binary_config(&h, port, &[("state_file", &state_file)]);
+    let file = dir.path().join("keypool.toml");
+    std::fs::write(
+        &file,
+        with_refresh(&text, &h.sim().base_url(), &first, 3, 2),
+    )
+    .unwrap();
+    let mut k = KeypoolProcess::start(&file, port).await;
+    serve_for_4_seconds(&h, &k).await;
+    let before = h.sim().oauth_stats("max").unwrap();
+    assert!(before.refreshed >= 1, "{before:?}");
+    k.signal("TERM");
+    assert_eq!(k.wait_exit(Duration::from_secs(10)).await, Some(0));
+    let saved = std::fs::read_to_string(&state).unwrap();
+    assert!(
+        saved.contains("\"oauth\""),
+        "the rotated tokens are in the state file"
+    );
+    let mut k = KeypoolProcess::start(&file, port).await;
+    serve_for_4_seconds(&h, &k).await;
+    let after = h.sim().oauth_stats("max").unwrap();
+    assert_eq!(
+        (after.reused, after.refused),
+        (0, 0),
+        "{after:?}: the config's old refresh token was spent again"
+    );
+    assert!(
+        after.refreshed > before.refreshed,
+        "it went on refreshing after the restart"
+    );
+    assert!(served_by(&h).iter().all(|id| id == "max"));
+    k.signal("TERM");
+    let _ = k.wait_exit(Duration::from_secs(10)).await;
+}
+
+/// Requests through the binary for 4 s, every one answered 200.
+async fn serve_for_4_seconds(h: &Harness, k: &keypool_tests::process::KeypoolProcess) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(4) {
+        let r = k.send_message(h, false).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
