@@ -359,3 +359,130 @@ async fn serve_for_4_seconds(h: &Harness, k: &keypool_tests::process::KeypoolPro
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The `code_challenge` and `state` of an authorize URL.
+fn challenge_and_state(url: &str) -> (String, String) {
+    let query = url.split_once('?').unwrap().1;
+    let param = |name: &str| {
+        query
+            .split('&')
+            .find_map(|p| p.strip_prefix(&format!("{name}=")))
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(param("code_challenge_method"), "S256");
+    (param("code_challenge"), param("state"))
+}
+
+/// SPEC 14's login: `keypool oauth login` (the real CLI, the code typed on stdin) and
+/// `POST /admin/oauth/start` + `/finish` against the simulator's authorization-code
+/// grant; the tokens land in the config file sealed, and serve the next requests.
+#[tokio::test]
+async fn a_login_from_the_cli_and_from_the_admin_api_stores_the_tokens_sealed() {
+    use keypool_tests::process::{KeypoolProcess, binary_config, free_port, keypool_binary};
+    use std::io::{BufRead as _, Write as _};
+    let h = pool().await;
+    // Without KEYPOOL_SECRETS_KEY (this in-process keypool) a login is refused at once.
+    let refused = h
+        .client()
+        .post(h.url("/admin/oauth/start"))
+        .bearer(ADMIN)
+        .json(&serde_json::json!({"id": "max"}))
+        .send()
+        .await;
+    assert_eq!(refused.status, 422, "{}", refused.text());
+    assert!(refused.text().contains("KEYPOOL_SECRETS_KEY"));
+    let dir = keypool_store::testing::TempDir::new("oauth-login").unwrap();
+    let port = free_port();
+    let text = binary_config(&h, port, &[])
+        + &format!(
+            "\n[oauth]\ntoken_url = \"{}/v1/oauth/token\"\n",
+            h.sim().base_url()
+        );
+    let file = dir.path().join("keypool.toml");
+    std::fs::write(&file, text).unwrap();
+    let key = "0f".repeat(32);
+    let k = KeypoolProcess::start_with(&file, port, &[], &[("KEYPOOL_SECRETS_KEY", &key)]).await;
+    // The CLI: prints the URL, reads the code (as the provider's page shows it).
+    let mut cli = std::process::Command::new(keypool_binary())
+        .args(["oauth", "login", "max", "--url", &k.url("")])
+        .env("KEYPOOL_ADMIN_TOKEN", ADMIN)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = cli.stderr.take().unwrap();
+    let url = tokio::task::spawn_blocking(move || {
+        std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.starts_with("http"))
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let (challenge, state) = challenge_and_state(&url);
+    let code = h.sim().authorize("max", &challenge).unwrap();
+    writeln!(cli.stdin.take().unwrap(), "{code}#{state}").unwrap();
+    let out = tokio::task::spawn_blocking(move || cli.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["logged_in"], "max");
+    // Sealed in the file, never in the answer or the logs.
+    let saved = std::fs::read_to_string(&file).unwrap();
+    assert!(saved.contains("refresh_token = \"enc:v1:"), "{saved}");
+    assert!(!saved.contains("sk-ant-ort01-sim") && !saved.contains("sk-ant-oat01-sim"));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("sk-ant-o"));
+    let r = k.send_message(&h, false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let last = h.sim().requests_for("max").pop().unwrap();
+    assert!(
+        last.headers["authorization"]
+            .to_str()
+            .unwrap()
+            .contains("sk-ant-oat01-sim-max")
+    );
+    // The admin API directly, once more (a re-login replaces the tokens).
+    let start = h
+        .client()
+        .post(k.url("/admin/oauth/start"))
+        .bearer(ADMIN)
+        .json(&serde_json::json!({"id": "max"}))
+        .send()
+        .await;
+    assert_eq!(start.status, 200, "{}", start.text());
+    let (challenge, state) = challenge_and_state(start.json()["authorize_url"].as_str().unwrap());
+    let code = h.sim().authorize("max", &challenge).unwrap();
+    let finish = |state: String, code: String| {
+        let (h, k) = (&h, &k);
+        async move {
+            h.client()
+                .post(k.url("/admin/oauth/finish"))
+                .bearer(ADMIN)
+                .json(&serde_json::json!({"state": state, "code": code}))
+                .send()
+                .await
+        }
+    };
+    let done = finish(state.clone(), code.clone()).await;
+    assert_eq!(done.status, 200, "{}", done.text());
+    assert_eq!(done.json()["account"], "changed");
+    assert_eq!(
+        finish(state, code).await.status,
+        400,
+        "a login finishes once"
+    );
+    assert_eq!(k.send_message(&h, false).await.status, 200);
+    let stats = h.sim().oauth_stats("max").unwrap();
+    assert_eq!((stats.reused, stats.refused), (0, 0));
+    for secret in ["sk-ant-oat01-sim", "sk-ant-ort01-sim"] {
+        assert!(!k.logs().contains(secret), "a token is in the log");
+    }
+}

@@ -124,6 +124,14 @@ pub enum Command {
         #[command(flatten)]
         target: crate::remote::Target,
     },
+    /// Log a subscription (OAuth) account in through a running keypool's admin API
+    /// (`KEYPOOL_ADMIN_TOKEN`): `login ID [--org ORG]`.
+    Oauth {
+        #[command(subcommand)]
+        action: crate::remote::OAuthAction,
+        #[command(flatten)]
+        target: crate::remote::Target,
+    },
     /// Move the config document between a file and Redis (`config_store = "redis"`):
     /// `push FILE` validates and saves it, `pull` prints it.
     Config {
@@ -164,7 +172,8 @@ impl Command {
             Command::Demo { .. }
             | Command::Keys { .. }
             | Command::Accounts { .. }
-            | Command::Config { .. } => "warn",
+            | Command::Config { .. }
+            | Command::Oauth { .. } => "warn",
             _ => "info",
         }
     }
@@ -229,6 +238,7 @@ pub fn execute(command: Command) -> anyhow::Result<ExitCode> {
         Command::Accounts { action, target } => crate::remote::accounts(&target, action),
         Command::Probe { config, live, url } => probe(config.as_deref(), live, url),
         Command::Config { action } => crate::document::execute(action),
+        Command::Oauth { action, target } => crate::remote::oauth(&target, action),
         Command::Demo {
             duration,
             rps,

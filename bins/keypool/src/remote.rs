@@ -100,13 +100,13 @@ fn base_url(target: &Target) -> anyhow::Result<String> {
     Ok("http://127.0.0.1:8080".to_owned())
 }
 
-/// Sends one admin request and prints its answer.
-fn call(
+/// Sends one admin request: its status and body.
+fn send(
     target: &Target,
     method: &str,
     path: &str,
     body: Option<Value>,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<(u16, String)> {
     let token = std::env::var("KEYPOOL_ADMIN_TOKEN")
         .ok()
         .filter(|t| !t.is_empty())
@@ -114,14 +114,78 @@ fn call(
     let url = format!("{}{path}", base_url(target)?);
     let auth = format!("Bearer {token}");
     let body = body.map(|b| b.to_string());
-    let (status, answer) =
-        crate::probe::request(method, &url, &[("authorization", &auth)], body.as_deref())
-            .with_context(|| format!("{method} {url}"))?;
+    crate::probe::request(method, &url, &[("authorization", &auth)], body.as_deref())
+        .with_context(|| format!("{method} {url}"))
+}
+
+/// Sends one admin request and prints its answer.
+fn call(
+    target: &Target,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<ExitCode> {
+    let (status, answer) = send(target, method, path, body)?;
+    print_answer(status, &answer)
+}
+
+fn print_answer(status: u16, answer: &str) -> anyhow::Result<ExitCode> {
+    let answer = answer.to_owned();
     match serde_json::from_str::<Value>(&answer) {
         Ok(v) => println!("{}", serde_json::to_string_pretty(&v).unwrap_or(answer)),
         Err(_) => println!("{answer}"),
     }
     Ok(ExitCode::from(u8::from(!(200..300).contains(&status))))
+}
+
+/// `keypool oauth …`.
+#[derive(Debug, Subcommand)]
+pub enum OAuthAction {
+    /// Log a subscription account in (PKCE): prints the URL to open, reads the code the
+    /// page shows from stdin, and stores the account's tokens (sealed: the server needs
+    /// KEYPOOL_SECRETS_KEY). For an existing account its tokens are replaced (and an
+    /// `expired` account is enabled again).
+    Login {
+        /// The account's id.
+        id: String,
+        /// Its org (for a new account).
+        #[arg(long)]
+        org: Option<String>,
+    },
+}
+
+/// `keypool oauth login`.
+pub fn oauth(target: &Target, action: OAuthAction) -> anyhow::Result<ExitCode> {
+    let OAuthAction::Login { id, org } = action;
+    let (status, answer) = send(
+        target,
+        "POST",
+        "/admin/oauth/start",
+        Some(json!({"id": id, "org": org})),
+    )?;
+    if !(200..300).contains(&status) {
+        return print_answer(status, &answer);
+    }
+    let started: Value = serde_json::from_str(&answer).context("the start answer is not JSON")?;
+    let (Some(url), Some(state)) = (started["authorize_url"].as_str(), started["state"].as_str())
+    else {
+        anyhow::bail!("the start answer has no authorize_url or state: {answer}");
+    };
+    eprintln!(
+        "Open this URL, log in with the subscription of {id:?}, and paste the code the page shows:\n\n{url}\n"
+    );
+    eprint!("code: ");
+    let mut code = String::new();
+    std::io::stdin()
+        .read_line(&mut code)
+        .context("cannot read the code from stdin")?;
+    let (status, answer) = send(
+        target,
+        "POST",
+        "/admin/oauth/finish",
+        Some(json!({"state": state, "code": code.trim()})),
+    )?;
+    print_answer(status, &answer)
 }
 
 /// `keypool keys …`.

@@ -318,8 +318,34 @@ named_enum! {
     }
 }
 
+/// Base64url without padding (RFC 4648 §5): PKCE verifiers and challenges (RFC 7636).
+pub fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn base64url_is_rfc_4648_without_padding() {
+        assert_eq!(super::base64url(b""), "");
+        assert_eq!(super::base64url(b"f"), "Zg");
+        assert_eq!(super::base64url(b"fo"), "Zm8");
+        assert_eq!(super::base64url(b"foo"), "Zm9v");
+        assert_eq!(super::base64url(b"foob"), "Zm9vYg");
+        assert_eq!(super::base64url(&[0xfb, 0xff]), "-_8");
+    }
+
     #[test]
     fn utc_dates_from_unix_seconds() {
         let at = |secs| {

@@ -156,6 +156,14 @@ impl App {
         }
     }
 
+    /// The upstream client of `account` (`None`: the shared pool).
+    pub(crate) fn client_of(
+        &self,
+        account: Option<&keypool_store::config::Account>,
+    ) -> Arc<UpstreamClient> {
+        account.map_or_else(|| self.client.clone(), |a| self.client_for(a))
+    }
+
     /// The upstream client of `account`: the shared pool, or the pool of its own
     /// `proxy_url`.
     pub(crate) fn client_for(

@@ -130,23 +130,39 @@ async fn call_token_endpoint(
     account: &Account,
     tokens: &Tokens,
 ) -> Result<Tokens, RefreshFailure> {
-    let config = app.store().config();
-    let settings = config.oauth();
     let body = serde_json::json!({
         "grant_type": "refresh_token",
         "refresh_token": tokens.refresh.expose(),
-        "client_id": settings.client_id,
-    })
-    .to_string();
+        "client_id": app.store().config().oauth().client_id,
+    });
+    let (status, bytes) = post_token(app, Some(account), &body).await?;
+    if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+        return Err(RefreshFailure::Transient);
+    }
+    if !status.is_success() {
+        return Err(RefreshFailure::InvalidGrant);
+    }
+    parse_grant(&bytes, now_ms()).ok_or(RefreshFailure::Transient)
+}
+
+/// `POST token_url` with `body` (through `account`'s egress, else the shared client),
+/// bounded by `refresh_timeout_ms`: the answer's status and body.
+pub(crate) async fn post_token(
+    app: &App,
+    account: Option<&Account>,
+    body: &serde_json::Value,
+) -> Result<(StatusCode, Bytes), RefreshFailure> {
+    let config = app.store().config();
+    let settings = config.oauth();
     let request = http::Request::post(&settings.token_url)
         .header(http::header::CONTENT_TYPE, "application/json")
         .header(http::header::ACCEPT, "application/json")
-        .body(Full::new(Bytes::from(body)))
+        .body(Full::new(Bytes::from(body.to_string())))
         .map_err(|_| RefreshFailure::InvalidGrant)?;
     let timeout = Duration::from_millis(settings.refresh_timeout_ms);
     let exchange = async {
         let response = app
-            .client_for(account)
+            .client_of(account)
             .request(request)
             .await
             .map_err(|_| RefreshFailure::Transient)?;
@@ -159,21 +175,14 @@ async fn call_token_endpoint(
             .to_bytes();
         Ok::<_, RefreshFailure>((status, bytes))
     };
-    let (status, bytes) = tokio::time::timeout(timeout, exchange)
+    tokio::time::timeout(timeout, exchange)
         .await
-        .map_err(|_| RefreshFailure::Transient)??;
-    if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-        return Err(RefreshFailure::Transient);
-    }
-    if !status.is_success() {
-        return Err(RefreshFailure::InvalidGrant);
-    }
-    parse_grant(&bytes, now_ms()).ok_or(RefreshFailure::Transient)
+        .map_err(|_| RefreshFailure::Transient)?
 }
 
 /// The tokens of a `200` grant: `access_token`, `refresh_token` (the old one when the
 /// endpoint sends none), `expires_in` seconds from `now`.
-fn parse_grant(bytes: &[u8], now: u64) -> Option<Tokens> {
+pub(crate) fn parse_grant(bytes: &[u8], now: u64) -> Option<Tokens> {
     let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
     let access = v["access_token"].as_str().filter(|s| !s.is_empty())?;
     let refresh = v["refresh_token"].as_str().filter(|s| !s.is_empty())?;

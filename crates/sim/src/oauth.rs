@@ -7,6 +7,9 @@
 //!   answers a new pair (`access_token`, `refresh_token`, `expires_in`). Refresh tokens
 //!   rotate: each works once; a second use answers `400 invalid_grant` and is counted
 //!   ([`OAuthStats::reused`]), as is every grant.
+//! - [`SimHandle::authorize`](crate::SimHandle::authorize) is a person logging in at
+//!   the authorize page: a code bound to a PKCE challenge, exchanged once with
+//!   `{"grant_type": "authorization_code", "code", "code_verifier"}`.
 //! - A request with an expired access token gets the `401 authentication_error` the
 //!   real API sends ("OAuth token has expired…"); one with a revoked refresh token gets
 //!   `invalid_grant`.
@@ -73,6 +76,8 @@ struct State {
     stats: HashMap<AccountId, OAuthStats>,
     /// Answer every grant with this status (and an error body) while set.
     failing: Option<u16>,
+    /// Authorization codes not exchanged yet: the account and the PKCE challenge.
+    codes: HashMap<String, (AccountId, String)>,
 }
 
 /// What a token request gets.
@@ -151,6 +156,43 @@ impl Issuer {
         tokens
     }
 
+    /// A login at the authorize page: a code for `account`, bound to the PKCE
+    /// `challenge` (S256).
+    pub(crate) fn authorize(&self, account: &AccountId, challenge: &str) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let code = format!("sim-code-{}-{n}", account.as_str());
+        self.state()
+            .codes
+            .insert(code.clone(), (account.clone(), challenge.to_owned()));
+        code
+    }
+
+    /// The `authorization_code` grant: the code once, with the verifier of its challenge.
+    fn exchange(&self, request: &serde_json::Value) -> Grant {
+        let refused = |error, description: &str| Grant::Refused {
+            status: 400,
+            error,
+            description: description.to_owned(),
+        };
+        let (Some(code), Some(verifier)) =
+            (request["code"].as_str(), request["code_verifier"].as_str())
+        else {
+            return refused("invalid_request", "code and code_verifier are required");
+        };
+        let Some((account, challenge)) = self.state().codes.remove(code) else {
+            return refused("invalid_grant", "Invalid or used authorization code");
+        };
+        use sha2::Digest as _;
+        let expected = keypool_core::base64url(&sha2::Sha256::digest(verifier.as_bytes()));
+        if expected != challenge {
+            return refused(
+                "invalid_grant",
+                "code_verifier does not match the code_challenge",
+            );
+        }
+        Grant::Issued(self.issue(&account))
+    }
+
     /// Every refresh token of `account` stops working.
     pub(crate) fn revoke(&self, account: &AccountId) {
         self.state().revoked.insert(account.clone());
@@ -175,11 +217,14 @@ impl Issuer {
             description: description.to_owned(),
         };
         let request: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        if request["grant_type"] == "authorization_code" {
+            return self.exchange(&request);
+        }
         if request["grant_type"] != "refresh_token" {
             return refused(
                 400,
                 "unsupported_grant_type",
-                "grant_type must be refresh_token",
+                "grant_type must be refresh_token or authorization_code",
             );
         }
         let Some(token) = request["refresh_token"].as_str() else {

@@ -247,6 +247,13 @@ impl SimHandle {
         Ok(self.shared.issuer.issue(&account.id))
     }
 
+    /// A person logs account `id` in at the authorize page: the code the page shows,
+    /// bound to the PKCE `code_challenge` (S256) of the login.
+    pub fn authorize(&self, id: &str, code_challenge: &str) -> Result<String, SimError> {
+        let account = self.shared.accounts.by_id(id)?;
+        Ok(self.shared.issuer.authorize(&account.id, code_challenge))
+    }
+
     /// How long access tokens issued from now on live.
     pub fn set_token_lifetime(&self, lifetime: Duration) {
         self.shared.issuer.set_lifetime(lifetime);

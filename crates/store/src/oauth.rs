@@ -140,12 +140,87 @@ pub struct TokenRecord {
     pub expired: bool,
 }
 
-/// The tokens of every OAuth account with a refresh token.
+/// The tokens of every OAuth account with a refresh token, and the logins under way.
 #[derive(Debug, Default)]
 pub struct TokenBook {
     states: DashMap<AccountId, TokenState>,
     locks: DashMap<AccountId, Arc<tokio::sync::Mutex<()>>>,
     generations: AtomicU64,
+    logins: DashMap<String, PendingLogin>,
+}
+
+/// How long a login started with `POST /admin/oauth/start` may be finished.
+pub const LOGIN_TTL_MS: u64 = 600_000;
+
+/// A PKCE login under way (SPEC 14): started, waiting for the code the person pastes.
+#[derive(Clone)]
+pub struct PendingLogin {
+    /// The account it logs in (new or existing).
+    pub account: AccountId,
+    /// Its org (for a new account).
+    pub org: Option<String>,
+    /// The PKCE code verifier (a secret until the exchange).
+    pub verifier: String,
+    /// When it started (unix ms).
+    pub started_at: UnixMs,
+}
+
+impl std::fmt::Debug for PendingLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingLogin")
+            .field("account", &self.account)
+            .field("started_at", &self.started_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A PKCE pair (RFC 7636, S256): a random verifier and its challenge.
+pub fn pkce_pair() -> (String, String) {
+    use rand::{RngCore as _, SeedableRng as _};
+    use sha2::Digest as _;
+    let mut bytes = [0u8; 32];
+    rand::rngs::StdRng::from_os_rng().fill_bytes(&mut bytes);
+    let verifier = keypool_core::base64url(&bytes);
+    let challenge = keypool_core::base64url(&sha2::Sha256::digest(verifier.as_bytes()));
+    (verifier, challenge)
+}
+
+/// The challenge of a verifier.
+pub fn pkce_challenge(verifier: &str) -> String {
+    use sha2::Digest as _;
+    keypool_core::base64url(&sha2::Sha256::digest(verifier.as_bytes()))
+}
+
+impl TokenBook {
+    /// Starts a login of `account`: its `state` (the key of [`TokenBook::finish_login`])
+    /// and PKCE challenge. Logins older than [`LOGIN_TTL_MS`] are dropped.
+    pub fn start_login(
+        &self,
+        account: AccountId,
+        org: Option<String>,
+        now: UnixMs,
+    ) -> (String, String) {
+        self.logins
+            .retain(|_, l| now.saturating_sub(l.started_at) < LOGIN_TTL_MS);
+        let (verifier, challenge) = pkce_pair();
+        let (state, _) = pkce_pair();
+        self.logins.insert(
+            state.clone(),
+            PendingLogin {
+                account,
+                org,
+                verifier,
+                started_at: now,
+            },
+        );
+        (state, challenge)
+    }
+
+    /// The login started as `state`, once (`None`: unknown, finished or too old).
+    pub fn finish_login(&self, state: &str, now: UnixMs) -> Option<PendingLogin> {
+        let (_, login) = self.logins.remove(state)?;
+        (now.saturating_sub(login.started_at) < LOGIN_TTL_MS).then_some(login)
+    }
 }
 
 impl TokenBook {

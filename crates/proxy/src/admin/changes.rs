@@ -62,7 +62,7 @@ fn invalid(problems: Vec<String>, request_id: &str) -> Response<ProxyBody> {
 }
 
 /// Seals the secrets of an account's fields in place (references stay as given).
-fn seal_secrets(fields: &mut Map<String, Value>) -> Result<(), Vec<String>> {
+pub(super) fn seal_secrets(fields: &mut Map<String, Value>) -> Result<(), Vec<String>> {
     let key = std::env::var(sealed::SECRETS_KEY_ENV).ok();
     let mut problems = Vec::new();
     for name in SECRET_FIELDS {
@@ -226,7 +226,7 @@ async fn change(
 }
 
 /// Runs one change of the document and answers it.
-async fn apply(
+pub(super) async fn apply(
     app: &App,
     route: &str,
     request_id: &str,

@@ -29,6 +29,7 @@
 //! | `GET /admin/usage/summary` | today's and this month's usage per caller and account, the last hour per minute |
 //! | `GET /admin/requests` | the newest usage records (`caller`, `status`, `limit`) |
 //! | `GET /admin/requests/{id}` | one request's usage record |
+//! | `POST /admin/oauth/start`, `POST /admin/oauth/finish` | the PKCE login of a subscription account ([`oauth`]) |
 //! | `GET /admin/ui` | the status page |
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -49,6 +50,7 @@ use serde_json::{Value, json};
 
 mod changes;
 mod limits;
+mod oauth;
 mod usage;
 
 use crate::App;
@@ -107,6 +109,11 @@ where
     };
     if let Some(answer) =
         changes::handle(app, &parts.method, &segments, &body.bytes, request_id).await
+    {
+        return answer;
+    }
+    if let Some(answer) =
+        oauth::handle(app, &parts.method, &segments, &body.bytes, request_id).await
     {
         return answer;
     }

@@ -742,7 +742,21 @@ pub struct OAuthSettings {
     pub refresh_lead_ms: u64,
     /// Bound on one call of the token endpoint (`refresh_timeout_ms`).
     pub refresh_timeout_ms: u64,
+    /// Where a person logs an account in (`authorize_url`).
+    pub authorize_url: String,
+    /// The redirect URI of the login (`redirect_uri`): the provider's page that shows
+    /// the code to paste.
+    pub redirect_uri: String,
+    /// The scopes asked for (`scopes`, space-separated).
+    pub scopes: String,
 }
+
+/// Claude Code's subscription login page.
+pub const DEFAULT_AUTHORIZE_URL: &str = "https://claude.ai/oauth/authorize";
+/// The page that shows the code to paste.
+pub const DEFAULT_REDIRECT_URI: &str = "https://console.anthropic.com/oauth/code/callback";
+/// The scopes Claude Code asks for.
+pub const DEFAULT_SCOPES: &str = "org:create_api_key user:profile user:inference";
 
 /// Claude Code's token endpoint (2026-12: `console.anthropic.com`).
 pub const DEFAULT_TOKEN_URL: &str = "https://console.anthropic.com/v1/oauth/token";
@@ -756,6 +770,9 @@ impl Default for OAuthSettings {
             client_id: DEFAULT_CLIENT_ID.to_owned(),
             refresh_lead_ms: 300_000,
             refresh_timeout_ms: 10_000,
+            authorize_url: DEFAULT_AUTHORIZE_URL.to_owned(),
+            redirect_uri: DEFAULT_REDIRECT_URI.to_owned(),
+            scopes: DEFAULT_SCOPES.to_owned(),
         }
     }
 }

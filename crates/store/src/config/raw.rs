@@ -58,6 +58,9 @@ pub(crate) struct RawOAuth {
     pub client_id: Option<String>,
     pub refresh_lead_secs: Option<i64>,
     pub refresh_timeout_ms: Option<i64>,
+    pub authorize_url: Option<String>,
+    pub redirect_uri: Option<String>,
+    pub scopes: Option<String>,
 }
 
 /// `[usage]`.

@@ -11,17 +11,46 @@ const MAX_LEAD_SECS: i64 = 6 * 3600;
 /// `[oauth]` against its defaults; every problem located.
 pub(super) fn validate(o: &RawOAuth, issues: &mut Issues) -> OAuthSettings {
     let d = OAuthSettings::default();
-    let token_url = match o.token_url.as_deref() {
-        None => d.token_url,
-        Some(u) if u.starts_with("https://") || u.starts_with("http://") => u.to_owned(),
-        Some(_) => {
-            issues.push(
-                "oauth.token_url",
-                "token_url must be an http:// or https:// URL (the provider's OAuth token endpoint)",
-            );
-            d.token_url
-        }
-    };
+    let url =
+        |value: Option<&str>, name: &str, what: &str, default: String, issues: &mut Issues| {
+            match value {
+                None => default,
+                Some(u) if u.starts_with("https://") || u.starts_with("http://") => u.to_owned(),
+                Some(_) => {
+                    issues.push(
+                        format!("oauth.{name}"),
+                        format!("{name} must be an http:// or https:// URL ({what})"),
+                    );
+                    default
+                }
+            }
+        };
+    let token_url = url(
+        o.token_url.as_deref(),
+        "token_url",
+        "the provider's OAuth token endpoint",
+        d.token_url,
+        issues,
+    );
+    let authorize_url = url(
+        o.authorize_url.as_deref(),
+        "authorize_url",
+        "the page where a person logs an account in",
+        d.authorize_url,
+        issues,
+    );
+    let redirect_uri = url(
+        o.redirect_uri.as_deref(),
+        "redirect_uri",
+        "the page that shows the code to paste",
+        d.redirect_uri,
+        issues,
+    );
+    let scopes = o
+        .scopes
+        .clone()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or(d.scopes);
     let client_id = match o.client_id.as_deref() {
         None => d.client_id,
         Some(c) if !c.trim().is_empty() => c.to_owned(),
@@ -60,5 +89,8 @@ pub(super) fn validate(o: &RawOAuth, issues: &mut Issues) -> OAuthSettings {
         client_id,
         refresh_lead_ms,
         refresh_timeout_ms,
+        authorize_url,
+        redirect_uri,
+        scopes,
     }
 }
