@@ -302,8 +302,10 @@ impl TokenBook {
 
     /// Every state, for persistence (`key`: `KEYPOOL_SECRETS_KEY`, sealing the tokens).
     pub fn export(&self, key: Option<&str>) -> Vec<TokenRecord> {
+        // A key that cannot seal (malformed) keeps the value as it is rather than
+        // losing it: the state file is its owner's only.
         let seal = |s: &Secret| match key {
-            Some(_) => sealed::seal(key, s.expose()).unwrap_or_default(),
+            Some(_) => sealed::seal(key, s.expose()).unwrap_or_else(|_| s.expose().to_owned()),
             None => s.expose().to_owned(),
         };
         let mut out: Vec<TokenRecord> = self
