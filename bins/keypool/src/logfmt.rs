@@ -6,6 +6,11 @@
 //! with one such line, and the default formatter was the largest single cost of a
 //! request (~24,000 instructions, 18 % of the request path; see docs/BENCHMARKS.md).
 //! On a terminal the default, coloured formatter is kept.
+//!
+//! The request line's fields come already written (`keypool_proxy::log::
+//! with_plain_fields`, turned on by `init_logging`): for a `keypool::request` event
+//! this format copies that text instead of visiting the 27 fields, which was two
+//! thirds of the line's cost. The text is what [`PlainFields`] would write.
 
 use keypool_proxy::log::{with_plain_fields, write_quoted, write_u64};
 use std::fmt::{self, Write as _};
