@@ -201,7 +201,11 @@ pub fn init_logging(format: LogFormat, default_level: &str) -> crate::logbuf::Fl
         .with_writer(writer);
     match format {
         LogFormat::Human if terminal => builder.init(),
-        LogFormat::Human => builder.event_format(crate::logfmt::PlainFormat).init(),
+        LogFormat::Human => {
+            // The request lines' fields come written as this format writes them.
+            keypool_proxy::log::prerender_plain_fields(true);
+            builder.event_format(crate::logfmt::PlainFormat).init();
+        }
         LogFormat::Json => builder
             .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
             .event_format(crate::logjson::JsonFormat)

@@ -213,8 +213,7 @@ impl App {
 
     fn request_id(&self) -> Arc<str> {
         let n = self.inner.ids.fetch_add(1, Ordering::Relaxed);
-        let id = format!("req_kp_{:016x}", splitmix(self.inner.seed.wrapping_add(n)));
-        Arc::from(id)
+        request_id_of(splitmix(self.inner.seed.wrapping_add(n)))
     }
 
     /// Answers one request: never fails, never panics on bad input; every response
@@ -409,9 +408,25 @@ impl App {
         }
         // SPEC 12: the caller's limits, before any account is chosen.
         let org = route.org();
-        let admitted =
-            crate::limits::admit(self, org, key, &info, body.bytes.len(), endpoint, now_ms());
-        if let Some(refused) = crate::limits::into_log(self, ctx, org, key, admitted.await) {
+        // The check's future is large (it holds the Redis round trip): built only for a
+        // key with limits, and boxed, so that this future neither holds it nor copies
+        // it twice (5.6 KB each time) on every request.
+        let admitted = if crate::limits::any(org, key) {
+            let len = body.bytes.len();
+            Box::pin(crate::limits::admit(
+                self,
+                org,
+                key,
+                &info,
+                len,
+                endpoint,
+                now_ms(),
+            ))
+            .await
+        } else {
+            Ok(crate::limits::Admitted::default())
+        };
+        if let Some(refused) = crate::limits::into_log(self, ctx, org, key, admitted) {
             return refused;
         }
         // 5–8. Filter, choose, call and fail over, answer.
@@ -563,6 +578,18 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {
     response
 }
 
+/// `req_kp_{bits:016x}`, without the formatting machinery (nine tenths of the cost of
+/// `format!` here).
+fn request_id_of(mut bits: u64) -> Arc<str> {
+    let mut id = *b"req_kp_0000000000000000";
+    for slot in id[7..].iter_mut().rev() {
+        *slot = b"0123456789abcdef"[(bits & 0xf) as usize];
+        bits >>= 4;
+    }
+    // Only ASCII was written.
+    Arc::from(std::str::from_utf8(&id).unwrap_or("req_kp_0000000000000000"))
+}
+
 fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -574,6 +601,13 @@ fn splitmix(mut z: u64) -> u64 {
 mod tests {
     use super::*;
     use keypool_store::config::Config;
+
+    #[test]
+    fn request_ids_read_as_formatted_hex() {
+        for bits in [0u64, 1, 0xdead_beef, u64::MAX, splitmix(7)] {
+            assert_eq!(&*request_id_of(bits), format!("req_kp_{bits:016x}"));
+        }
+    }
 
     #[tokio::test]
     async fn a_changed_hedge_budget_ratio_gets_a_new_budget() {

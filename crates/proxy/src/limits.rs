@@ -33,10 +33,18 @@ pub(crate) struct Refused {
 }
 
 /// An admitted request: what its limits hold, and the prices of the model it asked
-/// for when the check looked them up (the usage record reuses them).
+/// for when the check looked them up (the usage record reuses them). The default:
+/// nothing held, nothing looked up (a key without limits).
+#[derive(Default)]
 pub(crate) struct Admitted {
     pub guard: Option<LimitGuard>,
     pub asked_prices: Option<Option<Prices>>,
+}
+
+/// Whether a request with `key` has limits to check: the key's own or its org's team
+/// budget (without either, [`admit`] admits it with the default [`Admitted`]).
+pub(crate) fn any(org: &Org, key: &LbKey) -> bool {
+    key.limits().is_some() || org.team_usd_per_month().is_some()
 }
 
 /// Checks `key`'s limits for a request: no guard when the key has none (nothing to

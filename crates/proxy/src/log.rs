@@ -11,9 +11,11 @@
 //! format shows the same text.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
+use std::cell::RefCell;
+use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use keypool_core::{AccountId, Strategy, Usage};
@@ -169,11 +171,13 @@ impl RequestLog {
 }
 
 /// Writes `n` in decimal without the formatting machinery (the request line writes a
-/// dozen numbers per request; the binary's log formatters share it).
+/// dozen numbers per request; the binary's log formatters share it): digit by digit,
+/// which for the usual one to four digits costs less than checking the digits as a
+/// `str` and copying them.
 ///
 /// # Errors
 /// What `out` answers.
-pub fn write_u64(out: &mut impl std::fmt::Write, mut n: u64) -> std::fmt::Result {
+pub fn write_u64(out: &mut impl fmt::Write, mut n: u64) -> fmt::Result {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     loop {
@@ -184,12 +188,13 @@ pub fn write_u64(out: &mut impl std::fmt::Write, mut n: u64) -> std::fmt::Result
             break;
         }
     }
-    // Only ASCII digits were written.
-    out.write_str(std::str::from_utf8(&buf[i..]).map_err(|_| std::fmt::Error)?)
+    buf[i..]
+        .iter()
+        .try_for_each(|&digit| out.write_char(char::from(digit)))
 }
 
 /// `"text"` as a JSON string (the whole text at once when nothing needs escaping).
-fn json_string(f: &mut std::fmt::Formatter<'_>, text: &str) -> std::fmt::Result {
+fn json_string(f: &mut impl fmt::Write, text: &str) -> fmt::Result {
     f.write_str("\"")?;
     if !text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
         f.write_str(text)?;
@@ -210,8 +215,8 @@ fn json_string(f: &mut std::fmt::Formatter<'_>, text: &str) -> std::fmt::Result 
 /// every attempt, `status` null for a transport error, `class` null for a success.
 struct Attempts<'a>(&'a [AttemptRecord]);
 
-impl std::fmt::Display for Attempts<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl Attempts<'_> {
+    fn write_to(&self, f: &mut impl fmt::Write) -> fmt::Result {
         f.write_str("[")?;
         for (i, a) in self.0.iter().enumerate() {
             if i > 0 {
@@ -239,11 +244,17 @@ impl std::fmt::Display for Attempts<'_> {
     }
 }
 
+impl fmt::Display for Attempts<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_to(f)
+    }
+}
+
 /// `[429,200]`: the status of every attempt that got an upstream answer, in order.
 struct Statuses<'a>(&'a [AttemptRecord]);
 
-impl std::fmt::Display for Statuses<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl Statuses<'_> {
+    fn write_to(&self, f: &mut impl fmt::Write) -> fmt::Result {
         f.write_str("[")?;
         let mut first = true;
         for status in self.0.iter().filter_map(|a| a.status) {
@@ -256,11 +267,17 @@ impl std::fmt::Display for Statuses<'_> {
     }
 }
 
+impl fmt::Display for Statuses<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_to(f)
+    }
+}
+
 /// Nano-USD as `0.000186000` (what `keypool_ledger::Usd` writes), without the formatting machinery.
 struct Cost(u64);
 
-impl std::fmt::Display for Cost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl Cost {
+    fn write_to(&self, f: &mut impl fmt::Write) -> fmt::Result {
         write_u64(f, self.0 / keypool_ledger::NANO_PER_USD)?;
         let mut frac = [b'0'; 10];
         frac[0] = b'.';
@@ -273,12 +290,18 @@ impl std::fmt::Display for Cost {
     }
 }
 
+impl fmt::Display for Cost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_to(f)
+    }
+}
+
 /// The client's address as `127.0.0.1:50686` (IPv4 without the formatting
 /// machinery; IPv6 as the standard library writes it).
 struct Peer(SocketAddr);
 
-impl std::fmt::Display for Peer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl Peer {
+    fn write_to(&self, f: &mut impl fmt::Write) -> fmt::Result {
         match self.0 {
             SocketAddr::V4(v4) => {
                 for (i, octet) in v4.ip().octets().iter().enumerate() {
@@ -292,6 +315,231 @@ impl std::fmt::Display for Peer {
             }
             v6 => write!(f, "{v6}"),
         }
+    }
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_to(f)
+    }
+}
+
+/// Whether request lines also render their fields as plain text
+/// ([`prerender_plain_fields`]).
+static PRERENDER: AtomicBool = AtomicBool::new(false);
+
+/// The plain-text fields of the request line being dispatched on this thread.
+struct PlainText {
+    /// Set only while the line's `tracing` event is dispatched.
+    ready: bool,
+    text: String,
+}
+
+thread_local! {
+    static PLAIN: RefCell<PlainText> = RefCell::new(PlainText {
+        ready: false,
+        text: String::with_capacity(1024),
+    });
+}
+
+/// With `true`, every request line also writes its fields, before its `tracing` event
+/// is dispatched, as the binary's plain-text format shows them (`request
+/// request_id="…" org="…" …`, see [`with_plain_fields`]): that formatter then copies
+/// the text instead of visiting the event's 27 fields one by one through `tracing`'s
+/// dynamic dispatch and `Debug` (two thirds of the line's cost). The event keeps
+/// every field, for any other format.
+pub fn prerender_plain_fields(on: bool) {
+    PRERENDER.store(on, Ordering::Relaxed);
+}
+
+/// Calls `f` with the plain-text fields of the request line whose event is being
+/// dispatched on this thread: what a visitor writing strings as [`write_quoted`],
+/// numbers and booleans bare, `None` not at all and the rest by `Display` would write,
+/// `message` (`request`) first. `None` outside such an event, or when
+/// [`prerender_plain_fields`] is off.
+pub fn with_plain_fields<T>(f: impl FnOnce(&str) -> T) -> Option<T> {
+    PLAIN.with(|plain| {
+        let plain = plain.try_borrow().ok()?;
+        plain.ready.then(|| f(&plain.text))
+    })
+}
+
+/// A string field's value as the plain format writes it: quoted, and as the string's
+/// `Debug` (escaped) only when it holds a control character, a quote, a backslash or
+/// DEL.
+///
+/// # Errors
+/// What `out` answers.
+pub fn write_quoted(out: &mut impl fmt::Write, value: &str) -> fmt::Result {
+    let plain = value
+        .bytes()
+        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b != 0x7f);
+    if plain {
+        out.write_char('"')?;
+        out.write_str(value)?;
+        out.write_char('"')
+    } else {
+        write!(out, "{value:?}")
+    }
+}
+
+/// The request line's fields, computed once for its event and its plain text.
+struct LineFields<'a> {
+    request_id: &'a str,
+    org: &'a str,
+    url: &'a str,
+    user_api_key_id: Option<&'a str>,
+    client_api_key_id: Option<&'a str>,
+    strategy: &'a str,
+    count_tokens: bool,
+    stream: bool,
+    model: Option<&'a str>,
+    model_sent: Option<&'a str>,
+    attempts: &'a [AttemptRecord],
+    served_by: &'a str,
+    upstream_request_id: &'a str,
+    status: u16,
+    stream_end: &'a str,
+    limit: Option<&'static str>,
+    ttft_ms: Option<u64>,
+    duration_ms: u64,
+    usage: Usage,
+    cost: Option<u64>,
+    client: Option<SocketAddr>,
+    user_agent: Option<&'a str>,
+}
+
+impl LineFields<'_> {
+    /// The `keypool::request` event. [`LineFields::write_plain`] writes the same
+    /// fields in the same order.
+    fn emit(&self) {
+        tracing::info!(
+            target: "keypool::request",
+            request_id = self.request_id,
+            org = self.org,
+            url = self.url,
+            user_api_key_id = self.user_api_key_id,
+            client_api_key_id = self.client_api_key_id,
+            strategy = self.strategy,
+            count_tokens = self.count_tokens,
+            stream = self.stream,
+            model = self.model,
+            model_sent = self.model_sent,
+            attempts = %Attempts(self.attempts),
+            upstream_statuses = %Statuses(self.attempts),
+            served_by = self.served_by,
+            upstream_request_id = self.upstream_request_id,
+            status = self.status,
+            stream_end = self.stream_end,
+            limit = self.limit,
+            ttft_ms = self.ttft_ms,
+            duration_ms = self.duration_ms,
+            input_tokens = self.usage.input_tokens,
+            output_tokens = self.usage.output_tokens,
+            cache_creation_input_tokens = self.usage.cache_creation_input_tokens,
+            cache_read_input_tokens = self.usage.cache_read_input_tokens,
+            cost_usd = self.cost.map(|c| tracing::field::display(Cost(c))),
+            client = self.client.map(|c| tracing::field::display(Peer(c))),
+            user_agent = self.user_agent,
+            "request"
+        );
+    }
+
+    /// The fields of [`LineFields::emit`] as the plain format writes them.
+    fn write_plain(&self, out: &mut String) -> fmt::Result {
+        out.push_str("request");
+        quoted(out, " request_id=", Some(self.request_id))?;
+        quoted(out, " org=", Some(self.org))?;
+        quoted(out, " url=", Some(self.url))?;
+        quoted(out, " user_api_key_id=", self.user_api_key_id)?;
+        quoted(out, " client_api_key_id=", self.client_api_key_id)?;
+        quoted(out, " strategy=", Some(self.strategy))?;
+        out.push_str(if self.count_tokens {
+            " count_tokens=true"
+        } else {
+            " count_tokens=false"
+        });
+        out.push_str(if self.stream {
+            " stream=true"
+        } else {
+            " stream=false"
+        });
+        quoted(out, " model=", self.model)?;
+        quoted(out, " model_sent=", self.model_sent)?;
+        out.push_str(" attempts=");
+        Attempts(self.attempts).write_to(out)?;
+        out.push_str(" upstream_statuses=");
+        Statuses(self.attempts).write_to(out)?;
+        quoted(out, " served_by=", Some(self.served_by))?;
+        quoted(out, " upstream_request_id=", Some(self.upstream_request_id))?;
+        number(out, " status=", Some(u64::from(self.status)))?;
+        quoted(out, " stream_end=", Some(self.stream_end))?;
+        quoted(out, " limit=", self.limit)?;
+        number(out, " ttft_ms=", self.ttft_ms)?;
+        number(out, " duration_ms=", Some(self.duration_ms))?;
+        let u = &self.usage;
+        number(out, " input_tokens=", Some(u.input_tokens))?;
+        number(out, " output_tokens=", Some(u.output_tokens))?;
+        number(
+            out,
+            " cache_creation_input_tokens=",
+            Some(u.cache_creation_input_tokens),
+        )?;
+        number(
+            out,
+            " cache_read_input_tokens=",
+            Some(u.cache_read_input_tokens),
+        )?;
+        if let Some(cost) = self.cost {
+            out.push_str(" cost_usd=");
+            Cost(cost).write_to(out)?;
+        }
+        if let Some(client) = self.client {
+            out.push_str(" client=");
+            Peer(client).write_to(out)?;
+        }
+        quoted(out, " user_agent=", self.user_agent)
+    }
+
+    /// Dispatches the event, with its plain text ready for [`with_plain_fields`] when
+    /// [`prerender_plain_fields`] is on (and the event is enabled).
+    fn log(&self) {
+        let prerender = PRERENDER.load(Ordering::Relaxed)
+            && tracing::enabled!(target: "keypool::request", tracing::Level::INFO);
+        if prerender {
+            PLAIN.with(|plain| {
+                let mut plain = plain.borrow_mut();
+                let PlainText { ready, text } = &mut *plain;
+                text.clear();
+                *ready = self.write_plain(text).is_ok();
+            });
+        }
+        self.emit();
+        if prerender {
+            PLAIN.with(|plain| plain.borrow_mut().ready = false);
+        }
+    }
+}
+
+/// ` name="value"` for a string field that is there (nothing for `None`).
+fn quoted(out: &mut String, name: &str, value: Option<&str>) -> fmt::Result {
+    match value {
+        Some(value) => {
+            out.push_str(name);
+            write_quoted(out, value)
+        }
+        None => Ok(()),
+    }
+}
+
+/// ` name=123` for a number field that is there (nothing for `None`).
+fn number(out: &mut String, name: &str, value: Option<u64>) -> fmt::Result {
+    match value {
+        Some(value) => {
+            out.push_str(name);
+            write_u64(out, value)
+        }
+        None => Ok(()),
     }
 }
 
@@ -311,37 +559,35 @@ impl Drop for RequestLog {
         let attempts = record
             .as_ref()
             .map_or(&self.attempts[..], |(_, r)| &r.attempts);
-        tracing::info!(
-            target: "keypool::request",
-            request_id = &*self.request_id,
-            org = self.org.as_deref().unwrap_or("-"),
-            url = self.url.as_deref().unwrap_or("-"),
-            user_api_key_id = self.caller.as_ref().and_then(Caller::user_api_key_id),
-            client_api_key_id = self.caller.as_ref().and_then(Caller::client_api_key_id),
-            strategy = self.strategy.map_or("-", Strategy::as_str),
-            count_tokens = self.count_tokens,
-            stream = self.stream,
-            model = self.model.as_deref(),
+        LineFields {
+            request_id: &self.request_id,
+            org: self.org.as_deref().unwrap_or("-"),
+            url: self.url.as_deref().unwrap_or("-"),
+            user_api_key_id: self.caller.as_ref().and_then(Caller::user_api_key_id),
+            client_api_key_id: self.caller.as_ref().and_then(Caller::client_api_key_id),
+            strategy: self.strategy.map_or("-", Strategy::as_str),
+            count_tokens: self.count_tokens,
+            stream: self.stream,
+            model: self.model.as_deref(),
             // Only when an account's `model` override changed it.
-            model_sent = self.model_sent.as_deref().filter(|m| Some(*m) != self.model.as_deref()),
-            attempts = %Attempts(attempts),
-            upstream_statuses = %Statuses(attempts),
-            served_by = self.served_by.as_ref().map_or("-", AccountId::as_str),
-            upstream_request_id = self.upstream_request_id.as_deref().unwrap_or("-"),
-            status = self.status,
-            stream_end = self.stream_end.unwrap_or("-"),
-            limit = self.limit.map(LimitKind::as_str),
-            ttft_ms = self.ttft_ms,
+            model_sent: self
+                .model_sent
+                .as_deref()
+                .filter(|m| Some(*m) != self.model.as_deref()),
+            attempts,
+            served_by: self.served_by.as_ref().map_or("-", AccountId::as_str),
+            upstream_request_id: self.upstream_request_id.as_deref().unwrap_or("-"),
+            status: self.status,
+            stream_end: self.stream_end.unwrap_or("-"),
+            limit: self.limit.map(LimitKind::as_str),
+            ttft_ms: self.ttft_ms,
             duration_ms,
-            input_tokens = usage.input_tokens,
-            output_tokens = usage.output_tokens,
-            cache_creation_input_tokens = usage.cache_creation_input_tokens,
-            cache_read_input_tokens = usage.cache_read_input_tokens,
-            cost_usd = cost.map(|c| tracing::field::display(Cost(c))),
-            client = self.client.map(|c| tracing::field::display(Peer(c))),
-            user_agent = self.user_agent.as_deref(),
-            "request"
-        );
+            usage,
+            cost,
+            client: self.client,
+            user_agent: self.user_agent.as_deref(),
+        }
+        .log();
         if let Some((app, record)) = record {
             app.metrics().usage(&record);
             app.store().record_usage(record);
@@ -362,6 +608,126 @@ mod tests {
             let a: SocketAddr = addr.parse().unwrap();
             assert_eq!(Peer(a).to_string(), a.to_string());
         }
+    }
+
+    /// What `tracing-subscriber`'s default format (no time, level nor target: the
+    /// fields only, which the binary's plain format writes the same, see its tests)
+    /// writes for `line`, and what [`with_plain_fields`] held while it was dispatched.
+    fn default_and_prerendered(line: &LineFields<'_>) -> (String, String) {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        #[derive(Clone, Default)]
+        struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Capture {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        struct Grab(Arc<std::sync::Mutex<String>>);
+        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Grab {
+            fn on_event(
+                &self,
+                _: &tracing::Event<'_>,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                with_plain_fields(|text| self.0.lock().unwrap().push_str(text));
+            }
+        }
+        let capture = Capture::default();
+        let grabbed = Arc::new(std::sync::Mutex::new(String::new()));
+        let writer = {
+            let c = capture.clone();
+            move || c.clone()
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .without_time()
+            .with_ansi(false)
+            .with_level(false)
+            .with_target(false)
+            .with_writer(writer)
+            .finish()
+            .with(Grab(Arc::clone(&grabbed)));
+        prerender_plain_fields(true);
+        tracing::subscriber::with_default(subscriber, || line.log());
+        let default = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+        let prerendered = grabbed.lock().unwrap().clone();
+        (default, prerendered)
+    }
+
+    #[test]
+    fn the_prerendered_plain_fields_are_the_default_formats() {
+        let attempt = |account: &str, status, class: Option<&'static str>| AttemptRecord {
+            account: AccountId::from(account),
+            status,
+            outcome: Cow::Borrowed("rate_limited"),
+            class: class.map(Cow::Borrowed),
+            ms: 3,
+        };
+        let attempts = [
+            attempt("a\"1", Some(429), Some("rate_limit")),
+            attempt("b", None, None),
+        ];
+        let usage = Usage {
+            input_tokens: 12,
+            output_tokens: 0,
+            cache_creation_input_tokens: u64::MAX,
+            cache_read_input_tokens: 7,
+        };
+        let full = LineFields {
+            request_id: "req_kp_1",
+            org: "acme",
+            url: "team-a",
+            user_api_key_id: Some("alice"),
+            client_api_key_id: None,
+            strategy: "round_robin",
+            count_tokens: true,
+            stream: false,
+            model: Some("claude-sonnet-4-5"),
+            model_sent: Some("claude-opus-4"),
+            attempts: &attempts,
+            served_by: "b",
+            upstream_request_id: "req_\"x\"\n",
+            status: 200,
+            stream_end: "complete",
+            limit: Some(LimitKind::Models.as_str()),
+            ttft_ms: Some(0),
+            duration_ms: 1234,
+            usage,
+            cost: Some(186_000),
+            client: Some("[::1]:8080".parse().unwrap()),
+            user_agent: Some("curl/8.5 \u{7f} tab\t é"),
+        };
+        let bare = LineFields {
+            user_api_key_id: None,
+            client_api_key_id: Some("ci"),
+            model: None,
+            model_sent: None,
+            attempts: &[],
+            limit: None,
+            ttft_ms: None,
+            usage: Usage::default(),
+            cost: None,
+            client: Some("127.0.0.1:50686".parse().unwrap()),
+            user_agent: None,
+            ..full
+        };
+        let none = LineFields {
+            client: None,
+            client_api_key_id: None,
+            ..bare
+        };
+        for line in [full, bare, none] {
+            let (default, prerendered) = default_and_prerendered(&line);
+            assert!(
+                prerendered.starts_with("request request_id="),
+                "{prerendered}"
+            );
+            assert_eq!(default, format!("{prerendered}\n"));
+        }
+        assert!(with_plain_fields(|_| ()).is_none());
     }
 
     #[test]
