@@ -9,6 +9,7 @@
 //! them is validation, so a `Weight` is always 1–100, a key hash is always 32 bytes, a
 //! group always names accounts of its own org, and so on.
 
+mod alerts;
 pub mod edit;
 mod env;
 mod raw;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 
 use keypool_core::{AccountId, AuthType, Provider, Strategy, UnixMs};
 
+pub use alerts::{AlertFormat, AlertSettings, Webhook};
 pub use env::ENV_OVERRIDES;
 pub use keypool_core::StreamCommit;
 pub use secret::Secret;
@@ -700,6 +702,7 @@ pub struct Config {
     /// the log at load.
     pub(crate) warnings: Vec<ConfigIssue>,
     pub(crate) usage: UsageSettings,
+    pub(crate) alerts: AlertSettings,
 }
 
 /// `[usage]`: how much of the usage ledger is kept (SPEC 11).
@@ -784,6 +787,10 @@ impl Config {
     /// `[usage]`.
     pub fn usage(&self) -> &UsageSettings {
         &self.usage
+    }
+    /// `[alerts]` and its webhooks.
+    pub fn alerts(&self) -> &AlertSettings {
+        &self.alerts
     }
     /// The LB key with id `id` (key ids are unique in the file).
     pub fn lb_key_by_id(&self, id: &str) -> Option<&Arc<LbKey>> {

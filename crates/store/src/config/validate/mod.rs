@@ -11,11 +11,13 @@
 //! - `server`: `[server]` and `[server.rating]`.
 //! - `orgs`, `accounts`, `groups`, `urls`, `keys`: the array sections.
 //! - `prices`: `[[prices]]` and `[usage]`.
+//! - `alerts`: `[alerts]` and `[[alerts.webhooks]]`.
 //! - `limits`: `[keys.limits]` and `[orgs.limits]`, and a key's merged over its org's.
 //! - here: the orchestration, the shared [`Context`], and the value checks more than
 //!   one section uses (route segments, names, secrets).
 
 mod accounts;
+mod alerts;
 mod elements;
 mod groups;
 mod keys;
@@ -158,6 +160,7 @@ pub(super) fn parse_and_validate(
     let keys_by_hash = keys::validate(&sections.keys, &ctx, &mut issues);
     let usage = prices::validate_usage(&sections.usage, &mut issues);
     let price_table = prices::validate_prices(&sections.prices, &usage, &mut issues);
+    let alerts = alerts::validate(&sections.alerts, env, &mut issues);
 
     let Some(server) = server else {
         return Err(ConfigErrors(issues.0));
@@ -198,6 +201,7 @@ pub(super) fn parse_and_validate(
         prices: price_table,
         warnings,
         usage,
+        alerts,
     })
 }
 
