@@ -22,6 +22,7 @@ use keypool_ledger::{CostBasis, NANO_PER_USD, UsageRecord};
 use keypool_selector::GateReason;
 use keypool_store::Store;
 
+mod alerts;
 mod operations;
 mod process;
 mod usage;
@@ -440,6 +441,7 @@ impl Metrics {
         self.render_account_traffic(&mut out, store);
         usage::render_account_windows(&mut out, store, now);
         self.render_operations(&mut out, store);
+        alerts::render_alerts(&mut out, store);
         out
     }
 
