@@ -1,0 +1,479 @@
+//! SPEC 15 end to end: webhooks receive the alerts of accounts disabled by the
+//! upstream, of a pool mostly unavailable, of a caller's budget and of a rejected
+//! reload, in JSON and in Slack format, each (event, subject) at most once per
+//! `dedup_secs`. A receiver that hangs or answers 500 changes no request's status nor
+//! its latency beyond a bound, and gets every pending alert once it answers 200 again.
+//! The webhook URL (a secret) appears in no log line and no metric.
+
+// Test code may unwrap (helpers outside #[test] functions too).
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keypool_core::AccountId;
+use keypool_sim::{Behaviour, Script};
+use keypool_tests::{AccountSpec, Harness, HarnessBuilder, LogLines, MODEL, message_body};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const ANSWER: u8 = 0;
+const FAIL: u8 = 1;
+const HANG: u8 = 2;
+
+/// A webhook receiver on loopback that answers 200 (recording the body), answers 500,
+/// or accepts and never answers, as told.
+#[derive(Clone)]
+struct Receiver {
+    port: u16,
+    mode: Arc<AtomicU8>,
+    bodies: Arc<Mutex<Vec<Value>>>,
+    attempts: Arc<AtomicU64>,
+}
+
+impl Receiver {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let r = Receiver {
+            port: listener.local_addr().unwrap().port(),
+            mode: Arc::new(AtomicU8::new(ANSWER)),
+            bodies: Arc::default(),
+            attempts: Arc::default(),
+        };
+        let server = r.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(server.clone().serve(socket));
+            }
+        });
+        r
+    }
+
+    /// One request per connection (answers close it).
+    async fn serve(self, mut socket: tokio::net::TcpStream) {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let (head_end, length) = loop {
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                break (end + 4, length);
+            }
+        };
+        while buf.len() < head_end + length {
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        let status = match self.mode.load(Ordering::SeqCst) {
+            ANSWER => {
+                let body = serde_json::from_slice(&buf[head_end..head_end + length]).unwrap();
+                self.bodies.lock().unwrap().push(body);
+                "200 OK"
+            }
+            FAIL => "500 Internal Server Error",
+            _ => {
+                // accepted and never answered: wait until the sender gives up
+                while !matches!(socket.read(&mut chunk).await, Ok(0) | Err(_)) {}
+                return;
+            }
+        };
+        let answer = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        let _ = socket.write_all(answer.as_bytes()).await;
+        let _ = socket.shutdown().await;
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+
+    fn bodies(&self) -> Vec<Value> {
+        self.bodies.lock().unwrap().clone()
+    }
+
+    /// The bodies received, once `done` holds for them (at most `within`).
+    async fn wait_for(&self, within: Duration, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + within;
+        loop {
+            let bodies = self.bodies();
+            if done(&bodies) {
+                return bodies;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "alerts not received within {within:?}; got {bodies:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn of_event<'a>(bodies: &'a [Value], event: &str) -> Vec<&'a Value> {
+    bodies.iter().filter(|b| b["event"] == event).collect()
+}
+
+/// `[alerts]` with one webhook at `url` (extra lines for the webhook appended).
+fn alerts_toml(url: &str, settings: &str, webhook: &str) -> String {
+    format!("[alerts]\n{settings}\n\n[[alerts.webhooks]]\nurl = \"{url}\"\n{webhook}\n")
+}
+
+/// The value of one series line of `/metrics`.
+fn series(metrics: &str, line_start: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(line_start))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `revoked` answers 401 (disabled as a key error), `ok` answers.
+fn revoked_then_ok() -> HarnessBuilder {
+    Harness::builder()
+        .account(AccountSpec::new("revoked", Script::new(Behaviour::status(401))).priority(0))
+        .account(AccountSpec::new("ok", Script::ok()).priority(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disabled_account_is_alerted_once_in_json_and_a_repeat_is_suppressed() {
+    let receiver = Receiver::start().await;
+    let h = revoked_then_ok()
+        .extra_toml(&alerts_toml(&receiver.url("/hook"), "", "name = \"ops\""))
+        .start()
+        .await;
+    assert_eq!(h.send_message().await.status, 200);
+    let bodies = receiver
+        .wait_for(Duration::from_secs(10), |b| !b.is_empty())
+        .await;
+    assert_eq!(bodies.len(), 1, "{bodies:#?}");
+    let alert = &bodies[0];
+    assert_eq!(alert["event"], "account_disabled");
+    assert_eq!(
+        alert["subject"],
+        serde_json::json!({"account": "revoked", "org": "acme"})
+    );
+    assert_eq!(
+        alert["reason"],
+        "key_error: upstream answered 401 (auth_rejected)"
+    );
+    assert!(alert["at"].as_str().unwrap().ends_with('Z'), "{alert}");
+    assert_eq!(alert["keypool"]["version"], env!("CARGO_PKG_VERSION"));
+
+    // The same cause again within dedup_secs (600 s by default): not sent again.
+    h.store().reenable(&AccountId::new("revoked"));
+    assert_eq!(h.send_message().await.status, 200);
+    let metrics = h.metrics().await;
+    assert_eq!(
+        series(
+            &metrics,
+            "keypool_alerts_suppressed_total{event=\"account_disabled\"}"
+        ),
+        1,
+        "{metrics}"
+    );
+    assert_eq!(
+        series(
+            &metrics,
+            "keypool_alerts_sent_total{event=\"account_disabled\",webhook=\"ops\"}"
+        ),
+        1,
+        "{metrics}"
+    );
+    assert_eq!(receiver.bodies().len(), 1);
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slack_webhook_gets_one_readable_line_and_only_its_events() {
+    let receiver = Receiver::start().await;
+    let h = revoked_then_ok()
+        .key(
+            "lim",
+            "acme",
+            "urls = [\"*\"]\nlimits = { tokens_per_day = 1 }",
+        )
+        .extra_toml(&alerts_toml(
+            &receiver.url("/services/T0/B0/x"),
+            "",
+            "format = \"slack\"\nevents = [\"account_disabled\"]",
+        ))
+        .start()
+        .await;
+    // a budget refusal first: this webhook does not want it
+    let r = h
+        .client()
+        .post(h.messages_url())
+        .api_key(&h.key("lim"))
+        .json(&message_body(MODEL, false))
+        .send()
+        .await;
+    assert_eq!(r.status, 429);
+    assert_eq!(h.send_message().await.status, 200);
+    let bodies = receiver
+        .wait_for(Duration::from_secs(10), |b| !b.is_empty())
+        .await;
+    assert_eq!(
+        bodies,
+        [
+            serde_json::json!({"text": "keypool: account_disabled (account=revoked org=acme): key_error: upstream answered 401 (auth_rejected)"})
+        ]
+    );
+    h.finish().await;
+}
+
+/// Sends `n` requests that are answered 200 and the budget refusal of `lim`, each
+/// timed: the longest.
+async fn longest_of(h: &Harness, n: usize) -> Duration {
+    let mut longest = Duration::ZERO;
+    for _ in 0..n {
+        let t = Instant::now();
+        assert_eq!(h.send_message().await.status, 200);
+        let r = h
+            .client()
+            .post(h.messages_url())
+            .api_key(&h.key("lim"))
+            .json(&message_body(MODEL, false))
+            .send()
+            .await;
+        assert_eq!(r.status, 429);
+        longest = longest.max(t.elapsed());
+    }
+    longest
+}
+
+fn three_revoked(webhook: Option<&str>) -> HarnessBuilder {
+    let mut b = Harness::builder()
+        .account(AccountSpec::new("r1", Script::new(Behaviour::status(401))).priority(0))
+        .account(AccountSpec::new("r2", Script::new(Behaviour::status(401))).priority(1))
+        .account(AccountSpec::new("r3", Script::new(Behaviour::status(401))).priority(2))
+        .account(AccountSpec::new("ok", Script::ok()).priority(3))
+        .key(
+            "lim",
+            "acme",
+            "urls = [\"*\"]\nlimits = { tokens_per_day = 1 }",
+        );
+    if let Some(url) = webhook {
+        b = b.extra_toml(&alerts_toml(
+            url,
+            "retry_initial_ms = 200\nmax_attempts = 20",
+            "timeout_ms = 300",
+        ));
+    }
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_then_failing_receiver_slows_no_request_and_gets_its_alerts_once_it_recovers() {
+    // the same traffic without alerts, for comparison
+    let baseline = three_revoked(None).start().await;
+    let without = longest_of(&baseline, 10).await;
+    baseline.finish().await;
+
+    let receiver = Receiver::start().await;
+    receiver.set(HANG);
+    let h = three_revoked(Some(&receiver.url("/hook"))).start().await;
+    // the first request disables r1, r2 and r3 (three alerts), every one of them a
+    // budget refusal too (one alert, then suppressed)
+    let hanging = longest_of(&h, 10).await;
+    assert!(
+        hanging < Duration::from_millis(500) && hanging < without + Duration::from_millis(300),
+        "requests took up to {hanging:?} with a hanging receiver ({without:?} without alerts)"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while receiver.attempts.load(Ordering::SeqCst) < 2 {
+        assert!(Instant::now() < deadline, "the sender never retried");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    receiver.set(FAIL);
+    let failing = longest_of(&h, 5).await;
+    assert!(
+        failing < Duration::from_millis(500),
+        "requests took up to {failing:?} with a receiver answering 500"
+    );
+    let attempts = receiver.attempts.load(Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while receiver.attempts.load(Ordering::SeqCst) == attempts {
+        assert!(
+            Instant::now() < deadline,
+            "no attempt while it answered 500"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(receiver.bodies().is_empty());
+
+    receiver.set(ANSWER);
+    let bodies = receiver
+        .wait_for(Duration::from_secs(20), |b| b.len() >= 4)
+        .await;
+    let mut disabled: Vec<&str> = of_event(&bodies, "account_disabled")
+        .iter()
+        .map(|b| b["subject"]["account"].as_str().unwrap())
+        .collect();
+    disabled.sort_unstable();
+    assert_eq!(disabled, ["r1", "r2", "r3"], "{bodies:#?}");
+    let budget = of_event(&bodies, "budget_reached");
+    assert_eq!(budget.len(), 1, "{bodies:#?}");
+    assert_eq!(
+        budget[0]["subject"],
+        serde_json::json!({"org": "acme", "caller": "lim", "limit": "tokens_per_day"})
+    );
+    let metrics = h.metrics().await;
+    assert!(
+        series(
+            &metrics,
+            "keypool_alerts_failed_total{event=\"account_disabled\",webhook=\"0\"}"
+        ) >= 2,
+        "{metrics}"
+    );
+    assert_eq!(
+        series(
+            &metrics,
+            "keypool_alerts_sent_total{event=\"account_disabled\",webhook=\"0\"}"
+        ),
+        3,
+        "{metrics}"
+    );
+    assert_eq!(
+        series(
+            &metrics,
+            "keypool_alerts_dropped_total{reason=\"retries_exhausted\"}"
+        ),
+        0
+    );
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_reload_and_a_mostly_unavailable_pool_are_alerted() {
+    let receiver = Receiver::start().await;
+    let mut b = Harness::builder();
+    for id in ["r1", "r2", "r3", "r4"] {
+        b = b.account(AccountSpec::new(id, Script::new(Behaviour::status(401))).priority(0));
+    }
+    let h = b
+        .account(AccountSpec::new("ok", Script::ok()).priority(1))
+        .extra_toml(&alerts_toml(
+            &receiver.url("/hook"),
+            "pool_unavailable_secs = 1",
+            "",
+        ))
+        .start()
+        .await;
+    // 4 of 5 accounts disabled: 80 % of the pool (and of the org's accounts)
+    assert_eq!(h.send_message().await.status, 200);
+    let bodies = receiver
+        .wait_for(Duration::from_secs(10), |b| {
+            of_event(b, "pool_unavailable").len() == 2
+        })
+        .await;
+    let mut pools: Vec<&str> = of_event(&bodies, "pool_unavailable")
+        .iter()
+        .map(|b| b["subject"]["pool"].as_str().unwrap())
+        .collect();
+    pools.sort_unstable();
+    assert_eq!(pools, ["acme/*", "acme/pool"]);
+    assert_eq!(
+        of_event(&bodies, "pool_unavailable")[0]["reason"]
+            .as_str()
+            .unwrap()
+            .split(" since ")
+            .next(),
+        Some("4 of its 5 accounts unavailable")
+    );
+
+    let dir = keypool_store::testing::TempDir::new("alerts-reload").unwrap();
+    let path = dir.path().join("keypool.toml");
+    std::fs::write(&path, "[server]\nlisten = \"not an address\"\n").unwrap();
+    assert!(h.store().reload(&path).is_err());
+    let bodies = receiver
+        .wait_for(Duration::from_secs(10), |b| {
+            !of_event(b, "config_reload_rejected").is_empty()
+        })
+        .await;
+    let rejected = of_event(&bodies, "config_reload_rejected");
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0]["subject"], serde_json::json!({}));
+    let reason = rejected[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("server.listen")
+            && reason.starts_with("the old configuration keeps serving"),
+        "{reason}"
+    );
+    // one episode: no second pool alert while it lasts
+    assert_eq!(of_event(&receiver.bodies(), "pool_unavailable").len(), 2);
+    h.finish().await;
+}
+
+/// Logs are captured on this one thread: the runtime is single-threaded so that every
+/// task of keypool logs into the capture.
+#[tokio::test(flavor = "current_thread")]
+async fn the_webhook_url_is_in_no_log_line_and_no_metric() {
+    const SECRET_PATH: &str = "/services/T0001/B0002/s3cr3tW3bh00kT0k3n";
+    let capture = LogLines::default();
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let receiver = Receiver::start().await;
+    receiver.set(FAIL);
+    let h = revoked_then_ok()
+        .extra_toml(&alerts_toml(
+            &receiver.url(SECRET_PATH),
+            "retry_initial_ms = 50\nmax_attempts = 3",
+            "format = \"slack\"\ntimeout_ms = 200",
+        ))
+        .start()
+        .await;
+    assert_eq!(h.send_message().await.status, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut metrics = String::new();
+    while series(
+        &metrics,
+        "keypool_alerts_dropped_total{reason=\"retries_exhausted\"}",
+    ) == 0
+    {
+        assert!(Instant::now() < deadline, "the alert was never given up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        metrics = h.metrics().await;
+    }
+    assert_eq!(receiver.attempts.load(Ordering::SeqCst), 3);
+    // a reload refused for a bad webhook URL does not quote it either
+    let dir = keypool_store::testing::TempDir::new("alerts-redaction").unwrap();
+    let path = dir.path().join("keypool.toml");
+    let bad = format!("ftp://127.0.0.1{SECRET_PATH}");
+    std::fs::write(&path, alerts_toml(&bad, "", "")).unwrap();
+    let error = h.store().reload(&path).unwrap_err().to_string();
+    assert!(error.contains("alerts.webhooks[0].url"), "{error}");
+    let debug = format!("{:?}", h.store().config().alerts());
+    h.finish().await;
+
+    let logs = capture.text();
+    assert!(logs.contains("alert dropped"), "{logs}");
+    for (what, text) in [
+        ("logs", &logs),
+        ("metrics", &metrics),
+        ("reload error", &error),
+        ("config debug", &debug),
+    ] {
+        assert!(!text.contains("s3cr3tW3bh00kT0k3n"), "{what}: {text}");
+    }
+}
