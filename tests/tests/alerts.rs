@@ -19,6 +19,8 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+const ADMIN_TOKEN: &str = "alerts-admin-token-7c1e9b2d4f60";
+
 const ANSWER: u8 = 0;
 const FAIL: u8 = 1;
 const HANG: u8 = 2;
@@ -271,7 +273,7 @@ fn three_revoked(webhook: Option<&str>) -> HarnessBuilder {
         b = b.extra_toml(&alerts_toml(
             url,
             "retry_initial_ms = 200\nmax_attempts = 20",
-            "timeout_ms = 300",
+            &format!("timeout_ms = 300\n\n[admin]\ntoken = \"{ADMIN_TOKEN}\""),
         ));
     }
     b
@@ -354,6 +356,35 @@ async fn a_hanging_then_failing_receiver_slows_no_request_and_gets_its_alerts_on
             "keypool_alerts_dropped_total{reason=\"retries_exhausted\"}"
         ),
         0
+    );
+
+    // GET /admin/alerts: the webhook without its URL, each delivery sent, the first one
+    // after its failed attempts
+    let r = h.get("/admin/alerts").bearer(ADMIN_TOKEN).send().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(!r.text().contains(&receiver.url("")), "{}", r.text());
+    let view: Value = serde_json::from_str(&r.text()).unwrap();
+    assert_eq!(
+        view["webhooks"],
+        serde_json::json!([{"name": "0", "format": "json", "events": keypool_store::alerts::AlertKind::ALL.iter().map(|k| k.as_str()).collect::<Vec<_>>(), "timeout_ms": 300}])
+    );
+    let listed = view["alerts"].as_array().unwrap();
+    assert_eq!(listed.len(), 4, "{view:#}");
+    for alert in listed {
+        let deliveries = alert["deliveries"].as_array().unwrap();
+        assert_eq!(deliveries.len(), 1, "{alert:#}");
+        assert_eq!(deliveries[0]["webhook"], "0");
+        assert_eq!(deliveries[0]["state"], "sent", "{alert:#}");
+    }
+    let oldest = &listed[listed.len() - 1];
+    assert_eq!(oldest["event"], "account_disabled");
+    assert!(
+        oldest["deliveries"][0]["attempts"].as_u64().unwrap() >= 3,
+        "{oldest:#}"
+    );
+    assert!(
+        oldest["deliveries"][0]["last_error"].is_string(),
+        "{oldest:#}"
     );
     h.finish().await;
 }

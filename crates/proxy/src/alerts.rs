@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
+use keypool_store::alerts::recent::{DeliveryState, RecentAlerts};
 use keypool_store::alerts::{AlertCounters, AlertEvent, DropReason, rfc3339};
 use keypool_store::config::{AlertFormat, Webhook};
 use keypool_store::{Store, WeakStore};
@@ -25,6 +26,27 @@ use crate::upstream::UpstreamClient;
 
 /// Deliveries one webhook's queue holds before new ones are dropped.
 const WEBHOOK_QUEUE: usize = 256;
+
+/// Where outcomes are recorded: the metrics' counters and the recent alerts.
+#[derive(Clone)]
+struct Outcomes {
+    counters: Arc<AlertCounters>,
+    recent: Arc<RecentAlerts>,
+}
+
+impl Outcomes {
+    fn of(store: &Store) -> Self {
+        Self {
+            counters: store.alerts().counters().clone(),
+            recent: store.alerts().recent().clone(),
+        }
+    }
+
+    fn update(&self, d: &Delivery, state: DeliveryState, attempted: bool, error: Option<&str>) {
+        self.recent
+            .update(d.event.id, &d.hook.name, state, attempted, error);
+    }
+}
 
 /// One event for one webhook, with the retry schedule in force when it was queued.
 struct Delivery {
@@ -52,51 +74,74 @@ async fn dispatch(
     while let Some(event) = events.recv().await {
         let Some(store) = store.upgrade() else { return };
         let config = store.config();
-        let counters = store.alerts().counters().clone();
+        let outcomes = Outcomes::of(&store);
         drop(store);
         let settings = config.alerts();
-        for hook in settings.webhooks.iter().filter(|w| w.wants(event.kind)) {
-            let mut delivery = Delivery {
+        let hooks: Vec<&Arc<Webhook>> = settings
+            .webhooks
+            .iter()
+            .filter(|w| w.wants(event.kind))
+            .collect();
+        let names: Vec<Arc<str>> = hooks.iter().map(|w| w.name.clone()).collect();
+        outcomes.recent.queued(&event, &names);
+        for hook in hooks {
+            let delivery = Delivery {
                 event: event.clone(),
                 hook: hook.clone(),
                 schedule: settings.retry_schedule(),
             };
-            for _ in 0..2 {
-                let worker = workers
-                    .entry(hook.name.clone())
-                    .or_insert_with(|| spawn_worker(client.clone(), counters.clone()));
-                match worker.try_send(delivery) {
-                    Ok(()) => break,
-                    Err(TrySendError::Full(_)) => {
-                        counters.dropped(DropReason::QueueFull);
-                        tracing::warn!(webhook = %hook.name, event = %event.kind, "alert dropped: the webhook's queue is full");
-                        break;
-                    }
-                    Err(TrySendError::Closed(d)) => {
-                        workers.remove(&hook.name);
-                        delivery = d;
-                    }
-                }
+            hand_over(&mut workers, delivery, &client, &outcomes);
+        }
+    }
+}
+
+/// Puts `delivery` in its webhook's queue (starting the webhook's task when it has
+/// none, or when it ended); a full queue drops it.
+fn hand_over(
+    workers: &mut HashMap<Arc<str>, mpsc::Sender<Delivery>>,
+    mut delivery: Delivery,
+    client: &Arc<UpstreamClient>,
+    outcomes: &Outcomes,
+) {
+    let name = delivery.hook.name.clone();
+    for _ in 0..2 {
+        let worker = workers
+            .entry(name.clone())
+            .or_insert_with(|| spawn_worker(client.clone(), outcomes.clone()));
+        match worker.try_send(delivery) {
+            Ok(()) => return,
+            Err(TrySendError::Full(d)) => {
+                outcomes.counters.dropped(DropReason::QueueFull);
+                outcomes.update(
+                    &d,
+                    DeliveryState::Dropped,
+                    false,
+                    Some("the webhook's queue was full"),
+                );
+                tracing::warn!(webhook = %name, event = %d.event.kind, "alert dropped: the webhook's queue is full");
+                return;
+            }
+            Err(TrySendError::Closed(d)) => {
+                workers.remove(&name);
+                delivery = d;
             }
         }
     }
 }
 
-fn spawn_worker(
-    client: Arc<UpstreamClient>,
-    counters: Arc<AlertCounters>,
-) -> mpsc::Sender<Delivery> {
+fn spawn_worker(client: Arc<UpstreamClient>, outcomes: Outcomes) -> mpsc::Sender<Delivery> {
     let (tx, mut rx) = mpsc::channel::<Delivery>(WEBHOOK_QUEUE);
     tokio::spawn(async move {
         while let Some(delivery) = rx.recv().await {
-            deliver(&client, &counters, &delivery).await;
+            deliver(&client, &outcomes, &delivery).await;
         }
     });
     tx
 }
 
 /// Sends one delivery, trying again on the schedule; counts every outcome.
-async fn deliver(client: &UpstreamClient, counters: &AlertCounters, d: &Delivery) {
+async fn deliver(client: &UpstreamClient, outcomes: &Outcomes, d: &Delivery) {
+    let counters = &outcomes.counters;
     let body = Bytes::from(payload(d.hook.format, &d.event));
     let (kind, name) = (d.event.kind, &d.hook.name);
     let mut failed = 0;
@@ -104,6 +149,7 @@ async fn deliver(client: &UpstreamClient, counters: &AlertCounters, d: &Delivery
         let why = match post(client, &d.hook, body.clone()).await {
             Ok(()) => {
                 counters.sent(kind, name);
+                outcomes.update(d, DeliveryState::Sent, true, None);
                 tracing::debug!(webhook = %name, event = %kind, "alert delivered");
                 return;
             }
@@ -113,11 +159,13 @@ async fn deliver(client: &UpstreamClient, counters: &AlertCounters, d: &Delivery
         failed += 1;
         match d.schedule.delay_after(failed) {
             Some(wait) => {
+                outcomes.update(d, DeliveryState::Retrying, true, Some(&why));
                 tracing::debug!(webhook = %name, event = %kind, error = %why, attempt = failed, retry_in_ms = wait, "alert delivery failed; retrying");
                 tokio::time::sleep(Duration::from_millis(wait)).await;
             }
             None => {
                 counters.dropped(DropReason::RetriesExhausted);
+                outcomes.update(d, DeliveryState::Dropped, true, Some(&why));
                 tracing::warn!(webhook = %name, event = %kind, error = %why, attempts = failed, "alert dropped: every delivery attempt failed");
                 return;
             }

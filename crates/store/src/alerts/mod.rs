@@ -14,9 +14,11 @@
 //!   [`AlertCounters`].
 //! - [`policy`]: the pure state machines (deduplication, backoff, pool outages).
 //! - `pools`: the maintenance tick's look at every pool for `pool_unavailable`.
+//! - [`recent`]: the last alerts and their deliveries, for `GET /admin/alerts`.
 
 pub mod policy;
 mod pools;
+pub mod recent;
 
 use std::fmt;
 use std::str::FromStr;
@@ -150,6 +152,8 @@ impl AlertSubject {
 /// One alert: what, about whom, why and when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AlertEvent {
+    /// Its number since boot (set when it is queued; `0` before).
+    pub id: u64,
     /// What happened.
     pub kind: AlertKind,
     /// About whom.
@@ -174,6 +178,7 @@ impl AlertEvent {
             reason.push('…');
         }
         Self {
+            id: 0,
             kind,
             subject,
             reason,
@@ -290,6 +295,8 @@ pub struct AlertQueue {
     dedup: Mutex<Deduplicator>,
     outages: Mutex<PoolOutageTracker>,
     counters: Arc<AlertCounters>,
+    recent: Arc<recent::RecentAlerts>,
+    next_id: AtomicU64,
 }
 
 impl Default for AlertQueue {
@@ -308,13 +315,15 @@ impl AlertQueue {
             dedup: Mutex::new(Deduplicator::new(0)),
             outages: Mutex::new(PoolOutageTracker::new(POOL_UNAVAILABLE_SHARE)),
             counters: Arc::default(),
+            recent: Arc::default(),
+            next_id: AtomicU64::new(1),
         }
     }
 
     /// Queues `event` for the webhooks of `settings` that want it, without waiting:
     /// `false` when none wants it, it repeats one sent less than `dedup_secs` ago
     /// (counted as suppressed) or the queue is full (counted as dropped).
-    pub fn emit(&self, settings: &AlertSettings, event: AlertEvent) -> bool {
+    pub fn emit(&self, settings: &AlertSettings, mut event: AlertEvent) -> bool {
         if !settings.wants(event.kind) {
             return false;
         }
@@ -332,6 +341,7 @@ impl AlertQueue {
             self.counters.suppressed[event.kind.index()].fetch_add(1, Ordering::Relaxed);
             return false;
         }
+        event.id = self.next_id.fetch_add(1, Ordering::Relaxed);
         match self.sender.try_send(Arc::new(event)) {
             Ok(()) => true,
             Err(_) => {
@@ -352,6 +362,11 @@ impl AlertQueue {
     /// The outcome counters (shared with the sender task).
     pub fn counters(&self) -> &Arc<AlertCounters> {
         &self.counters
+    }
+
+    /// The last alerts and their deliveries (shared with the sender task).
+    pub fn recent(&self) -> &Arc<recent::RecentAlerts> {
+        &self.recent
     }
 
     /// The pool outage tracker, for the maintenance tick.
