@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use keypool_core::AccountId;
-use keypool_sim::{Behaviour, Script};
+use keypool_core::Window;
+use keypool_sim::{Behaviour, ErrorReply, Script, UnifiedHeaders};
 use keypool_tests::{AccountSpec, Harness, HarnessBuilder, LogLines, MODEL, message_body};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -197,6 +198,50 @@ async fn a_disabled_account_is_alerted_once_in_json_and_a_repeat_is_suppressed()
         "{metrics}"
     );
     assert_eq!(receiver.bodies().len(), 1);
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_out_of_credits_and_one_out_of_its_window_are_alerted() {
+    let receiver = Receiver::start().await;
+    let reset = keypool_store::now_ms() / 1000 + 3 * 3600;
+    let exhausted = Script::new(ErrorReply::rate_limited().unified(
+        &UnifiedHeaders::rejected(reset).window(Window::FiveHour, 1.0, reset, "rejected"),
+    ));
+    let h = Harness::builder()
+        .account(AccountSpec::new("broke", Script::new(Behaviour::status(402))).priority(0))
+        .account(AccountSpec::new("exhausted", exhausted).priority(1))
+        .account(AccountSpec::new("ok", Script::ok()).priority(2))
+        .extra_toml(&alerts_toml(&receiver.url("/hook"), "", ""))
+        .start()
+        .await;
+    assert_eq!(h.send_message().await.status, 200);
+    let bodies = receiver
+        .wait_for(Duration::from_secs(10), |b| b.len() >= 2)
+        .await;
+    let credits = of_event(&bodies, "account_out_of_credits");
+    assert_eq!(credits.len(), 1, "{bodies:#?}");
+    assert_eq!(
+        credits[0]["subject"],
+        serde_json::json!({"account": "broke", "org": "acme"})
+    );
+    assert!(
+        credits[0]["reason"].as_str().unwrap().contains("402"),
+        "{bodies:#?}"
+    );
+    let window = of_event(&bodies, "account_out_of_window");
+    assert_eq!(window.len(), 1, "{bodies:#?}");
+    assert_eq!(
+        window[0]["subject"],
+        serde_json::json!({"account": "exhausted", "org": "acme"})
+    );
+    assert_eq!(
+        window[0]["reason"],
+        format!(
+            "out of its 5h limit until {}",
+            keypool_store::alerts::rfc3339(reset * 1000)
+        )
+    );
     h.finish().await;
 }
 

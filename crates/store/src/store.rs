@@ -926,7 +926,7 @@ impl Store {
     }
 
     /// The periodic work due at `now` (the background task calls this every 200 ms):
-    /// the state-file snapshot every `state_snapshot_interval`; with Redis, the
+    /// the pool watch of the alerts (`pool_unavailable`), the state-file snapshot every `state_snapshot_interval`; with Redis, the
     /// reconciliation when it is due, else the usage flush (every tick) and the rating
     /// sync every interval; once an hour, usage totals past their retention go.
     pub async fn maintain(&self, now: UnixMs) {

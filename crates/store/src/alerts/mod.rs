@@ -383,3 +383,87 @@ pub fn rfc3339(ms: UnixMs) -> String {
         t.year, t.month, t.day, t.hour, t.minute, t.second
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{AlertFormat, Secret, Webhook};
+
+    fn settings(events: Vec<AlertKind>) -> AlertSettings {
+        AlertSettings {
+            webhooks: vec![Arc::new(Webhook {
+                name: Arc::from("0"),
+                url: Secret::new("http://127.0.0.1:9/hook"),
+                format: AlertFormat::Json,
+                events,
+                timeout_ms: 100,
+            })],
+            ..AlertSettings::default()
+        }
+    }
+
+    fn disabled(account: &str, at: UnixMs) -> AlertEvent {
+        AlertEvent::new(
+            AlertKind::AccountDisabled,
+            AlertSubject {
+                account: Some(Arc::from(account)),
+                ..AlertSubject::default()
+            },
+            "key_error",
+            at,
+        )
+    }
+
+    #[test]
+    fn emit_drops_unwanted_suppresses_repeats_and_counts_a_full_queue() {
+        let queue = AlertQueue::with_capacity(2);
+        assert!(!queue.emit(&AlertSettings::default(), disabled("a", 0)));
+        assert!(!queue.emit(&settings(vec![AlertKind::BudgetReached]), disabled("a", 0)));
+        let s = settings(AlertKind::ALL.to_vec());
+        assert!(queue.emit(&s, disabled("a", 1_000)));
+        assert!(!queue.emit(&s, disabled("a", 2_000)));
+        assert_eq!(
+            queue
+                .counters()
+                .suppressed_total(AlertKind::AccountDisabled),
+            1
+        );
+        assert!(queue.emit(&s, disabled("b", 2_000)));
+        assert!(!queue.emit(&s, disabled("c", 2_000)));
+        assert_eq!(queue.counters().dropped_total(DropReason::QueueFull), 1);
+        let mut rx = queue.take_receiver().expect("the receiver, once");
+        assert!(queue.take_receiver().is_none());
+        let ids: Vec<u64> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(ids, [1, 2]);
+    }
+
+    #[test]
+    fn a_reason_is_cut_and_the_summary_names_the_subject() {
+        let long = AlertEvent::new(
+            AlertKind::ConfigReloadRejected,
+            AlertSubject::default(),
+            "x".repeat(5000),
+            0,
+        );
+        assert_eq!(long.reason.chars().count(), MAX_REASON_CHARS + 1);
+        assert_eq!(
+            disabled("a1", 0).summary(),
+            "keypool: account_disabled (account=a1): key_error"
+        );
+        assert_eq!(
+            AlertEvent::new(
+                AlertKind::ConfigReloadRejected,
+                AlertSubject::default(),
+                "bad",
+                0
+            )
+            .summary(),
+            "keypool: config_reload_rejected: bad"
+        );
+        assert_eq!(rfc3339(1_764_547_200_000), "2025-12-01T00:00:00Z");
+        assert_eq!("pool_unavailable".parse(), Ok(AlertKind::PoolUnavailable));
+        assert!("nope".parse::<AlertKind>().is_err());
+    }
+}
