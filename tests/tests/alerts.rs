@@ -379,6 +379,9 @@ async fn a_hanging_then_failing_receiver_slows_no_request_and_gets_its_alerts_on
         budget[0]["subject"],
         serde_json::json!({"org": "acme", "caller": "lim", "limit": "tokens_per_day"})
     );
+    eprintln!(
+        "longest request: {without:?} without alerts, {hanging:?} with the receiver hanging, {failing:?} with it answering 500"
+    );
     let metrics = h.metrics().await;
     assert!(
         series(
