@@ -327,24 +327,19 @@ impl AlertQueue {
         if !settings.wants(event.kind) {
             return false;
         }
-        let admitted = self
-            .dedup
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .admit(
-                event.kind,
-                &event.subject.key(),
-                event.at,
-                settings.dedup_ms,
-            );
-        if !admitted {
+        let subject = event.subject.key();
+        let mut dedup = self.dedup.lock().unwrap_or_else(PoisonError::into_inner);
+        if !dedup.admit(event.kind, &subject, event.at, settings.dedup_ms) {
             self.counters.suppressed[event.kind.index()].fetch_add(1, Ordering::Relaxed);
             return false;
         }
         event.id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let kind = event.kind;
         match self.sender.try_send(Arc::new(event)) {
             Ok(()) => true,
             Err(_) => {
+                // never sent: the next one of its kind is not a repeat
+                dedup.forget(kind, &subject);
                 self.counters.dropped(DropReason::QueueFull);
                 false
             }
@@ -431,6 +426,15 @@ mod tests {
         assert!(queue.emit(&s, disabled("b", 2_000)));
         assert!(!queue.emit(&s, disabled("c", 2_000)));
         assert_eq!(queue.counters().dropped_total(DropReason::QueueFull), 1);
+        // dropped, not sent: a second one is dropped again, not suppressed
+        assert!(!queue.emit(&s, disabled("c", 2_500)));
+        assert_eq!(queue.counters().dropped_total(DropReason::QueueFull), 2);
+        assert_eq!(
+            queue
+                .counters()
+                .suppressed_total(AlertKind::AccountDisabled),
+            1
+        );
         let mut rx = queue.take_receiver().expect("the receiver, once");
         assert!(queue.take_receiver().is_none());
         let ids: Vec<u64> = std::iter::from_fn(|| rx.try_recv().ok())

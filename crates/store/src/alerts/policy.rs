@@ -52,6 +52,12 @@ impl Deduplicator {
         true
     }
 
+    /// Forgets the last admission of `kind` about `subject` (it was never sent: the
+    /// queue was full), so that the next one is not suppressed.
+    pub fn forget(&mut self, kind: AlertKind, subject: &str) {
+        self.last_sent.remove(&(kind, subject.to_owned()));
+    }
+
     /// How many (event, subject) pairs it remembers.
     pub fn len(&self) -> usize {
         self.last_sent.len()
