@@ -926,9 +926,10 @@ impl Store {
     }
 
     /// The periodic work due at `now` (the background task calls this every 200 ms):
-    /// the pool watch of the alerts (`pool_unavailable`), the state-file snapshot every `state_snapshot_interval`; with Redis, the
-    /// reconciliation when it is due, else the usage flush (every tick) and the rating
-    /// sync every interval; once an hour, usage totals past their retention go.
+    /// the alerts' pool watch (`pool_unavailable`); the state-file snapshot every
+    /// `state_snapshot_interval`; with Redis, the reconciliation when it is due, else
+    /// the usage flush (every tick) and the rating sync every interval; once an hour,
+    /// usage totals past their retention go.
     pub async fn maintain(&self, now: UnixMs) {
         self.watch_pools(now);
         self.inner.slots.renew_due(now).await;
