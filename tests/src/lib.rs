@@ -49,6 +49,7 @@ pub mod property;
 pub mod raw;
 pub mod tls;
 pub mod venv;
+pub mod webhook;
 
 use std::path::{Path, PathBuf};
 

@@ -83,6 +83,7 @@ async fn every_admin_route_refuses_a_missing_or_wrong_token_and_changes_nothing(
         "/admin/accounts?token=".to_owned() + TOKEN,
         "/admin/reload".to_owned(),
         "/admin/reload/".to_owned(),
+        "/admin/alerts".to_owned(),
         "/admin/ui/../reload".to_owned(),
         "/admin/accounts/../reload".to_owned(),
         "/admin/nothing".to_owned(),

@@ -8,6 +8,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::io::Write as _;
+
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
@@ -171,10 +173,14 @@ pub fn oauth(target: &Target, action: OAuthAction) -> anyhow::Result<ExitCode> {
     else {
         anyhow::bail!("the start answer has no authorize_url or state: {answer}");
     };
-    eprintln!(
+    // Written without panicking when stderr is closed (the code may come from a script).
+    let mut err = std::io::stderr();
+    let _ = writeln!(
+        err,
         "Open this URL, log in with the subscription of {id:?}, and paste the code the page shows:\n\n{url}\n"
     );
-    eprint!("code: ");
+    let _ = write!(err, "code: ");
+    let _ = err.flush();
     let mut code = String::new();
     std::io::stdin()
         .read_line(&mut code)

@@ -81,15 +81,18 @@ impl From<Store> for App {
 
 impl App {
     /// An application serving `store`'s configuration, with a fresh upstream client
-    /// (connection pool) and empty metrics. Must be called inside a tokio runtime.
+    /// (connection pool) and empty metrics; the first `App` of a store starts its
+    /// alert sender (SPEC 15). Must be called inside a tokio runtime.
     pub fn new(store: Store) -> Self {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id()).rotate_left(32);
         let egress = Egress::from_env();
+        let client = Arc::new(build_client_with(egress.clone()));
+        crate::alerts::spawn_sender(&store, client.clone());
         Self {
-            client: Arc::new(build_client_with(egress.clone())),
+            client,
             proxied: Arc::new(DashMap::new()),
             egress: Arc::new(egress),
             inner: Arc::new(Inner {

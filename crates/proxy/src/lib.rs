@@ -57,11 +57,15 @@
 //! - [`signals`] (Unix): `SIGTERM`/`SIGINT` shutdown, `SIGHUP` reload.
 //! - `admin`: the admin API and the `/admin/ui` status page (`docs/ADMIN.md`); off
 //!   (404) without `admin.token`.
+//! - `alerts`: the alert sender of SPEC 15: the store's alert queue drained into
+//!   one task per webhook (JSON or Slack body, per-attempt timeout, retries with
+//!   backoff), off the request path.
 //! - [`log`]: the one log line per request ([`log::JSON_FIELDS`]: its array fields).
 //! - [`error`]: the crate error, [`ProxyError`].
 
 mod admin;
 pub mod affinity;
+mod alerts;
 mod app;
 mod attempt;
 pub mod availability;

@@ -22,6 +22,7 @@ use keypool_ledger::{CostBasis, NANO_PER_USD, UsageRecord};
 use keypool_selector::GateReason;
 use keypool_store::Store;
 
+mod alerts;
 mod oauth;
 mod operations;
 mod process;
@@ -443,6 +444,7 @@ impl Metrics {
         usage::render_account_windows(&mut out, store, now);
         self.render_oauth(&mut out, store);
         self.render_operations(&mut out, store);
+        alerts::render_alerts(&mut out, store);
         out
     }
 

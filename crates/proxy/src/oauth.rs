@@ -27,6 +27,7 @@ use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::{BodyExt, Full};
 use keypool_core::AccountId;
+use keypool_store::alerts::{AlertEvent, AlertKind};
 use keypool_store::config::Account;
 use keypool_store::now_ms;
 use keypool_store::oauth::{AfterFailure, RefreshFailure, RefreshTurn, Tokens};
@@ -111,13 +112,31 @@ fn record_failure(app: &App, account: &Account, failure: RefreshFailure, now: u6
         Some(AfterFailure::RetryAt(at)) => {
             app.metrics().oauth_refresh(account.id(), "failed");
             tracing::warn!(account = %account.id(), retry_in_ms = at.saturating_sub(now), "oauth refresh failed; backing off");
+            alert(
+                app,
+                account,
+                AlertKind::OauthRefreshFailed,
+                format!(
+                    "the token endpoint could not refresh the access token; retried in {} s",
+                    at.saturating_sub(now).div_ceil(1000)
+                ),
+                now,
+            );
         }
         Some(AfterFailure::Expired) | None => {
             app.metrics().oauth_refresh(account.id(), "expired");
             tracing::error!(account = %account.id(), "oauth refresh token refused: the account is expired; log it in again");
-            app.store().disable(
-                account.id(),
-                "expired: the OAuth refresh was refused; log the account in again",
+            let reason = "expired: the OAuth refresh was refused; log the account in again";
+            app.store().disable(account.id(), reason, now);
+            let why = match failure {
+                RefreshFailure::InvalidGrant => "the refresh token was refused (invalid_grant)",
+                RefreshFailure::Transient => "the refresh failed 3 times in a row",
+            };
+            alert(
+                app,
+                account,
+                AlertKind::AccountExpired,
+                format!("{why}: log the account in again (keypool oauth login)"),
                 now,
             );
         }
@@ -178,6 +197,12 @@ pub(crate) async fn post_token(
     tokio::time::timeout(timeout, exchange)
         .await
         .map_err(|_| RefreshFailure::Transient)?
+}
+
+fn alert(app: &App, account: &Account, kind: AlertKind, reason: String, now: u64) {
+    let subject = app.store().account_subject(account.id());
+    app.store()
+        .alert(AlertEvent::new(kind, subject, reason, now));
 }
 
 /// The tokens of a `200` grant: `access_token`, `refresh_token` (the old one when the

@@ -48,6 +48,8 @@
 //! ```
 //!
 //! # Layout
+//! - [`alerts`]: the alert events of SPEC 15, their pure policy (deduplication,
+//!   backoff, pool outages) and the bounded queue the proxy's sender drains.
 //! - [`config`]: the TOML schema, validation with located errors, env overrides,
 //!   [`config::Secret`].
 //! - [`error`]: the crate error, [`StoreError`].
@@ -69,6 +71,7 @@
 //! - [`testing`]: a per-test `redis-server`, a fake Redis that misbehaves on demand and
 //!   temp folders, for this crate's tests and the end-to-end suites.
 
+pub mod alerts;
 pub mod config;
 pub mod document;
 pub mod error;
@@ -86,4 +89,4 @@ pub mod usage;
 
 pub use error::StoreError;
 pub use snapshot::{CandidateSignals, KeptSurvivors, Snapshot};
-pub use store::{BackendKind, BackendStatus, BootState, ReloadOutcomes, Store, now_ms};
+pub use store::{BackendKind, BackendStatus, BootState, ReloadOutcomes, Store, WeakStore, now_ms};

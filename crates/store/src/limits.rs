@@ -269,8 +269,68 @@ impl Store {
     ///
     /// # Errors
     /// [`LimitDenial`]: the first limit it is over (nothing was taken then), or a
-    /// shared limit Redis cannot check with `limits_fail_mode = "closed"`.
+    /// shared limit Redis cannot check with `limits_fail_mode = "closed"`. A refusal by
+    /// a token or USD budget is alerted (`budget_reached`, once per caller and limit per
+    /// `dedup_secs`).
     pub async fn check_limits(
+        &self,
+        check: &LimitCheck<'_>,
+        now: UnixMs,
+    ) -> Result<LimitGuard, LimitDenial> {
+        let verdict = self.check_limits_unalerted(check, now).await;
+        if let Err(LimitDenial::Refused(r)) = &verdict {
+            self.alert_budget(check, r, now);
+        }
+        verdict
+    }
+
+    /// `budget_reached` for a refusal by a budget (rates and concurrency are not).
+    fn alert_budget(&self, check: &LimitCheck<'_>, r: &Refusal, now: UnixMs) {
+        let team = r.kind == LimitKind::TeamUsdPerMonth;
+        let budget = matches!(
+            r.kind,
+            LimitKind::TokensPerDay
+                | LimitKind::TokensPerMonth
+                | LimitKind::UsdPerDay
+                | LimitKind::UsdPerMonth
+        );
+        if !team && !budget {
+            return;
+        }
+        let usd = matches!(
+            r.kind,
+            LimitKind::UsdPerDay | LimitKind::UsdPerMonth | LimitKind::TeamUsdPerMonth
+        );
+        let amount = |v: u64| {
+            if usd {
+                format!("{:.2} USD", v as f64 / keypool_ledger::NANO_PER_USD as f64)
+            } else {
+                format!("{v} tokens")
+            }
+        };
+        let resets = r
+            .resets_at
+            .map(|t| format!("; it resets at {}", crate::alerts::rfc3339(t)))
+            .unwrap_or_default();
+        self.alert(crate::alerts::AlertEvent::new(
+            crate::alerts::AlertKind::BudgetReached,
+            crate::alerts::AlertSubject {
+                org: Some(check.who.org.clone()),
+                caller: (!team).then(|| check.who.caller.clone()),
+                limit: Some(r.kind.as_str()),
+                ..Default::default()
+            },
+            format!(
+                "{} reached: {} used of {}{resets}",
+                r.kind.as_str(),
+                amount(r.used),
+                amount(r.limit)
+            ),
+            now,
+        ));
+    }
+
+    async fn check_limits_unalerted(
         &self,
         check: &LimitCheck<'_>,
         now: UnixMs,

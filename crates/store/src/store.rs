@@ -18,6 +18,7 @@ use keypool_selector::{Candidate, Counter, RatingEngine, Sample, sort_snapshot};
 use tokio::task::JoinHandle;
 
 use crate::StoreError;
+use crate::alerts::{AlertEvent, AlertKind, AlertQueue, AlertSubject};
 use crate::config::Config;
 use crate::resolve::{PoolKey, Route};
 use crate::sessions::SessionBook;
@@ -135,6 +136,7 @@ struct Inner {
     last_purged: AtomicU64,
     last_pruned: AtomicU64,
     reloads: ReloadCounts,
+    alerts: AlertQueue,
 }
 
 /// How the state file's writes went: the last failure (cleared by a success) and the
@@ -207,6 +209,18 @@ impl Drop for Inner {
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
+}
+
+/// A handle on a [`Store`] that does not keep it alive (for background tasks that
+/// must end with it).
+#[derive(Clone, Debug)]
+pub struct WeakStore(Weak<Inner>);
+
+impl WeakStore {
+    /// The store, while some clone of it lives.
+    pub fn upgrade(&self) -> Option<Store> {
+        self.0.upgrade().map(|inner| Store { inner })
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -300,6 +314,7 @@ impl Store {
             last_purged: AtomicU64::new(now),
             last_pruned: AtomicU64::new(0),
             reloads: ReloadCounts::default(),
+            alerts: AlertQueue::default(),
             config: ArcSwap::from_pointee(config),
             state,
             snapshots: DashMap::new(),
@@ -400,7 +415,7 @@ impl Store {
         let config = match Config::load(path) {
             Ok(config) => config,
             Err(e) => {
-                self.count_reload(false);
+                self.reload_rejected(&e);
                 return Err(e);
             }
         };
@@ -437,6 +452,45 @@ impl Store {
     pub async fn persist_tokens(&self) {
         if matches!(self.inner.backend, Backend::Memory { file: Some(_) }) {
             let _ = self.persist(now_ms()).await;
+        }
+    }
+
+    /// Counts a refused reload and alerts about it (`config_reload_rejected`).
+    pub(crate) fn reload_rejected(&self, error: &StoreError) {
+        self.count_reload(false);
+        self.alert(AlertEvent::new(
+            AlertKind::ConfigReloadRejected,
+            AlertSubject::default(),
+            format!("the old configuration keeps serving: {error}"),
+            now_ms(),
+        ));
+    }
+
+    /// A handle that does not keep the store alive.
+    pub fn downgrade(&self) -> WeakStore {
+        WeakStore(Arc::downgrade(&self.inner))
+    }
+
+    /// The alert queue (SPEC 15): its counters, and the receiving end for the sender.
+    pub fn alerts(&self) -> &AlertQueue {
+        &self.inner.alerts
+    }
+
+    /// Queues `event` for the webhooks that want it; never waits (see
+    /// [`AlertQueue::emit`]).
+    pub fn alert(&self, event: AlertEvent) -> bool {
+        self.inner.alerts.emit(self.config().alerts(), event)
+    }
+
+    /// An account's subject: its id and org.
+    pub fn account_subject(&self, account: &AccountId) -> AlertSubject {
+        AlertSubject {
+            account: Some(Arc::from(account.as_str())),
+            org: self
+                .config()
+                .account(account.as_str())
+                .map(|a| Arc::from(a.org())),
+            ..AlertSubject::default()
         }
     }
 
@@ -656,6 +710,16 @@ impl Store {
         if effect.disabled && !was_disabled {
             self.invalidate_snapshots();
             if let Some(disabled) = health.disabled.get(attempt.account) {
+                let kind = match classification.trigger {
+                    keypool_cooldown::Trigger::PaymentRequired => AlertKind::AccountOutOfCredits,
+                    _ => AlertKind::AccountDisabled,
+                };
+                self.alert(AlertEvent::new(
+                    kind,
+                    self.account_subject(attempt.account),
+                    disabled.reason.clone(),
+                    now,
+                ));
                 self.mirror(StateEvent::Disabled {
                     record: DisabledRecord {
                         account: attempt.account.clone(),
@@ -687,6 +751,20 @@ impl Store {
         let threshold = self.window_threshold(account);
         let windows = &self.inner.state.health.windows;
         let change = windows.observe_change(account, info, threshold, now);
+        if change.before.is_none()
+            && let Some(out) = &change.after
+        {
+            self.alert(AlertEvent::new(
+                AlertKind::AccountOutOfWindow,
+                self.account_subject(account),
+                format!(
+                    "out of its {} limit until {}",
+                    out.limit.as_str(),
+                    crate::alerts::rfc3339(out.until)
+                ),
+                now,
+            ));
+        }
         if (change.after.is_some() || change.before.is_some())
             && change.before != change.after
             && let Some(state) = windows.state(account)
@@ -863,10 +941,12 @@ impl Store {
     }
 
     /// The periodic work due at `now` (the background task calls this every 200 ms):
-    /// the state-file snapshot every `state_snapshot_interval`; with Redis, the
-    /// reconciliation when it is due, else the usage flush (every tick) and the rating
-    /// sync every interval; once an hour, usage totals past their retention go.
+    /// the alerts' pool watch (`pool_unavailable`); the state-file snapshot every
+    /// `state_snapshot_interval`; with Redis, the reconciliation when it is due, else
+    /// the usage flush (every tick) and the rating sync every interval; once an hour,
+    /// usage totals past their retention go.
     pub async fn maintain(&self, now: UnixMs) {
+        self.watch_pools(now);
         self.inner.slots.renew_due(now).await;
         self.maintain_document(now).await;
         if let Some(mirror) = self.redis().filter(|m| m.ready()) {

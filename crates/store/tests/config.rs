@@ -1115,3 +1115,42 @@ fn oauth_refresh_fields_and_the_oauth_table_are_validated() {
         ("c", 1000)
     );
 }
+
+#[test]
+fn alerts_webhooks_have_defaults_and_their_url_is_a_secret() {
+    use keypool_store::alerts::AlertKind;
+    use keypool_store::config::AlertFormat;
+    let text = format!(
+        "{BASE}\n[alerts]\ndedup_secs = 60\n\n[[alerts.webhooks]]\nurl = \"$HOOK_URL\"\n\n\
+         [[alerts.webhooks]]\nname = \"slack\"\nurl = \"https://hooks.slack.example/services/T/B/tok\"\n\
+         format = \"slack\"\nevents = [\"pool_unavailable\", \"budget_reached\"]\ntimeout_ms = 2000\n"
+    );
+    let with_hook = |name: &str| match name {
+        "HOOK_URL" => Some("http://127.0.0.1:9/hook".to_owned()),
+        other => env(other),
+    };
+    let config = Config::from_toml_str(&text, None, &with_hook).unwrap();
+    let alerts = config.alerts();
+    assert_eq!(alerts.dedup_ms, 60_000);
+    assert_eq!(alerts.retry_initial_ms, 1_000);
+    assert_eq!(alerts.max_attempts, 8);
+    assert_eq!(alerts.pool_unavailable_ms, 60_000);
+    let [json, slack] = &alerts.webhooks[..] else {
+        panic!("two webhooks: {alerts:?}")
+    };
+    assert_eq!(&*json.name, "0");
+    assert_eq!(json.url.expose(), "http://127.0.0.1:9/hook");
+    assert_eq!(json.format, AlertFormat::Json);
+    assert_eq!(json.events, AlertKind::ALL);
+    assert_eq!(json.timeout_ms, 5_000);
+    assert_eq!(&*slack.name, "slack");
+    assert_eq!(slack.format, AlertFormat::Slack);
+    assert_eq!(
+        slack.events,
+        [AlertKind::PoolUnavailable, AlertKind::BudgetReached]
+    );
+    assert!(alerts.wants(AlertKind::AccountDisabled));
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("/services/T/B/tok") && !debug.contains("127.0.0.1:9"));
+    assert!(parse(BASE).unwrap().alerts().webhooks.is_empty());
+}

@@ -20,6 +20,7 @@
 //! | `POST /admin/accounts/{id}/clear-cooldown` | ends an account's cooldown now |
 //! | `POST /admin/accounts/{id}/clear-windows` | drops its usage-window state (and a window's cooldown) |
 //! | `POST /admin/reload` | re-reads the config file (as `SIGHUP` does) |
+//! | `GET /admin/alerts` | the webhooks (no URL) and the last alerts with each delivery's state ([`alerts`]) |
 //! | `POST /admin/accounts`, `PATCH`/`DELETE /admin/accounts/{id}` | change the accounts (the config document, [`changes`]) |
 //! | `POST /admin/accounts/{id}/disable` | disables an account at runtime |
 //! | `POST /admin/groups`, `PATCH`/`DELETE /admin/groups/{org}/{id}` | change the groups |
@@ -48,6 +49,7 @@ use keypool_store::keys::hash_key;
 use keypool_store::{Store, StoreError, now_ms};
 use serde_json::{Value, json};
 
+mod alerts;
 mod changes;
 mod limits;
 mod oauth;
@@ -133,6 +135,7 @@ where
             action @ ("enable" | "clear-cooldown" | "clear-windows"),
         ] if post => account(id).map(|account| account_action(app.store(), account, action, now)),
         ["reload"] if post => Ok(reload(app, app.store(), request_id).await),
+        ["alerts"] if get => Ok(json_response(StatusCode::OK, &alerts::alerts(app.store()))),
         ["usage"] if get => usage::usage(app, &config, parts.uri.query(), now).await,
         ["usage", "summary"] if get => Ok(json_response(
             StatusCode::OK,
@@ -144,6 +147,7 @@ where
         | ["accounts", _]
         | ["accounts", _, "enable" | "clear-cooldown" | "clear-windows"]
         | ["reload"]
+        | ["alerts"]
         | ["usage"]
         | ["usage", "summary"]
         | ["requests"]

@@ -9,6 +9,7 @@
 //! them is validation, so a `Weight` is always 1–100, a key hash is always 32 bytes, a
 //! group always names accounts of its own org, and so on.
 
+mod alerts;
 pub mod edit;
 mod env;
 mod raw;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 
 use keypool_core::{AccountId, AuthType, Provider, Strategy, UnixMs};
 
+pub use alerts::{AlertFormat, AlertSettings, Webhook};
 pub use env::ENV_OVERRIDES;
 pub use keypool_core::StreamCommit;
 pub use secret::Secret;
@@ -727,6 +729,7 @@ pub struct Config {
     pub(crate) warnings: Vec<ConfigIssue>,
     pub(crate) usage: UsageSettings,
     pub(crate) oauth: OAuthSettings,
+    pub(crate) alerts: AlertSettings,
 }
 
 /// `[oauth]` (SPEC 14): where and how `oauth` accounts with a `refresh_token` renew
@@ -863,6 +866,10 @@ impl Config {
     /// `[oauth]`.
     pub fn oauth(&self) -> &OAuthSettings {
         &self.oauth
+    }
+    /// `[alerts]` and its webhooks.
+    pub fn alerts(&self) -> &AlertSettings {
+        &self.alerts
     }
     /// The LB key with id `id` (key ids are unique in the file).
     pub fn lb_key_by_id(&self, id: &str) -> Option<&Arc<LbKey>> {

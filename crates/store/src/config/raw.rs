@@ -37,6 +37,30 @@ pub(crate) struct RawConfig {
     pub usage: RawUsage,
     #[serde(default)]
     pub oauth: RawOAuth,
+    pub alerts: RawAlerts,
+}
+
+/// `[alerts]`; its `[[alerts.webhooks]]` are read element by element on their own.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAlerts {
+    pub dedup_secs: Option<i64>,
+    pub retry_initial_ms: Option<i64>,
+    pub max_attempts: Option<i64>,
+    pub pool_unavailable_secs: Option<i64>,
+    #[serde(skip)]
+    pub webhooks: Vec<(usize, RawWebhook)>,
+}
+
+/// One `[[alerts.webhooks]]` element.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawWebhook {
+    pub url: String,
+    pub name: Option<String>,
+    pub format: Option<String>,
+    pub events: Option<Vec<String>>,
+    pub timeout_ms: Option<i64>,
 }
 
 /// One `[[prices]]` element: a model glob and USD per million tokens of each kind.

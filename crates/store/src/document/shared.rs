@@ -289,7 +289,10 @@ impl Store {
         };
         let env = |name: &str| std::env::var(name).ok();
         let outcome = self.install_stored(&stored, &env);
-        self.count_reload(outcome.is_ok());
+        match &outcome {
+            Ok(_) => self.count_reload(true),
+            Err(e) => self.reload_rejected(e),
+        }
         outcome.map(|_| true)
     }
 

@@ -6,8 +6,8 @@ use serde::de::DeserializeOwned;
 
 use super::Issues;
 use crate::config::raw::{
-    RawAccount, RawAdmin, RawConfig, RawGroup, RawKey, RawLimits, RawOAuth, RawOrg, RawPrice,
-    RawRating, RawServer, RawUrl, RawUsage, field_names,
+    RawAccount, RawAdmin, RawAlerts, RawConfig, RawGroup, RawKey, RawLimits, RawOAuth, RawOrg,
+    RawPrice, RawRating, RawServer, RawUrl, RawUsage, RawWebhook, field_names,
 };
 
 /// The document's sections as written, each element deserialised on its own with its
@@ -23,6 +23,7 @@ pub(super) struct Sections {
     pub prices: Vec<(usize, RawPrice)>,
     pub usage: RawUsage,
     pub oauth: RawOAuth,
+    pub alerts: RawAlerts,
 }
 
 /// Reads every section of `table`, reporting unknown and mistyped keys.
@@ -72,7 +73,43 @@ pub(super) fn read_sections(table: &toml::Table, issues: &mut Issues) -> Section
         prices: elements::<RawPrice>(table, "prices", issues),
         usage,
         oauth,
+        alerts: table
+            .get("alerts")
+            .and_then(|v| read_alerts(v, issues))
+            .unwrap_or_default(),
     }
+}
+
+/// `[alerts]` and each of its `[[alerts.webhooks]]`, checked on their own.
+fn read_alerts(v: &toml::Value, issues: &mut Issues) -> Option<RawAlerts> {
+    let mut without_webhooks = v.clone();
+    let webhooks = without_webhooks
+        .as_table_mut()
+        .and_then(|t| t.remove("webhooks"));
+    // the webhooks are checked even when a setting of [alerts] is mistyped
+    let mut alerts = check_element::<RawAlerts>(&without_webhooks, "alerts", issues);
+    let mut read = Vec::new();
+    match webhooks {
+        None => {}
+        Some(toml::Value::Array(items)) => {
+            read = items
+                .iter()
+                .enumerate()
+                .filter_map(|(i, w)| {
+                    check_element::<RawWebhook>(w, &format!("alerts.webhooks[{i}]"), issues)
+                        .map(|w| (i, w))
+                })
+                .collect();
+        }
+        Some(_) => issues.push(
+            "alerts.webhooks",
+            "`alerts.webhooks` must be an array of tables: write [[alerts.webhooks]]",
+        ),
+    }
+    if let Some(a) = alerts.as_mut() {
+        a.webhooks = read;
+    }
+    alerts
 }
 
 /// `[server]` with its `[server.rating]`, each checked on its own.

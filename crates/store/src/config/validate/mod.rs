@@ -11,11 +11,13 @@
 //! - `server`: `[server]` and `[server.rating]`.
 //! - `orgs`, `accounts`, `groups`, `urls`, `keys`: the array sections.
 //! - `prices`: `[[prices]]` and `[usage]`.
+//! - `alerts`: `[alerts]` and `[[alerts.webhooks]]`.
 //! - `limits`: `[keys.limits]` and `[orgs.limits]`, and a key's merged over its org's.
 //! - here: the orchestration, the shared [`Context`], and the value checks more than
 //!   one section uses (route segments, names, secrets).
 
 mod accounts;
+mod alerts;
 mod elements;
 mod groups;
 mod keys;
@@ -160,6 +162,7 @@ pub(super) fn parse_and_validate(
     let usage = prices::validate_usage(&sections.usage, &mut issues);
     let oauth = oauth::validate(&sections.oauth, &mut issues);
     let price_table = prices::validate_prices(&sections.prices, &usage, &mut issues);
+    let alerts = alerts::validate(&sections.alerts, env, &mut issues);
 
     let Some(server) = server else {
         return Err(ConfigErrors(issues.0));
@@ -201,6 +204,7 @@ pub(super) fn parse_and_validate(
         warnings,
         usage,
         oauth,
+        alerts,
     })
 }
 
