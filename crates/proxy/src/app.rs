@@ -414,21 +414,9 @@ impl App {
         // The check's future is large (it holds the Redis round trip): built only for a
         // key with limits, and boxed, so that this future neither holds it nor copies
         // it twice (5.6 KB each time) on every request.
-        let admitted = if crate::limits::any(org, key) {
-            let len = body.bytes.len();
-            Box::pin(crate::limits::admit(
-                self,
-                org,
-                key,
-                &info,
-                len,
-                endpoint,
-                now_ms(),
-            ))
-            .await
-        } else {
-            Ok(crate::limits::Admitted::default())
-        };
+        let len = body.bytes.len();
+        let admitted =
+            crate::limits::admit_boxed(self, org, key, &info, len, endpoint, now_ms()).await;
         if let Some(refused) = crate::limits::into_log(self, ctx, org, key, admitted) {
             return refused;
         }

@@ -110,12 +110,7 @@ where
         Err(reject) => return reject.respond(request_id),
     };
     if let Some(answer) =
-        changes::handle(app, &parts.method, &segments, &body.bytes, request_id).await
-    {
-        return answer;
-    }
-    if let Some(answer) =
-        oauth::handle(app, &parts.method, &segments, &body.bytes, request_id).await
+        changes_or_login(app, &parts.method, &segments, &body.bytes, request_id).await
     {
         return answer;
     }
@@ -228,6 +223,21 @@ fn authorized(parts: &Parts, token: &str) -> bool {
 fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
     std::hint::black_box(diff) == 0
+}
+
+/// The routes that change the config document: the pool's elements ([`changes`]) and
+/// the subscription login ([`oauth`]); `None` for any other route.
+async fn changes_or_login(
+    app: &App,
+    method: &Method,
+    segments: &[&str],
+    body: &Bytes,
+    request_id: &str,
+) -> Option<Response<ProxyBody>> {
+    match changes::handle(app, method, segments, body, request_id).await {
+        Some(answer) => Some(answer),
+        None => oauth::handle(app, method, segments, body, request_id).await,
+    }
 }
 
 fn unknown_account(id: &str) -> Reject {

@@ -62,6 +62,21 @@ pub(super) fn validate(o: &RawOAuth, issues: &mut Issues) -> OAuthSettings {
             d.client_id
         }
     };
+    let (refresh_lead_ms, refresh_timeout_ms) = timing(o, issues);
+    OAuthSettings {
+        token_url,
+        client_id,
+        refresh_lead_ms,
+        refresh_timeout_ms,
+        authorize_url,
+        redirect_uri,
+        scopes,
+    }
+}
+
+/// `refresh_lead_secs` (as ms) and `refresh_timeout_ms`, against their defaults.
+fn timing(o: &RawOAuth, issues: &mut Issues) -> (u64, u64) {
+    let d = OAuthSettings::default();
     let refresh_lead_ms = match o.refresh_lead_secs {
         None => d.refresh_lead_ms,
         Some(n @ 0..=MAX_LEAD_SECS) => u64::try_from(n).unwrap_or(0) * 1000,
@@ -84,13 +99,5 @@ pub(super) fn validate(o: &RawOAuth, issues: &mut Issues) -> OAuthSettings {
             d.refresh_timeout_ms
         }
     };
-    OAuthSettings {
-        token_url,
-        client_id,
-        refresh_lead_ms,
-        refresh_timeout_ms,
-        authorize_url,
-        redirect_uri,
-        scopes,
-    }
+    (refresh_lead_ms, refresh_timeout_ms)
 }
