@@ -43,6 +43,29 @@ pub(super) fn validate(
 /// break around them, an OAuth token (`sk-ant-oat…`) on an `api_key` account or an
 /// API key (`sk-ant-api…`) on an `oauth` one, a placeholder (`…`, `...`, `xxxx`,
 /// `changeme`, `<…>`). Located at `accounts[i].secret`; never quoting the secret.
+/// OAuth accounts that renew themselves while `KEYPOOL_SECRETS_KEY` is unset: their
+/// rotated tokens would be kept unencrypted (in the owner-only state file, and in
+/// Redis).
+pub(super) fn unsealed_token_warnings(
+    raw: &[(usize, RawAccount)],
+    accounts: &HashMap<AccountId, Arc<Account>>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Vec<crate::config::ConfigIssue> {
+    if env(crate::config::sealed::SECRETS_KEY_ENV).is_some() {
+        return Vec::new();
+    }
+    raw.iter()
+        .filter(|(_, r)| accounts.get(r.id.as_str()).is_some_and(|a| a.oauth.is_some()))
+        .map(|(i, _)| crate::config::ConfigIssue {
+            location: format!("accounts[{i}].refresh_token"),
+            message: format!(
+                "{} is not set: the tokens this account rotates are kept unencrypted (the state file is owner-only; Redis is not); set it to seal them",
+                crate::config::sealed::SECRETS_KEY_ENV
+            ),
+        })
+        .collect()
+}
+
 pub(super) fn secret_warnings(
     raw: &[(usize, RawAccount)],
     accounts: &HashMap<AccountId, Arc<Account>>,

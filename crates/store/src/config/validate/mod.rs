@@ -155,7 +155,12 @@ pub(super) fn parse_and_validate(
     };
     orgs::validate(&sections.orgs, &mut ctx, &mut issues);
     let accounts = accounts::validate(&sections.accounts, &mut ctx, &mut issues);
-    let warnings = accounts::secret_warnings(&sections.accounts, &accounts);
+    let mut warnings = accounts::secret_warnings(&sections.accounts, &accounts);
+    warnings.extend(accounts::unsealed_token_warnings(
+        &sections.accounts,
+        &accounts,
+        env,
+    ));
     groups::validate(&sections.groups, &mut ctx, &mut issues);
     let orphan_urls = urls::validate(&sections.urls, &mut ctx, &mut issues);
     let keys_by_hash = keys::validate(&sections.keys, &ctx, &mut issues);
