@@ -28,7 +28,7 @@ use crate::reject::Reject;
 /// The fields of an account that hold secrets.
 const SECRET_FIELDS: [&str; 3] = ["secret", "proxy_url", "refresh_token"];
 
-fn bad(message: impl Into<String>) -> Reject {
+pub(super) fn bad(message: impl Into<String>) -> Reject {
     Reject::new(
         StatusCode::BAD_REQUEST,
         ErrorType::InvalidRequest,
@@ -37,7 +37,7 @@ fn bad(message: impl Into<String>) -> Reject {
 }
 
 /// The body as a JSON object.
-fn object(body: &Bytes) -> Result<Map<String, Value>, Reject> {
+pub(super) fn object(body: &Bytes) -> Result<Map<String, Value>, Reject> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(bad("the body must be a JSON object of the fields to set")),

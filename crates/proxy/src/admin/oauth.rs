@@ -19,6 +19,7 @@ use keypool_store::config::sealed;
 use keypool_store::now_ms;
 use serde_json::{Map, Value, json};
 
+use super::changes::{bad, object};
 use super::json_response;
 use crate::App;
 use crate::body::ProxyBody;
@@ -45,21 +46,6 @@ pub(super) async fn handle(
     Some(answer.unwrap_or_else(|reject| reject.respond(request_id)))
 }
 
-fn bad(message: impl Into<String>) -> Reject {
-    Reject::new(
-        StatusCode::BAD_REQUEST,
-        ErrorType::InvalidRequest,
-        message.into(),
-    )
-}
-
-fn fields(body: &Bytes) -> Result<Map<String, Value>, Reject> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(map)) => Ok(map),
-        _ => Err(bad("the body must be a JSON object")),
-    }
-}
-
 fn text<'a>(fields: &'a Map<String, Value>, name: &str) -> Option<&'a str> {
     fields
         .get(name)
@@ -82,7 +68,7 @@ fn encode(value: &str) -> String {
 
 /// `POST /admin/oauth/start`.
 fn start(app: &App, body: &Bytes) -> Result<Response<ProxyBody>, Reject> {
-    let f = fields(body)?;
+    let f = object(body)?;
     let id = text(&f, "id").ok_or_else(|| bad("start a login with {\"id\": …, \"org\": …}"))?;
     if sealed::seal(std::env::var(sealed::SECRETS_KEY_ENV).ok().as_deref(), "x").is_err() {
         return Err(Reject::new(
@@ -134,7 +120,7 @@ fn start(app: &App, body: &Bytes) -> Result<Response<ProxyBody>, Reject> {
 
 /// `POST /admin/oauth/finish`.
 async fn finish(app: &App, body: &Bytes, request_id: &str) -> Result<Response<ProxyBody>, Reject> {
-    let f = fields(body)?;
+    let f = object(body)?;
     let pasted = text(&f, "code").ok_or_else(|| bad("finish with {\"state\": …, \"code\": …}"))?;
     let (code, pasted_state) = pasted.trim().split_once('#').unwrap_or((pasted.trim(), ""));
     let state = text(&f, "state").unwrap_or(pasted_state);
