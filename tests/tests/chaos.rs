@@ -311,9 +311,14 @@ fn expected_cooldown(entry: &keypool_cooldown::CooldownEntry) -> Option<u64> {
                 n => (200u64 << (n - 2).min(20)).min(2_000),
             })
         }
-        Trigger::AuthRejected { .. } | Trigger::PaymentRequired | Trigger::RequestError { .. } => {
-            None
-        }
+        Trigger::AuthRejected { .. }
+        | Trigger::PaymentRequired
+        | Trigger::RequestError { .. }
+        | Trigger::Banned { .. }
+        | Trigger::CreditBalanceLow { .. }
+        | Trigger::FamilyWindowExhausted { .. }
+        | Trigger::ModelNotFound => None,
+        Trigger::Forbidden => panic!("no 403 was scripted"),
     }
 }
 

@@ -47,6 +47,7 @@ fn bench(c: &mut Criterion) {
         &AttemptFailure::Status {
             status: StatusCode::TOO_MANY_REQUESTS,
             rate_limit: &info,
+            marks: Default::default(),
         },
         NOW,
     );

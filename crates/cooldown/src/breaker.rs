@@ -354,6 +354,7 @@ mod tests {
                 &AttemptFailure::Status {
                     status,
                     rate_limit: &info,
+                    marks: Default::default(),
                 },
                 0,
             )

@@ -11,7 +11,7 @@
 //! use keypool_cooldown::{classify, AttemptFailure, FailureClass, Trigger};
 //!
 //! let info = RateLimitInfo { retry_after_ms: Some(20_000), ..Default::default() };
-//! let c = classify(&AttemptFailure::Status { status: StatusCode::TOO_MANY_REQUESTS, rate_limit: &info }, 0);
+//! let c = classify(&AttemptFailure::Status { status: StatusCode::TOO_MANY_REQUESTS, rate_limit: &info, marks: Default::default() }, 0);
 //! assert_eq!(c.class, FailureClass::RateLimit);
 //! assert_eq!(c.trigger, Trigger::RetryAfter { wait_ms: 20_000 });
 //! assert!(!c.is_request_error());
@@ -20,6 +20,8 @@
 use http::StatusCode;
 use keypool_core::UnixMs;
 use serde::{Deserialize, Serialize};
+
+use keypool_core::ModelFamily;
 
 use crate::headers::{RateLimitInfo, UnifiedStatus};
 
@@ -66,6 +68,19 @@ pub enum TransportFailure {
     InvalidAnswer,
 }
 
+/// What an error body says beyond its status (SPEC 16), found by
+/// [`crate::CooldownConfig::marks`]: the only part of an upstream body classification
+/// reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct BodyMarks {
+    /// The body matches one of `ban_markers` (the account is banned).
+    pub ban: bool,
+    /// The body says the credit balance is too low.
+    pub credits: bool,
+    /// The body's error type is `not_found_error` (a 404 for the model).
+    pub not_found: bool,
+}
+
 /// The failure of one attempt, as the proxy saw it.
 #[derive(Debug, Clone, Copy)]
 pub enum AttemptFailure<'a> {
@@ -76,6 +91,8 @@ pub enum AttemptFailure<'a> {
         status: StatusCode,
         /// The response's parsed rate-limit headers.
         rate_limit: &'a RateLimitInfo,
+        /// What its body says ([`BodyMarks`]).
+        marks: BodyMarks,
     },
     /// No usable upstream status.
     Transport(TransportFailure),
@@ -85,13 +102,39 @@ pub enum AttemptFailure<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Trigger {
-    /// 401 or 403: the credential was refused.
+    /// 401: the credential was refused (the account is disabled).
     AuthRejected {
-        /// 401 or 403.
+        /// 401.
+        status: u16,
+    },
+    /// 403 without a ban marker: a 60 s cooldown; the 3rd consecutive one bans the
+    /// account (SPEC 16).
+    Forbidden,
+    /// An error body matching `ban_markers`: the account is banned at once.
+    Banned {
+        /// The upstream status.
         status: u16,
     },
     /// 402: billing, credits exhausted.
     PaymentRequired,
+    /// Another status whose body says the credit balance is too low (Anthropic answers
+    /// so with a 400): credits exhausted.
+    CreditBalanceLow {
+        /// The upstream status.
+        status: u16,
+    },
+    /// 429 with unified `-status: rejected` and the representative claim of one model
+    /// family's weekly window (`seven_day_opus`): the account is out for that family
+    /// only (the window book holds it), no cooldown.
+    FamilyWindowExhausted {
+        /// The family.
+        family: ModelFamily,
+        /// The reset, unix ms.
+        reset: UnixMs,
+    },
+    /// A `404 not_found_error`: the request's fault like any 404, and the model is
+    /// locked on the account (SPEC 16 model lockout).
+    ModelNotFound,
     /// 429 with unified `-status: rejected` and a future reset: cooldown until `reset`.
     WindowExhausted {
         /// The reset, unix ms.
@@ -131,7 +174,12 @@ impl Trigger {
     pub const fn as_str(&self) -> &'static str {
         match self {
             Self::AuthRejected { .. } => "auth_rejected",
+            Self::Forbidden => "forbidden",
+            Self::Banned { .. } => "banned",
             Self::PaymentRequired => "payment_required",
+            Self::CreditBalanceLow { .. } => "credit_balance_low",
+            Self::FamilyWindowExhausted { .. } => "family_window_exhausted",
+            Self::ModelNotFound => "model_not_found",
             Self::WindowExhausted { .. } => "window_exhausted",
             Self::RetryAfter { .. } => "retry_after",
             Self::PlainRateLimit => "rate_limited",
@@ -170,7 +218,25 @@ impl Classification {
     /// proxy tries at most one more account after one; the rating engine does not count
     /// it as an error; the cooldown book ignores it.
     pub const fn is_request_error(&self) -> bool {
-        matches!(self.trigger, Trigger::RequestError { .. })
+        matches!(
+            self.trigger,
+            Trigger::RequestError { .. } | Trigger::ModelNotFound
+        )
+    }
+
+    /// The terminal state this failure puts the account in at once (SPEC 16), when
+    /// `auto_disable_on_error` is on: `disabled` (401), `credits_exhausted` (402, or a
+    /// body saying the balance is too low), `banned` (a ban marker). A plain 403 is
+    /// none: it bans only as the 3rd of a streak ([`crate::PoolHealth::record_failure`]).
+    pub const fn terminal(&self) -> Option<crate::Terminal> {
+        match self.trigger {
+            Trigger::AuthRejected { .. } => Some(crate::Terminal::Disabled),
+            Trigger::PaymentRequired | Trigger::CreditBalanceLow { .. } => {
+                Some(crate::Terminal::CreditsExhausted)
+            }
+            Trigger::Banned { .. } => Some(crate::Terminal::Banned),
+            _ => None,
+        }
     }
 }
 
@@ -188,19 +254,37 @@ pub const REQUEST_ERROR_STATUSES: [u16; 4] = [400, 404, 413, 422];
 /// Statuses the table does not name (other 4xx such as 405 or 408, 3xx, and a 2xx the
 /// proxy nevertheless counts as failed) are `transient` with the backoff of the "other
 /// 5xx" row: the attempt failed, and nothing says the credential is bad.
+///
+/// The body's [`BodyMarks`] come first for 400, 401 and 403 (SPEC 16): a ban marker
+/// is `banned`, a low credit balance `credits_exhausted`; a `404 not_found_error` is
+/// [`Trigger::ModelNotFound`].
 pub fn classify(failure: &AttemptFailure<'_>, now: UnixMs) -> Classification {
     let (class, trigger) = match *failure {
         AttemptFailure::Transport(failure) => {
             (FailureClass::Transient, Trigger::Transport { failure })
         }
-        AttemptFailure::Status { status, rate_limit } => {
+        AttemptFailure::Status {
+            status,
+            rate_limit,
+            marks,
+        } => {
             let code = status.as_u16();
+            let marked = matches!(code, 400 | 401 | 403);
             match code {
-                401 | 403 => (
+                _ if marked && marks.ban => {
+                    (FailureClass::KeyError, Trigger::Banned { status: code })
+                }
+                _ if marked && marks.credits => (
+                    FailureClass::KeyError,
+                    Trigger::CreditBalanceLow { status: code },
+                ),
+                401 => (
                     FailureClass::KeyError,
                     Trigger::AuthRejected { status: code },
                 ),
+                403 => (FailureClass::KeyError, Trigger::Forbidden),
                 402 => (FailureClass::KeyError, Trigger::PaymentRequired),
+                404 if marks.not_found => (FailureClass::Transient, Trigger::ModelNotFound),
                 429 => (FailureClass::RateLimit, rate_limit_trigger(rate_limit, now)),
                 503 | 529 => (
                     FailureClass::Transient,
@@ -222,7 +306,10 @@ pub fn classify(failure: &AttemptFailure<'_>, now: UnixMs) -> Classification {
 
 fn rate_limit_trigger(info: &RateLimitInfo, now: UnixMs) -> Trigger {
     if let Some(reset) = window_exhausted_reset(info).filter(|&r| r > now) {
-        return Trigger::WindowExhausted { reset };
+        return match info.claimed_family() {
+            Some(family) => Trigger::FamilyWindowExhausted { family, reset },
+            None => Trigger::WindowExhausted { reset },
+        };
     }
     match info.retry_after_ms {
         Some(wait_ms) => Trigger::RetryAfter { wait_ms },
@@ -256,6 +343,7 @@ mod tests {
             &AttemptFailure::Status {
                 status,
                 rate_limit: info,
+                marks: BodyMarks::default(),
             },
             NOW,
         )
@@ -265,13 +353,78 @@ mod tests {
         status(code, &RateLimitInfo::default())
     }
 
+    fn marked(code: u16, marks: BodyMarks) -> Classification {
+        classify(
+            &AttemptFailure::Status {
+                status: StatusCode::from_u16(code).unwrap(),
+                rate_limit: &RateLimitInfo::default(),
+                marks,
+            },
+            NOW,
+        )
+    }
+
+    /// SPEC 6's rows for 401, 402 and 403 with SPEC 16's terminal states.
+    #[test]
+    fn terminal_rows_and_body_marks() {
+        use crate::Terminal;
+        let ban = BodyMarks {
+            ban: true,
+            ..BodyMarks::default()
+        };
+        let credits = BodyMarks {
+            credits: true,
+            ..BodyMarks::default()
+        };
+        assert_eq!(plain(401).terminal(), Some(Terminal::Disabled));
+        assert_eq!(plain(402).terminal(), Some(Terminal::CreditsExhausted));
+        assert_eq!(plain(403).trigger, Trigger::Forbidden);
+        assert_eq!(plain(403).class, FailureClass::KeyError);
+        assert_eq!(plain(403).terminal(), None);
+        for code in [400, 401, 403] {
+            assert_eq!(marked(code, ban).trigger, Trigger::Banned { status: code });
+            assert_eq!(marked(code, ban).terminal(), Some(Terminal::Banned));
+            assert_eq!(
+                marked(code, credits).terminal(),
+                Some(Terminal::CreditsExhausted)
+            );
+        }
+        // a ban marker in a 429 or a 5xx body is not a ban
+        assert_eq!(marked(429, ban).trigger, Trigger::PlainRateLimit);
+        assert_eq!(marked(500, ban).trigger.as_str(), "server_error");
+        // 404: a model lockout only with the error type not_found_error
+        let nf = BodyMarks {
+            not_found: true,
+            ..BodyMarks::default()
+        };
+        assert_eq!(marked(404, nf).trigger, Trigger::ModelNotFound);
+        assert!(marked(404, nf).is_request_error());
+        assert_eq!(plain(404).trigger, Trigger::RequestError { status: 404 });
+    }
+
+    #[test]
+    fn a_family_claim_is_not_the_whole_account() {
+        let info = RateLimitInfo {
+            unified_status: Some(UnifiedStatus::Rejected),
+            unified_reset: Some(NOW + 3_600_000),
+            representative_claim: Some("seven_day_opus".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            status(429, &info).trigger,
+            Trigger::FamilyWindowExhausted {
+                family: ModelFamily::Opus,
+                reset: NOW + 3_600_000
+            }
+        );
+        assert_eq!(status(429, &info).class, FailureClass::RateLimit);
+    }
+
     #[test]
     fn auth_and_billing_are_key_errors() {
-        for code in [401, 403] {
-            let c = plain(code);
-            assert_eq!(c.class, FailureClass::KeyError);
-            assert_eq!(c.trigger, Trigger::AuthRejected { status: code });
-        }
+        let c = plain(401);
+        assert_eq!(c.class, FailureClass::KeyError);
+        assert_eq!(c.trigger, Trigger::AuthRejected { status: 401 });
         assert_eq!(plain(402).class, FailureClass::KeyError);
         assert_eq!(plain(402).trigger, Trigger::PaymentRequired);
     }

@@ -8,7 +8,7 @@
 use keypool_core::UnixMs;
 use serde::{Deserialize, Serialize};
 
-use crate::classify::Trigger;
+use crate::classify::{BodyMarks, Trigger};
 use crate::error::CooldownError;
 use crate::headers::ResetKind;
 
@@ -37,9 +37,35 @@ pub struct CooldownSettings {
     pub backoff_max_ms: u64,
     /// Default usage-window threshold (fraction, `0 < t <= 1`). Default 0.95.
     pub window_threshold: f64,
+    /// Cooldown after a `403` without a ban marker, ms (SPEC 16). Default 60 s.
+    pub forbidden_ms: u64,
+    /// The consecutive `403` that bans the account (SPEC 16: the 3rd). Default 3.
+    pub ban_after_forbidden: u32,
+    /// Texts that, found in a 400, 401 or 403 error body (ASCII case ignored), ban the
+    /// account at once. Default: [`DEFAULT_BAN_MARKERS`].
+    pub ban_markers: Vec<String>,
+    /// Texts that, found in a 400, 401 or 403 error body, mean the credit balance is
+    /// exhausted (`credits_exhausted`). Default: [`DEFAULT_CREDIT_MARKERS`].
+    pub credit_markers: Vec<String>,
+    /// First model lockout after a `404 not_found_error`, ms (SPEC 16). Default 10 min.
+    pub model_lockout_ms: u64,
+    /// Longest model lockout, ms. Default 6 h.
+    pub model_lockout_max_ms: u64,
     /// The per-`base_url` circuit breaker.
     pub breaker: BreakerSettings,
 }
+
+/// The default `ban_markers`: how Anthropic and Anthropic-compatible upstreams word an
+/// account that was shut down for good.
+pub const DEFAULT_BAN_MARKERS: [&str; 4] = [
+    "organization has been disabled",
+    "account has been disabled",
+    "account has been suspended",
+    "account has been banned",
+];
+
+/// The default `credit_markers` (Anthropic's 400 for an empty prepaid balance).
+pub const DEFAULT_CREDIT_MARKERS: [&str; 1] = ["credit balance is too low"];
 
 impl Default for CooldownSettings {
     fn default() -> Self {
@@ -54,6 +80,12 @@ impl Default for CooldownSettings {
             backoff_base_ms: 5_000,
             backoff_max_ms: 300_000,
             window_threshold: 0.95,
+            forbidden_ms: 60_000,
+            ban_after_forbidden: 3,
+            ban_markers: DEFAULT_BAN_MARKERS.map(String::from).to_vec(),
+            credit_markers: DEFAULT_CREDIT_MARKERS.map(String::from).to_vec(),
+            model_lockout_ms: 600_000,
+            model_lockout_max_ms: 21_600_000,
             breaker: BreakerSettings::default(),
         }
     }
@@ -158,7 +190,64 @@ impl CooldownConfig {
             ));
         }
         positive("breaker.open_ms", s.breaker.open_ms)?;
+        positive("forbidden_ms", s.forbidden_ms)?;
+        if s.ban_after_forbidden == 0 {
+            return Err(invalid("ban_after_forbidden", 0, "must be at least 1"));
+        }
+        positive("model_lockout_ms", s.model_lockout_ms)?;
+        if s.model_lockout_max_ms < s.model_lockout_ms {
+            return Err(invalid(
+                "model_lockout_max_ms",
+                s.model_lockout_max_ms,
+                "must be at least model_lockout_ms",
+            ));
+        }
+        let mut settings = settings;
+        for (field, markers) in [
+            ("ban_markers", &mut settings.ban_markers),
+            ("credit_markers", &mut settings.credit_markers),
+        ] {
+            for m in markers.iter_mut() {
+                if m.trim().is_empty() {
+                    return Err(invalid(
+                        field,
+                        format!("{m:?}"),
+                        "must not hold an empty text",
+                    ));
+                }
+                m.make_ascii_lowercase();
+            }
+        }
         Ok(Self { settings })
+    }
+
+    /// What an error body says (SPEC 16): a ban marker, a credit marker (ASCII case
+    /// ignored), the error type `not_found_error`. Only failed attempts' bodies (a few
+    /// KiB at most) are read.
+    pub fn marks(&self, body: &[u8]) -> BodyMarks {
+        if body.is_empty() {
+            return BodyMarks::default();
+        }
+        let text = String::from_utf8_lossy(body).to_ascii_lowercase();
+        let any = |markers: &[String]| markers.iter().any(|m| text.contains(m.as_str()));
+        BodyMarks {
+            ban: any(&self.settings.ban_markers),
+            credits: any(&self.settings.credit_markers),
+            not_found: text.contains("not_found_error"),
+        }
+    }
+
+    /// The model lockout after the `failures`-th consecutive `404 not_found_error` of
+    /// one (account, model), ms: `model_lockout_ms × 2^(failures − 1)`, capped at
+    /// `model_lockout_max_ms` (SPEC 16: 10 min doubling up to 6 h).
+    pub fn lockout_ms(&self, failures: u32) -> u64 {
+        let s = &self.settings;
+        let factor = 1u64
+            .checked_shl(failures.saturating_sub(1))
+            .unwrap_or(u64::MAX);
+        s.model_lockout_ms
+            .saturating_mul(factor)
+            .min(s.model_lockout_max_ms)
     }
 
     /// The validated settings.
@@ -193,6 +282,7 @@ impl CooldownConfig {
             s.large_pool_rate_limit_ms,
             s.overloaded_ms,
             s.backoff_max_ms,
+            s.forbidden_ms,
         ]
         .into_iter()
         .max()
@@ -212,8 +302,13 @@ impl CooldownConfig {
         let s = &self.settings;
         match *trigger {
             Trigger::AuthRejected { .. }
+            | Trigger::Banned { .. }
             | Trigger::PaymentRequired
+            | Trigger::CreditBalanceLow { .. }
+            | Trigger::FamilyWindowExhausted { .. }
+            | Trigger::ModelNotFound
             | Trigger::RequestError { .. } => 0,
+            Trigger::Forbidden => s.forbidden_ms,
             Trigger::WindowExhausted { reset } => reset.saturating_sub(now),
             Trigger::RetryAfter { wait_ms } => {
                 wait_ms.clamp(s.retry_after_min_ms, s.retry_after_max_ms)
@@ -252,6 +347,40 @@ mod tests {
             let config = CooldownConfig::try_new(s).unwrap();
             assert_eq!(config.longest_cooldown_ms(), long, "field {field}");
         }
+    }
+
+    #[test]
+    fn body_marks_and_lockout_lengths() {
+        let c = CooldownConfig::default();
+        let ban = br#"{"type":"error","error":{"type":"permission_error","message":"This Organization has been disabled."}}"#;
+        assert!(c.marks(ban).ban);
+        let credit = br#"{"error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API."}}"#;
+        let m = c.marks(credit);
+        assert!(m.credits && !m.ban && !m.not_found);
+        let nf =
+            br#"{"type":"error","error":{"type":"not_found_error","message":"model: claude-x"}}"#;
+        assert!(c.marks(nf).not_found);
+        assert_eq!(c.marks(b""), BodyMarks::default());
+        // configured markers are matched case-insensitively
+        let custom = CooldownConfig::try_new(CooldownSettings {
+            ban_markers: vec!["Account TERMINATED".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(custom.marks(b"your account terminated").ban);
+        assert!(!custom.marks(ban).ban);
+        let empty = CooldownSettings {
+            ban_markers: vec![" ".into()],
+            ..Default::default()
+        };
+        assert!(CooldownConfig::try_new(empty).is_err());
+        // 10 min, doubling, up to 6 h
+        let minutes = |f| c.lockout_ms(f) / 60_000;
+        assert_eq!(
+            [1, 2, 3, 4, 5, 6, 7, 100].map(minutes),
+            [10, 20, 40, 80, 160, 320, 360, 360]
+        );
+        assert_eq!(c.lockout_ms(0), 600_000);
     }
 
     #[test]

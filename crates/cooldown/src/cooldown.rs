@@ -44,6 +44,15 @@ pub struct CooldownEntry {
     /// Every recorded failure since the last success (herd included; key errors and
     /// request errors excluded).
     pub consecutive_failures: u32,
+    /// Consecutive `403`s without a ban marker (SPEC 16), not counting the herd: the
+    /// [`crate::CooldownSettings::ban_after_forbidden`]-th bans the account. Any other
+    /// outcome ends the streak.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub forbidden_streak: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One exported cooldown entry: the account and its state, with absolute times.
@@ -95,11 +104,20 @@ impl CooldownBook {
         self.config.store(config.into());
     }
 
+    /// The current configuration.
+    pub fn config(&self) -> Arc<CooldownConfig> {
+        self.config.load_full()
+    }
+
     /// Records a failed attempt of `account` and returns its cooldown expiry after the
     /// update, if it is in cooldown at `now`.
     ///
     /// - Key errors and request errors change nothing here (key errors disable the
-    ///   account through [`crate::DisabledBook`]; request errors are the request's fault).
+    ///   account through [`crate::DisabledBook`]; request errors are the request's fault),
+    ///   except a `403` without a ban marker ([`Trigger::Forbidden`]): a cooldown of
+    ///   `forbidden_ms` and one more in the account's streak
+    ///   ([`CooldownEntry::forbidden_streak`]). A family's weekly window changes nothing
+    ///   either: the window book keeps the account out of that family only.
     /// - Otherwise the cooldown becomes `max(current expiry, now + duration)`, where the
     ///   duration is what the trigger says ([`CooldownConfig::trigger_duration_ms`]): a
     ///   cooldown is never shortened by a failure, and never shorter than its trigger.
@@ -117,11 +135,15 @@ impl CooldownBook {
         snapshot_len: usize,
         now: UnixMs,
     ) -> Option<UnixMs> {
-        if classification.class == FailureClass::KeyError || classification.is_request_error() {
+        let trigger = classification.trigger;
+        let forbidden = trigger == Trigger::Forbidden;
+        if (classification.class == FailureClass::KeyError && !forbidden)
+            || classification.is_request_error()
+            || matches!(trigger, Trigger::FamilyWindowExhausted { .. })
+        {
             return self.cooldown_until(account, now);
         }
         let config = self.config.load();
-        let trigger = classification.trigger;
         let raises = trigger.is_backoff();
         let fresh = |level: u32| {
             let until =
@@ -132,6 +154,7 @@ impl CooldownBook {
                 trigger,
                 backoff_level: level,
                 consecutive_failures: 1,
+                forbidden_streak: u32::from(forbidden),
             }
         };
         let signal = self.signals.get(account);
@@ -161,6 +184,11 @@ impl CooldownBook {
                 e.until = e.until.max(own);
                 e.backoff_level = level;
                 e.consecutive_failures = e.consecutive_failures.saturating_add(1);
+                if !forbidden {
+                    e.forbidden_streak = 0;
+                } else if !herd || e.forbidden_streak == 0 {
+                    e.forbidden_streak = e.forbidden_streak.saturating_add(1);
+                }
                 if !herd {
                     e.set_at = now;
                 }
@@ -178,8 +206,15 @@ impl CooldownBook {
         self.entries.remove_if_mut(account, |_, e| {
             e.backoff_level = 0;
             e.consecutive_failures = 0;
+            e.forbidden_streak = 0;
             e.until <= now
         });
+    }
+
+    /// The account's current streak of consecutive `403`s
+    /// ([`CooldownEntry::forbidden_streak`]).
+    pub fn forbidden_streak(&self, account: &AccountId) -> u32 {
+        self.entries.get(account).map_or(0, |e| e.forbidden_streak)
     }
 
     /// The account's cooldown expiry, if it is in cooldown at `now` (`now < until`).
@@ -323,6 +358,7 @@ mod tests {
             &AttemptFailure::Status {
                 status,
                 rate_limit: info,
+                marks: Default::default(),
             },
             NOW,
         )
@@ -347,11 +383,28 @@ mod tests {
     // ---- one test per row of the SPEC 6 trigger table ----
 
     #[test]
-    fn row_401_403_key_error_no_cooldown() {
-        for code in [401, 403] {
-            assert_eq!(status(code).class, FailureClass::KeyError);
-            assert_eq!(first_cooldown(&status(code), 10), None);
-        }
+    fn row_401_key_error_no_cooldown() {
+        assert_eq!(status(401).class, FailureClass::KeyError);
+        assert_eq!(first_cooldown(&status(401), 10), None);
+    }
+
+    /// SPEC 6/16: a 403 without a ban marker is a 60 s cooldown (the streak that bans
+    /// is `PoolHealth`'s), counted in the entry's streak.
+    #[test]
+    fn row_403_cooldown_of_60_s_and_its_streak() {
+        assert_eq!(status(403).class, FailureClass::KeyError);
+        assert_eq!(first_cooldown(&status(403), 10), Some(60_000));
+        let book = CooldownBook::default();
+        let a = id("a");
+        book.record_failure(&a, &status(403), NOW - 1, 10, NOW);
+        // the herd (started before) does not add to the streak
+        book.record_failure(&a, &status(403), NOW - 2, 10, NOW + 1);
+        assert_eq!(book.forbidden_streak(&a), 1);
+        book.record_failure(&a, &status(403), NOW + 5, 10, NOW + 6);
+        assert_eq!(book.forbidden_streak(&a), 2);
+        // any other failure ends it
+        book.record_failure(&a, &status(500), NOW + 7, 10, NOW + 8);
+        assert_eq!(book.forbidden_streak(&a), 0);
     }
 
     #[test]

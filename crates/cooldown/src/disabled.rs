@@ -1,7 +1,9 @@
-//! The disabled book: accounts taken out of rotation after a `key_error` (SPEC 6).
+//! The disabled book: accounts taken out of rotation after a `key_error` (SPEC 6), each
+//! in one of the terminal states of SPEC 16 ([`Terminal`]: `disabled`,
+//! `credits_exhausted`, `banned`, `expired`) with its reason and time.
 //!
 //! Disabling is honoured only while `auto_disable_on_error` is on; re-enabling is always
-//! an explicit operator action.
+//! an explicit operator action, whatever the state.
 //!
 //! ```
 //! use keypool_cooldown::{CooldownConfig, DisabledBook};
@@ -26,13 +28,57 @@ use crate::book;
 use crate::classify::{Classification, Trigger};
 use crate::config::CooldownConfig;
 
-/// Why and when an account was disabled.
+/// The terminal states of an account (SPEC 16): out of rotation until an operator
+/// re-enables it. Persisted with the reason; state written by an older keypool (no
+/// `state`) reads as `disabled`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Terminal {
+    /// The credential was refused (401), or an operator disabled it.
+    #[default]
+    Disabled,
+    /// Billing: a 402, or a body saying the credit balance is too low.
+    CreditsExhausted,
+    /// A body matching `ban_markers`, or the 3rd consecutive 403.
+    Banned,
+    /// An OAuth account whose refresh token is dead (SPEC 14): it needs a new login.
+    Expired,
+}
+
+impl Terminal {
+    /// Every state, in declaration order.
+    pub const ALL: [Self; 4] = [
+        Self::Disabled,
+        Self::CreditsExhausted,
+        Self::Banned,
+        Self::Expired,
+    ];
+
+    /// The name in the admin API, metrics and logs.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Disabled => "disabled",
+            Self::CreditsExhausted => "credits_exhausted",
+            Self::Banned => "banned",
+            Self::Expired => "expired",
+        }
+    }
+
+    fn is_disabled(&self) -> bool {
+        *self == Self::Disabled
+    }
+}
+
+/// Why and when an account was disabled, and in which terminal state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DisabledAccount {
     /// A short, secret-free reason for the operator.
     pub reason: String,
     /// When it was disabled, unix ms.
     pub at: UnixMs,
+    /// The terminal state (`disabled` unless a more precise one applies).
+    #[serde(default, skip_serializing_if = "Terminal::is_disabled")]
+    pub state: Terminal,
 }
 
 /// One exported disabled account.
@@ -49,11 +95,16 @@ pub struct DisabledRecord {
 /// `key_error: upstream answered 401 (auth_rejected)`. Contains no upstream text.
 pub fn disable_reason(classification: &Classification) -> String {
     let status = match classification.trigger {
-        Trigger::AuthRejected { status } => Some(status),
+        Trigger::AuthRejected { status }
+        | Trigger::Banned { status }
+        | Trigger::CreditBalanceLow { status } => Some(status),
+        Trigger::Forbidden => Some(403),
         Trigger::PaymentRequired => Some(402),
-        Trigger::WindowExhausted { .. } | Trigger::RetryAfter { .. } | Trigger::PlainRateLimit => {
-            Some(429)
-        }
+        Trigger::ModelNotFound => Some(404),
+        Trigger::WindowExhausted { .. }
+        | Trigger::FamilyWindowExhausted { .. }
+        | Trigger::RetryAfter { .. }
+        | Trigger::PlainRateLimit => Some(429),
         Trigger::Overloaded { status }
         | Trigger::OtherStatus { status }
         | Trigger::RequestError { status } => Some(status),
@@ -105,6 +156,18 @@ impl DisabledBook {
     /// An account already disabled keeps its first reason and time. Returns whether the
     /// account is disabled afterwards.
     pub fn disable(&self, account: &AccountId, reason: impl Into<String>, now: UnixMs) -> bool {
+        self.disable_as(account, Terminal::Disabled, reason, now)
+    }
+
+    /// [`DisabledBook::disable`] into the terminal `state`. An account already in a
+    /// terminal state keeps its first state, reason and time.
+    pub fn disable_as(
+        &self,
+        account: &AccountId,
+        state: Terminal,
+        reason: impl Into<String>,
+        now: UnixMs,
+    ) -> bool {
         if self.entries.contains_key(account) {
             return true;
         }
@@ -116,6 +179,7 @@ impl DisabledBook {
             .or_insert_with(|| DisabledAccount {
                 reason: reason.into(),
                 at: now,
+                state,
             });
         true
     }
@@ -176,6 +240,7 @@ mod tests {
             &AttemptFailure::Status {
                 status,
                 rate_limit: &info,
+                marks: Default::default(),
             },
             0,
         )
@@ -187,7 +252,7 @@ mod tests {
         let a = AccountId::from("a");
         for (code, reason) in [
             (401, "key_error: upstream answered 401 (auth_rejected)"),
-            (403, "key_error: upstream answered 403 (auth_rejected)"),
+            (403, "key_error: upstream answered 403 (forbidden)"),
             (402, "key_error: upstream answered 402 (payment_required)"),
         ] {
             assert!(book.disable(&a, disable_reason(&status(code)), 5_000));
@@ -195,7 +260,8 @@ mod tests {
                 book.get(&a),
                 Some(DisabledAccount {
                     reason: reason.into(),
-                    at: 5_000
+                    at: 5_000,
+                    state: Terminal::Disabled,
                 })
             );
             // A second key error keeps the first reason and time.
@@ -242,10 +308,38 @@ mod tests {
             restored.get(&AccountId::from("a")),
             Some(DisabledAccount {
                 reason: "r".into(),
-                at: 7
+                at: 7,
+                state: Terminal::Disabled,
             })
         );
         assert_eq!(restored.len(), 1);
+    }
+
+    /// Each terminal state is kept through export and import with its reason; an
+    /// account already in one keeps its first; re-enabling clears any of them.
+    #[test]
+    fn terminal_states_round_trip_and_clear() {
+        let book = DisabledBook::default();
+        for (i, state) in Terminal::ALL.into_iter().enumerate() {
+            let a = AccountId::from(format!("a{i}"));
+            assert!(book.disable_as(&a, state, format!("why {i}"), 10 + i as u64));
+            assert!(book.disable_as(&a, Terminal::Banned, "later", 99));
+            assert_eq!(book.get(&a).unwrap().state, state);
+        }
+        let json = serde_json::to_string(&book.export()).unwrap();
+        assert!(json.contains(r#""state":"credits_exhausted""#), "{json}");
+        let restored = DisabledBook::default();
+        restored.import(serde_json::from_str::<Vec<DisabledRecord>>(&json).unwrap());
+        for (i, state) in Terminal::ALL.into_iter().enumerate() {
+            let a = AccountId::from(format!("a{i}"));
+            let d = restored.get(&a).unwrap();
+            assert_eq!(
+                (d.state, d.reason.as_str(), d.at),
+                (state, format!("why {i}").as_str(), 10 + i as u64)
+            );
+            assert_eq!(restored.reenable(&a).unwrap().state, state);
+            assert!(!restored.is_disabled(&a));
+        }
     }
 
     #[test]

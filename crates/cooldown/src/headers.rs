@@ -48,7 +48,7 @@
 use std::time::UNIX_EPOCH;
 
 use http::{HeaderMap, HeaderValue};
-use keypool_core::{UnixMs, Window};
+use keypool_core::{ModelFamily, UnixMs, Window};
 use serde::{Deserialize, Serialize};
 
 /// `retry-after`: delay in seconds, or an HTTP date.
@@ -73,6 +73,26 @@ pub const UNIFIED_7D_UTILIZATION: &str = "anthropic-ratelimit-unified-7d-utiliza
 pub const UNIFIED_7D_RESET: &str = "anthropic-ratelimit-unified-7d-reset";
 /// Weekly window status.
 pub const UNIFIED_7D_STATUS: &str = "anthropic-ratelimit-unified-7d-status";
+/// Per-family weekly windows (SPEC 16): utilisation, reset and status headers of
+/// `anthropic-ratelimit-unified-7d_<family>-*`, indexed by [`ModelFamily::index`]. The
+/// representative claim names the same windows `seven_day_<family>`.
+pub const UNIFIED_7D_FAMILY: [[&str; 3]; 3] = [
+    [
+        "anthropic-ratelimit-unified-7d_opus-utilization",
+        "anthropic-ratelimit-unified-7d_opus-reset",
+        "anthropic-ratelimit-unified-7d_opus-status",
+    ],
+    [
+        "anthropic-ratelimit-unified-7d_sonnet-utilization",
+        "anthropic-ratelimit-unified-7d_sonnet-reset",
+        "anthropic-ratelimit-unified-7d_sonnet-status",
+    ],
+    [
+        "anthropic-ratelimit-unified-7d_haiku-utilization",
+        "anthropic-ratelimit-unified-7d_haiku-reset",
+        "anthropic-ratelimit-unified-7d_haiku-status",
+    ],
+];
 /// API-key accounts: requests left in the current rate-limit period.
 pub const REQUESTS_REMAINING: &str = "anthropic-ratelimit-requests-remaining";
 /// API-key accounts: when the request limit refills (RFC 3339, or unix seconds).
@@ -105,15 +125,20 @@ pub enum ResetKind {
     /// `anthropic-ratelimit-requests-reset` (API-key request limit, a cooldown): the
     /// 1 hour of the default `retry_after_max_ms`, the cap of every other 429 wait.
     Requests,
+    /// `anthropic-ratelimit-unified-7d_<family>-reset`: the weekly bound.
+    FamilySevenDay(ModelFamily),
 }
 
 impl ResetKind {
     /// Every kind.
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 7] = [
         Self::Unified,
         Self::FiveHour,
         Self::SevenDay,
         Self::Requests,
+        Self::FamilySevenDay(ModelFamily::Opus),
+        Self::FamilySevenDay(ModelFamily::Sonnet),
+        Self::FamilySevenDay(ModelFamily::Haiku),
     ];
 
     /// The header the reset comes from.
@@ -123,6 +148,7 @@ impl ResetKind {
             Self::FiveHour => UNIFIED_5H_RESET,
             Self::SevenDay => UNIFIED_7D_RESET,
             Self::Requests => REQUESTS_RESET,
+            Self::FamilySevenDay(family) => UNIFIED_7D_FAMILY[family.index()][1],
         }
     }
 
@@ -132,7 +158,7 @@ impl ResetKind {
     pub const fn bound_ms(self) -> u64 {
         let window = match self {
             Self::FiveHour => 5 * HOUR_MS,
-            Self::Unified | Self::SevenDay => 7 * 24 * HOUR_MS,
+            Self::Unified | Self::SevenDay | Self::FamilySevenDay(_) => 7 * 24 * HOUR_MS,
             Self::Requests => HOUR_MS,
         };
         window + RESET_SLACK_MS
@@ -216,6 +242,54 @@ impl WindowUsage {
     pub fn is_empty(&self) -> bool {
         self.utilization.is_none() && self.reset.is_none() && self.status.is_none()
     }
+
+    /// Takes every field `newer` has; keeps the others.
+    pub fn merge(&mut self, newer: &WindowUsage) {
+        self.utilization = newer.utilization.or(self.utilization);
+        self.reset = newer.reset.or(self.reset);
+        self.status = newer.status.or(self.status);
+    }
+}
+
+/// The per-family weekly windows of one account (SPEC 16), one [`WindowUsage`] per
+/// [`ModelFamily`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FamilyWeekly {
+    /// `-7d_opus-*`.
+    #[serde(skip_serializing_if = "WindowUsage::is_empty")]
+    pub opus: WindowUsage,
+    /// `-7d_sonnet-*`.
+    #[serde(skip_serializing_if = "WindowUsage::is_empty")]
+    pub sonnet: WindowUsage,
+    /// `-7d_haiku-*`.
+    #[serde(skip_serializing_if = "WindowUsage::is_empty")]
+    pub haiku: WindowUsage,
+}
+
+impl FamilyWeekly {
+    /// The window of `family`.
+    pub fn get(&self, family: ModelFamily) -> &WindowUsage {
+        match family {
+            ModelFamily::Opus => &self.opus,
+            ModelFamily::Sonnet => &self.sonnet,
+            ModelFamily::Haiku => &self.haiku,
+        }
+    }
+
+    /// The window of `family`, to change.
+    pub fn get_mut(&mut self, family: ModelFamily) -> &mut WindowUsage {
+        match family {
+            ModelFamily::Opus => &mut self.opus,
+            ModelFamily::Sonnet => &mut self.sonnet,
+            ModelFamily::Haiku => &mut self.haiku,
+        }
+    }
+
+    /// True when no family has any field.
+    pub fn is_empty(&self) -> bool {
+        ModelFamily::ALL.iter().all(|f| self.get(*f).is_empty())
+    }
 }
 
 /// Everything keypool reads from one upstream response's rate-limit headers.
@@ -241,6 +315,9 @@ pub struct RateLimitInfo {
     pub requests_remaining: Option<u64>,
     /// `anthropic-ratelimit-requests-reset`, unix ms.
     pub requests_reset: Option<UnixMs>,
+    /// The per-family weekly windows (`-7d_opus-*`, `-7d_sonnet-*`, `-7d_haiku-*`).
+    #[serde(default, skip_serializing_if = "FamilyWeekly::is_empty")]
+    pub families: FamilyWeekly,
     /// The resets [`RateLimitInfo::from_headers`] bounded (empty for a sane upstream),
     /// for the caller to log. Never persisted.
     #[serde(skip)]
@@ -269,8 +346,13 @@ impl RateLimitInfo {
             reset: get(util + 1).and_then(parse_unix_seconds),
             status: get(util + 2).and_then(parse_unified_status),
         };
+        let mut families = FamilyWeekly::default();
+        for family in ModelFamily::ALL {
+            *families.get_mut(*family) = window(Found::FAMILY + 3 * family.index());
+        }
         Self {
             retry_after_ms,
+            families,
             unified_status: get(Found::UNIFIED_STATUS).and_then(parse_unified_status),
             unified_reset: get(Found::UNIFIED_RESET).and_then(parse_unix_seconds),
             representative_claim: get(Found::CLAIM).and_then(parse_claim),
@@ -289,6 +371,7 @@ impl RateLimitInfo {
             ResetKind::FiveHour => self.five_hour.reset,
             ResetKind::SevenDay => self.seven_day.reset,
             ResetKind::Requests => self.requests_reset,
+            ResetKind::FamilySevenDay(family) => self.families.get(family).reset,
         }
     }
 
@@ -298,6 +381,7 @@ impl RateLimitInfo {
             ResetKind::FiveHour => &mut self.five_hour.reset,
             ResetKind::SevenDay => &mut self.seven_day.reset,
             ResetKind::Requests => &mut self.requests_reset,
+            ResetKind::FamilySevenDay(family) => &mut self.families.get_mut(family).reset,
         }
     }
 
@@ -331,6 +415,12 @@ impl RateLimitInfo {
         claim_window(self.representative_claim.as_deref()?)
     }
 
+    /// The model family the representative claim names (`seven_day_opus` → opus), if
+    /// it names one: an overall `rejected` then stands for that family only.
+    pub fn claimed_family(&self) -> Option<ModelFamily> {
+        claim_family(self.representative_claim.as_deref()?)
+    }
+
     /// True when no rate-limit header was present (or none parsed).
     pub fn is_empty(&self) -> bool {
         self.retry_after_ms.is_none() && self.has_no_window_state()
@@ -345,13 +435,14 @@ impl RateLimitInfo {
             && self.seven_day.is_empty()
             && self.requests_remaining.is_none()
             && self.requests_reset.is_none()
+            && self.families.is_empty()
     }
 }
 
 /// The first value of every header [`RateLimitInfo`] reads, found in one pass over the
 /// map (as `HeaderMap::get` would: the first value of a repeated header). One pass
 /// compares each name once instead of hashing twelve names per response.
-struct Found<'h>([Option<&'h HeaderValue>; 13]);
+struct Found<'h>([Option<&'h HeaderValue>; 22]);
 
 impl<'h> Found<'h> {
     const RETRY_AFTER: usize = 0;
@@ -365,6 +456,8 @@ impl<'h> Found<'h> {
     const SEVEN_DAY: usize = 8;
     const REQUESTS_REMAINING: usize = 11;
     const REQUESTS_RESET: usize = 12;
+    /// Per family (in [`ModelFamily::ALL`] order): utilisation, reset, status.
+    const FAMILY: usize = 13;
 
     fn slot(name: &str) -> Option<usize> {
         const PREFIX: &str = "anthropic-ratelimit-";
@@ -391,10 +484,19 @@ impl<'h> Found<'h> {
         ]
         .into_iter()
         .find_map(|(full, index)| slot(full).then_some(index))
+        .or_else(|| {
+            // `unified-7d_<family>-*`: only looked at for names that start so.
+            rest.strip_prefix("unified-7d_")?;
+            UNIFIED_7D_FAMILY
+                .iter()
+                .flatten()
+                .position(|full| slot(full))
+                .map(|i| Self::FAMILY + i)
+        })
     }
 
     fn scan(headers: &'h HeaderMap) -> Self {
-        let mut found = Self([None; 13]);
+        let mut found = Self([None; 22]);
         for (name, value) in headers {
             if let Some(slot) = Self::slot(name.as_str()) {
                 found.0[slot].get_or_insert(value);
@@ -402,6 +504,16 @@ impl<'h> Found<'h> {
         }
         found
     }
+}
+
+/// The model family a representative-claim value names (`seven_day_opus`,
+/// `seven_day_sonnet`, `seven_day_haiku`), if any.
+pub fn claim_family(claim: &str) -> Option<ModelFamily> {
+    let family = claim.strip_prefix("seven_day_")?;
+    ModelFamily::ALL
+        .iter()
+        .copied()
+        .find(|f| f.as_str() == family)
 }
 
 /// The window a representative-claim value names, if any.
@@ -717,6 +829,7 @@ mod tests {
                     reset: Some(1_700_018_000_000),
                     status: Some(UnifiedStatus::AllowedWarning),
                 },
+                families: FamilyWeekly::default(),
                 seven_day: WindowUsage {
                     utilization: Some(0.4),
                     reset: Some(1_700_500_000_000),
@@ -855,8 +968,70 @@ mod tests {
             seven_day: window(UNIFIED_7D_UTILIZATION, UNIFIED_7D_RESET, UNIFIED_7D_STATUS),
             requests_remaining: get(REQUESTS_REMAINING).and_then(parse_u64),
             requests_reset: get(REQUESTS_RESET).and_then(parse_timestamp),
+            families: FamilyWeekly {
+                opus: window(
+                    UNIFIED_7D_FAMILY[0][0],
+                    UNIFIED_7D_FAMILY[0][1],
+                    UNIFIED_7D_FAMILY[0][2],
+                ),
+                sonnet: window(
+                    UNIFIED_7D_FAMILY[1][0],
+                    UNIFIED_7D_FAMILY[1][1],
+                    UNIFIED_7D_FAMILY[1][2],
+                ),
+                haiku: window(
+                    UNIFIED_7D_FAMILY[2][0],
+                    UNIFIED_7D_FAMILY[2][1],
+                    UNIFIED_7D_FAMILY[2][2],
+                ),
+            },
             corrections: Vec::new(),
         }
+    }
+
+    #[test]
+    fn family_weekly_headers_and_claims() {
+        let h = map(&[
+            ("anthropic-ratelimit-unified-7d_opus-utilization", "1.0"),
+            ("anthropic-ratelimit-unified-7d_opus-reset", "1700086400"),
+            ("anthropic-ratelimit-unified-7d_opus-status", "rejected"),
+            ("anthropic-ratelimit-unified-7d_sonnet-utilization", "0.25"),
+            (
+                "anthropic-ratelimit-unified-representative-claim",
+                "seven_day_opus",
+            ),
+            ("anthropic-ratelimit-unified-7d_pous-utilization", "0.5"),
+        ]);
+        let info = RateLimitInfo::from_headers(&h, NOW);
+        assert_eq!(
+            info.families.opus,
+            WindowUsage {
+                utilization: Some(1.0),
+                reset: Some(1_700_086_400_000),
+                status: Some(UnifiedStatus::Rejected)
+            }
+        );
+        assert_eq!(info.families.sonnet.utilization, Some(0.25));
+        assert!(info.families.haiku.is_empty());
+        assert_eq!(info.claimed_family(), Some(ModelFamily::Opus));
+        assert_eq!(info.claimed_window(), Some(Window::Weekly));
+        assert!(!info.has_no_window_state());
+        assert_eq!(RateLimitInfo::parse(&h, NOW), by_lookup(&h, NOW));
+        assert_eq!(claim_family("seven_day"), None);
+        assert_eq!(claim_family("seven_day_sonnet"), Some(ModelFamily::Sonnet));
+        assert_eq!(claim_family("five_hour"), None);
+        // bounded like the weekly window
+        let far = map(&[("anthropic-ratelimit-unified-7d_sonnet-reset", "99999999999")]);
+        let info = RateLimitInfo::from_headers(&far, NOW);
+        assert_eq!(
+            info.families.sonnet.reset,
+            Some(NOW + 7 * 86_400_000 + 300_000)
+        );
+        // persisted state of an older keypool (no `families`) still reads
+        let json = serde_json::to_string(&RateLimitInfo::default()).unwrap();
+        assert!(!json.contains("families"), "{json}");
+        let old: RateLimitInfo = serde_json::from_str(&json).unwrap();
+        assert!(old.families.is_empty());
     }
 
     #[test]
@@ -933,11 +1108,14 @@ mod tests {
     /// The slack every bound allows for clock skew and rounding.
     const SLACK: u64 = 5 * MIN;
     /// Each reset header with its bound (ms after `now`), as documented.
-    const BOUNDS: [(&str, u64); 4] = [
+    const BOUNDS: [(&str, u64); 7] = [
         (UNIFIED_5H_RESET, 5 * HOUR + SLACK),
         (UNIFIED_7D_RESET, 7 * 24 * HOUR + SLACK),
         (UNIFIED_RESET, 7 * 24 * HOUR + SLACK),
         (REQUESTS_RESET, HOUR + SLACK),
+        (UNIFIED_7D_FAMILY[0][1], 7 * 24 * HOUR + SLACK),
+        (UNIFIED_7D_FAMILY[1][1], 7 * 24 * HOUR + SLACK),
+        (UNIFIED_7D_FAMILY[2][1], 7 * 24 * HOUR + SLACK),
     ];
 
     /// The reset `header` filled in `info`.
@@ -947,7 +1125,11 @@ mod tests {
             UNIFIED_7D_RESET => info.seven_day.reset,
             UNIFIED_RESET => info.unified_reset,
             REQUESTS_RESET => info.requests_reset,
-            other => panic!("not a reset header: {other}"),
+            other => ModelFamily::ALL
+                .iter()
+                .find(|f| UNIFIED_7D_FAMILY[f.index()][1] == other)
+                .map(|f| info.families.get(*f).reset)
+                .unwrap_or_else(|| panic!("not a reset header: {other}")),
         }
     }
 

@@ -1,5 +1,5 @@
 //! Failure classes, cooldown and backoff, disabling, usage windows and the circuit
-//! breaker for upstream accounts: SPEC 5 and 6 as pure policy.
+//! breaker for upstream accounts: SPEC 5, 6 and 16 as pure policy.
 //!
 //! After every attempt the proxy asks this crate what the outcome means for the account
 //! ([`classify`]), records it ([`CooldownBook`], [`DisabledBook`], [`WindowBook`],
@@ -26,7 +26,7 @@
 //! let info = RateLimitInfo::from_headers(&headers, now);
 //! health.windows.observe(&account, &info, now);
 //!
-//! let failure = AttemptFailure::Status { status: StatusCode::TOO_MANY_REQUESTS, rate_limit: &info };
+//! let failure = AttemptFailure::Status { status: StatusCode::TOO_MANY_REQUESTS, rate_limit: &info, marks: Default::default() };
 //! let c = classify(&failure, now);
 //! assert_eq!(c.class, FailureClass::RateLimit);
 //! let until = health.cooldowns.record_failure(&account, &c, started, 12, now);
@@ -43,7 +43,12 @@
 //! - `config`: [`CooldownSettings`] (every number, SPEC defaults) validated into
 //!   [`CooldownConfig`], which also turns a trigger into a duration.
 //! - `cooldown`: [`CooldownBook`], per-account expiry, backoff level, herd protection.
-//! - `disabled`: [`DisabledBook`], key-error disabling behind `auto_disable_on_error`.
+//! - `disabled`: [`DisabledBook`], key-error disabling behind `auto_disable_on_error`,
+//!   into one of the terminal states of SPEC 16 ([`Terminal`]).
+//! - `lockout`: [`LockoutBook`], per-(account, model) lockouts after a `404
+//!   not_found_error` (SPEC 16).
+//! - `restate`: [`restate`], the `[[restate]]` rules that rewrite a third party's status
+//!   before classification (SPEC 16).
 //! - `window`: [`WindowBook`], the 5-hour / weekly / request-limit "out until" answer.
 //! - `breaker`: [`CircuitBreakers`], the optional per-`base_url` breaker.
 //! - `signal`: [`CooldownSignal`], [`WindowSignal`], the books' lock-free per-account
@@ -59,6 +64,8 @@ mod cooldown;
 mod disabled;
 mod error;
 pub mod headers;
+mod lockout;
+mod restate;
 mod signal;
 mod state;
 mod window;
@@ -66,13 +73,17 @@ mod window;
 pub use book::Imported;
 pub use breaker::{BreakerOutcome, BreakerState, CircuitBreaker, CircuitBreakers};
 pub use classify::{
-    AttemptFailure, Classification, FailureClass, REQUEST_ERROR_STATUSES, TransportFailure,
-    Trigger, classify,
+    AttemptFailure, BodyMarks, Classification, FailureClass, REQUEST_ERROR_STATUSES,
+    TransportFailure, Trigger, classify,
 };
-pub use config::{BreakerSettings, CooldownConfig, CooldownSettings};
+pub use config::{
+    BreakerSettings, CooldownConfig, CooldownSettings, DEFAULT_BAN_MARKERS, DEFAULT_CREDIT_MARKERS,
+};
 pub use cooldown::{CooldownBook, CooldownCorrection, CooldownEntry, CooldownRecord};
-pub use disabled::{DisabledAccount, DisabledBook, DisabledRecord, disable_reason};
+pub use disabled::{DisabledAccount, DisabledBook, DisabledRecord, Terminal, disable_reason};
 pub use error::CooldownError;
+pub use lockout::{Lockout, LockoutBook, LockoutRecord};
+pub use restate::{RestateRule, Restatement, restate};
 pub use signal::{CooldownSignal, WindowSignal};
 pub use state::{Attempt, ClearedWindows, FailureEffect, HealthExport, ImportCounts, PoolHealth};
 pub use window::{OutOfWindow, UsageLimit, WindowBook, WindowChange, WindowRecord, WindowState};

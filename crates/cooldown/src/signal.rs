@@ -127,7 +127,7 @@ impl WindowSignal {
     /// Stores the book's answer for `state` at `now` with `threshold`; `true` when the
     /// value changed.
     pub(crate) fn set_from(&self, state: &WindowState, threshold: f64, now: UnixMs) -> bool {
-        let until = state.out_of_window(threshold, now).map_or(0, |o| o.until);
+        let until = state.any_block_until(threshold, now);
         self.until.swap(until, Ordering::AcqRel) != until
     }
 
@@ -359,6 +359,7 @@ mod tests {
                         let failure = AttemptFailure::Status {
                             status: StatusCode::from_u16(status).unwrap(),
                             rate_limit: &rl,
+                            marks: Default::default(),
                         };
                         cooldowns.record_failure(&ids[account], &classify(&failure, now), now, 10, now);
                     }
@@ -370,6 +371,7 @@ mod tests {
                         let failure = AttemptFailure::Status {
                             status: StatusCode::TOO_MANY_REQUESTS,
                             rate_limit: &rl,
+                            marks: Default::default(),
                         };
                         entry.record_failure(&ids[account], &classify(&failure, now), now, 10, now);
                         let records: Vec<CooldownRecord> = std::mem::take(&mut entry).export();

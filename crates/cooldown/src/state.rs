@@ -31,8 +31,9 @@ use crate::classify::{Classification, FailureClass, Trigger};
 use crate::config::CooldownConfig;
 use crate::cooldown::{CooldownBook, CooldownCorrection, CooldownEntry, CooldownRecord};
 use crate::disabled::disable_reason;
-use crate::disabled::{DisabledBook, DisabledRecord};
+use crate::disabled::{DisabledBook, DisabledRecord, Terminal};
 use crate::headers::ResetCorrection;
+use crate::lockout::{LockoutBook, LockoutRecord};
 use crate::window::{WindowBook, WindowRecord, WindowState};
 
 /// The serialisable state of a [`PoolHealth`]. The circuit breakers are not part of it:
@@ -48,6 +49,9 @@ pub struct HealthExport {
     pub disabled: Vec<DisabledRecord>,
     /// Usage-window states.
     pub windows: Vec<WindowRecord>,
+    /// Model lockouts (SPEC 16).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lockouts: Vec<LockoutRecord>,
 }
 
 /// What [`PoolHealth::import`] took, and the persisted times it bounded (for the
@@ -60,6 +64,8 @@ pub struct ImportCounts {
     pub disabled: usize,
     /// Window states kept.
     pub windows: usize,
+    /// Model lockouts kept.
+    pub lockouts: usize,
     /// Window resets bounded ([`WindowBook::import`]).
     pub corrected_resets: Vec<(AccountId, ResetCorrection)>,
     /// Cooldown expiries clamped ([`CooldownBook::import`]).
@@ -86,6 +92,9 @@ pub struct Attempt<'a> {
     pub started_at: UnixMs,
     /// How many accounts the request's snapshot held (the plain-429 row).
     pub snapshot_len: usize,
+    /// The model the attempt asked for (the body's `model`, after any per-account
+    /// override; empty when unknown): a `404 not_found_error` locks it on the account.
+    pub model: &'a str,
 }
 
 /// What [`PoolHealth::record_failure`] did to the account.
@@ -95,6 +104,11 @@ pub struct FailureEffect {
     pub cooldown_until: Option<UnixMs>,
     /// Whether the account is disabled afterwards.
     pub disabled: bool,
+    /// The terminal state this failure put the account in (`None` when it was already
+    /// in one, or stays in rotation).
+    pub terminal: Option<Terminal>,
+    /// The model lockout this failure set or extended, unix ms.
+    pub locked_until: Option<UnixMs>,
 }
 
 /// The health of a pool's accounts: cooldowns, disabled accounts, usage windows and the
@@ -109,6 +123,8 @@ pub struct PoolHealth {
     pub windows: WindowBook,
     /// Circuit breakers.
     pub breakers: CircuitBreakers,
+    /// Model lockouts (SPEC 16).
+    pub lockouts: LockoutBook,
 }
 
 impl PoolHealth {
@@ -118,6 +134,7 @@ impl PoolHealth {
             disabled: DisabledBook::new(&config),
             windows: WindowBook::new(&config),
             breakers: CircuitBreakers::new(&config),
+            lockouts: LockoutBook::new(config.clone()),
             cooldowns: CooldownBook::new(config),
         }
     }
@@ -128,6 +145,7 @@ impl PoolHealth {
         self.cooldowns
             .signal_epoch()
             .wrapping_add(self.windows.signal_epoch())
+            .wrapping_add(self.lockouts.signal_epoch())
     }
 
     /// Hands a reloaded config to every book. State is kept.
@@ -135,33 +153,58 @@ impl PoolHealth {
         self.disabled.set_config(&config);
         self.windows.set_config(&config);
         self.breakers.set_config(&config);
+        self.lockouts.set_config(config.clone());
         self.cooldowns.set_config(config);
     }
 
-    /// Applies one failed attempt to every book: a `key_error` disables the account
-    /// (when `auto_disable_on_error` is on), every other class goes to the cooldown book
-    /// (request errors change nothing there), and the outcome is counted by the
-    /// `base_url`'s breaker. Window headers are recorded separately with
-    /// [`WindowBook::observe`], for successes too.
+    /// Applies one failed attempt to every book: a `key_error` puts the account in its
+    /// terminal state ([`Classification::terminal`], when `auto_disable_on_error` is on),
+    /// a `403` without a ban marker cools it `forbidden_ms` and bans it as the
+    /// `ban_after_forbidden`-th of a streak, a `404 not_found_error` locks the attempt's
+    /// model on it, every other class goes to the cooldown book (request errors change
+    /// nothing there), and the outcome is counted by the `base_url`'s breaker. Window
+    /// headers are recorded separately with [`WindowBook::observe`], for successes too.
     pub fn record_failure(
         &self,
         attempt: &Attempt<'_>,
         classification: &Classification,
         now: UnixMs,
     ) -> FailureEffect {
-        let disabled = if classification.class == FailureClass::KeyError {
-            self.disabled
-                .disable(attempt.account, disable_reason(classification), now)
-        } else {
-            self.disabled.is_disabled(attempt.account)
-        };
+        let account = attempt.account;
         let cooldown_until = self.cooldowns.record_failure(
-            attempt.account,
+            account,
             classification,
             attempt.started_at,
             attempt.snapshot_len,
             now,
         );
+        let terminal = match classification.trigger {
+            Trigger::Forbidden => {
+                let streak = self.cooldowns.forbidden_streak(account);
+                let limit = self.cooldowns.config().settings().ban_after_forbidden;
+                (streak >= limit).then_some(Terminal::Banned)
+            }
+            _ if classification.class == FailureClass::KeyError => classification.terminal(),
+            _ => None,
+        };
+        let was = self.disabled.is_disabled(account);
+        let disabled = match terminal {
+            Some(state) => {
+                let reason = terminal_reason(
+                    state,
+                    classification,
+                    self.cooldowns.forbidden_streak(account),
+                );
+                self.disabled.disable_as(account, state, reason, now)
+            }
+            None => was,
+        };
+        let locked_until = (classification.trigger == Trigger::ModelNotFound
+            && !attempt.model.is_empty())
+        .then(|| {
+            self.lockouts
+                .lock(account, attempt.model, attempt.started_at, now)
+        });
         self.breakers.record(
             attempt.base_url,
             BreakerOutcome::of(Some(classification)),
@@ -170,13 +213,18 @@ impl PoolHealth {
         FailureEffect {
             cooldown_until,
             disabled,
+            terminal: terminal.filter(|_| disabled && !was),
+            locked_until,
         }
     }
 
-    /// Applies one successful attempt: resets the account's failure count and backoff
-    /// level and counts a success for its breaker.
+    /// Applies one successful attempt: resets the account's failure count, backoff
+    /// level and 403 streak, halves the failure count of its lockout for the model,
+    /// and counts a success for its breaker.
     pub fn record_success(&self, attempt: &Attempt<'_>, now: UnixMs) {
         self.cooldowns.record_success(attempt.account, now);
+        self.lockouts
+            .record_success(attempt.account, attempt.model, now);
         self.breakers
             .record(attempt.base_url, BreakerOutcome::Success, now);
     }
@@ -200,6 +248,7 @@ impl PoolHealth {
             cooldowns: self.cooldowns.export(),
             disabled: self.disabled.export(),
             windows: self.windows.export(),
+            lockouts: self.lockouts.export(),
         }
     }
 
@@ -213,9 +262,23 @@ impl PoolHealth {
             cooldowns: cooldowns.taken,
             disabled: self.disabled.import(export.disabled),
             windows: windows.taken,
+            lockouts: self.lockouts.import(export.lockouts, now),
             corrected_resets: windows.corrected,
             corrected_cooldowns: cooldowns.corrected,
         }
+    }
+}
+
+/// The operator-facing reason of a terminal state: the classification's own reason
+/// (`key_error: upstream answered 402 (payment_required)`), and for a ban by streak,
+/// which 403 it was.
+fn terminal_reason(state: Terminal, classification: &Classification, streak: u32) -> String {
+    let base = disable_reason(classification);
+    match (state, classification.trigger) {
+        (Terminal::Banned, Trigger::Forbidden) => {
+            format!("{base}: the {streak} consecutive 403s of the account")
+        }
+        _ => base,
     }
 }
 
@@ -238,6 +301,7 @@ mod tests {
             &AttemptFailure::Status {
                 status,
                 rate_limit: info,
+                marks: Default::default(),
             },
             NOW,
         )
@@ -249,6 +313,7 @@ mod tests {
             base_url: "",
             started_at: NOW - 10,
             snapshot_len: 20,
+            model: "claude-opus-4-5",
         }
     }
 
@@ -264,7 +329,9 @@ mod tests {
             effect,
             FailureEffect {
                 cooldown_until: None,
-                disabled: true
+                disabled: true,
+                terminal: Some(crate::Terminal::Disabled),
+                locked_until: None,
             }
         );
         let d = health.disabled.get(&k).unwrap();
@@ -279,7 +346,7 @@ mod tests {
             effect,
             FailureEffect {
                 cooldown_until: Some(NOW + 60_000),
-                disabled: false
+                ..FailureEffect::default()
             }
         );
         // transient: none the first time, short backoff after.
@@ -301,6 +368,178 @@ mod tests {
         assert_eq!(health.cooldowns.entry(&t).unwrap().backoff_level, 0);
     }
 
+    fn forbidden(marks: crate::BodyMarks) -> Classification {
+        classify(
+            &AttemptFailure::Status {
+                status: StatusCode::FORBIDDEN,
+                rate_limit: &RateLimitInfo::default(),
+                marks,
+            },
+            NOW,
+        )
+    }
+
+    /// SPEC 6/16: the 1st and 2nd consecutive 403 are a 60 s cooldown, the 3rd bans;
+    /// a ban marker bans at once; a 402 is credits_exhausted; a 404 not_found_error
+    /// locks the model only.
+    #[test]
+    fn the_403_streak_ban_markers_credits_and_model_lockout() {
+        let health = PoolHealth::default();
+        let f = AccountId::from("f");
+        let mut at = NOW;
+        for n in 1..=2 {
+            let effect = health.record_failure(
+                &Attempt {
+                    started_at: at,
+                    ..attempt(&f)
+                },
+                &forbidden(Default::default()),
+                at + 1,
+            );
+            assert_eq!(effect.cooldown_until, Some(at + 1 + 60_000), "403 #{n}");
+            assert!(!effect.disabled);
+            at += 61_000;
+        }
+        let effect = health.record_failure(
+            &Attempt {
+                started_at: at,
+                ..attempt(&f)
+            },
+            &forbidden(Default::default()),
+            at + 1,
+        );
+        assert_eq!(effect.terminal, Some(Terminal::Banned));
+        let d = health.disabled.get(&f).unwrap();
+        assert_eq!(d.state, Terminal::Banned);
+        assert_eq!(
+            d.reason,
+            "key_error: upstream answered 403 (forbidden): the 3 consecutive 403s of the account"
+        );
+
+        // a success in between ends the streak
+        let g = AccountId::from("g");
+        for _ in 0..2 {
+            at += 61_000;
+            health.record_failure(
+                &Attempt {
+                    started_at: at,
+                    ..attempt(&g)
+                },
+                &forbidden(Default::default()),
+                at + 1,
+            );
+        }
+        health.record_success(&attempt(&g), at + 2);
+        at += 61_000;
+        let effect = health.record_failure(
+            &Attempt {
+                started_at: at,
+                ..attempt(&g)
+            },
+            &forbidden(Default::default()),
+            at + 1,
+        );
+        assert!(!effect.disabled);
+        assert_eq!(health.cooldowns.forbidden_streak(&g), 1);
+
+        let b = AccountId::from("b");
+        let ban = crate::BodyMarks {
+            ban: true,
+            ..Default::default()
+        };
+        let effect = health.record_failure(&attempt(&b), &forbidden(ban), NOW);
+        assert_eq!(
+            (effect.terminal, effect.cooldown_until),
+            (Some(Terminal::Banned), None)
+        );
+
+        let c = AccountId::from("c");
+        health.record_failure(&attempt(&c), &status(402, &RateLimitInfo::default()), NOW);
+        assert_eq!(
+            health.disabled.get(&c).unwrap().state,
+            Terminal::CreditsExhausted
+        );
+
+        let m = AccountId::from("m");
+        let nf = classify(
+            &AttemptFailure::Status {
+                status: StatusCode::NOT_FOUND,
+                rate_limit: &RateLimitInfo::default(),
+                marks: crate::BodyMarks {
+                    not_found: true,
+                    ..Default::default()
+                },
+            },
+            NOW,
+        );
+        let effect = health.record_failure(&attempt(&m), &nf, NOW);
+        assert_eq!(effect.locked_until, Some(NOW + 600_000));
+        assert_eq!(effect.cooldown_until, None);
+        assert_eq!(
+            health.lockouts.locked_until(&m, "claude-opus-4-5", NOW),
+            Some(NOW + 600_000)
+        );
+        assert_eq!(
+            health.lockouts.locked_until(&m, "claude-sonnet-4-5", NOW),
+            None
+        );
+        // persisted and loaded back with its end
+        let json = serde_json::to_string(&health.export(NOW)).unwrap();
+        let restored = PoolHealth::default();
+        let counts = restored.import(serde_json::from_str(&json).unwrap(), NOW + 1);
+        assert_eq!((counts.lockouts, counts.disabled), (1, 3));
+        assert_eq!(
+            restored
+                .lockouts
+                .locked_until(&m, "claude-opus-4-5", NOW + 1),
+            Some(NOW + 600_000)
+        );
+        assert_eq!(restored.disabled.get(&f).unwrap().state, Terminal::Banned);
+    }
+
+    proptest::proptest! {
+        /// The 403 streak as a state machine: an account is banned exactly when
+        /// `ban_after_forbidden` fresh 403s came with no other outcome in between;
+        /// every 403 before that is a 60 s cooldown.
+        #[test]
+        fn the_403_streak_state_machine(steps in proptest::collection::vec(0u8..4, 1..30)) {
+            let health = PoolHealth::default();
+            let a = AccountId::from("a");
+            let mut at = NOW;
+            let mut streak = 0u32;
+            let mut banned = false;
+            for step in steps {
+                at += 100_000;
+                let att = Attempt { started_at: at, ..attempt(&a) };
+                match step {
+                    0 | 1 => {
+                        let effect = health.record_failure(&att, &forbidden(Default::default()), at + 1);
+                        streak += 1;
+                        if !banned {
+                            proptest::prop_assert_eq!(effect.cooldown_until, Some(at + 1 + 60_000));
+                        }
+                        if streak >= 3 && !banned {
+                            proptest::prop_assert_eq!(effect.terminal, Some(Terminal::Banned));
+                            banned = true;
+                        } else {
+                            proptest::prop_assert_eq!(effect.terminal, None);
+                        }
+                    }
+                    2 => {
+                        health.record_success(&att, at + 1);
+                        streak = 0;
+                    }
+                    _ => {
+                        let c = status(429, &RateLimitInfo::default());
+                        health.record_failure(&att, &c, at + 1);
+                        streak = 0;
+                    }
+                }
+                proptest::prop_assert_eq!(health.disabled.is_disabled(&a), banned);
+            }
+        }
+    }
+
     #[test]
     fn auto_disable_off_keeps_key_errors_in_rotation() {
         let off = CooldownSettings {
@@ -310,9 +549,23 @@ mod tests {
         let health = PoolHealth::new(CooldownConfig::try_new(off).unwrap());
         let k = AccountId::from("k");
         let effect =
-            health.record_failure(&attempt(&k), &status(403, &RateLimitInfo::default()), NOW);
+            health.record_failure(&attempt(&k), &status(401, &RateLimitInfo::default()), NOW);
         assert_eq!(effect, FailureEffect::default());
         assert!(!health.disabled.is_disabled(&k));
+        // nor banned by a streak of 403s (each still cools the account)
+        for n in 0..4u64 {
+            let at = NOW + n * 100_000;
+            let effect = health.record_failure(
+                &Attempt {
+                    started_at: at,
+                    ..attempt(&k)
+                },
+                &status(403, &RateLimitInfo::default()),
+                at + 1,
+            );
+            assert_eq!(effect.cooldown_until, Some(at + 1 + 60_000));
+            assert!(!effect.disabled);
+        }
     }
 
     #[test]
@@ -381,6 +634,7 @@ mod tests {
                     trigger: crate::Trigger::WindowExhausted { reset: u64::MAX },
                     backoff_level: 0,
                     consecutive_failures: 1,
+                    forbidden_streak: 0,
                 },
             }],
             ..Default::default()

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
-use keypool_core::{AccountId, UnixMs, Window};
+use keypool_core::{AccountId, ModelFamily, UnixMs, Window};
 use serde::{Deserialize, Serialize};
 
 use crate::book::{self, Imported};
@@ -42,6 +42,9 @@ pub enum UsageLimit {
     Window(Window),
     /// An API-key account's request limit (`requests-remaining: 0`).
     Requests,
+    /// The weekly window of one model family (SPEC 16): the account is out for
+    /// requests of that family only.
+    FamilyWeekly(ModelFamily),
 }
 
 impl UsageLimit {
@@ -50,6 +53,17 @@ impl UsageLimit {
         match self {
             Self::Window(w) => w.as_str(),
             Self::Requests => "requests",
+            Self::FamilyWeekly(ModelFamily::Opus) => "weekly_opus",
+            Self::FamilyWeekly(ModelFamily::Sonnet) => "weekly_sonnet",
+            Self::FamilyWeekly(ModelFamily::Haiku) => "weekly_haiku",
+        }
+    }
+
+    /// The model family whose requests only this limit keeps out, if it is one.
+    pub const fn family(self) -> Option<ModelFamily> {
+        match self {
+            Self::FamilyWeekly(f) => Some(f),
+            Self::Window(_) | Self::Requests => None,
         }
     }
 
@@ -57,6 +71,7 @@ impl UsageLimit {
     pub const fn window(self) -> Option<Window> {
         match self {
             Self::Window(w) => Some(w),
+            Self::FamilyWeekly(_) => Some(Window::Weekly),
             Self::Requests => None,
         }
     }
@@ -91,35 +106,87 @@ impl WindowState {
             .max()
     }
 
-    /// SPEC 5: whether this state keeps the account out at `now`, and until when.
-    /// `threshold` is the account's utilisation threshold.
+    /// SPEC 5: whether this state keeps the account out at `now` for every model, and
+    /// until when. `threshold` is the account's utilisation threshold. A family's
+    /// weekly window (SPEC 16) is not counted here: see [`WindowState::family_block`].
     pub fn out_of_window(&self, threshold: f64, now: UnixMs) -> Option<OutOfWindow> {
         let i = &self.info;
         // The account is back only when every block has passed: keep the latest one
         // (ties keep the first found).
-        let mut latest: Option<OutOfWindow> = None;
-        let mut block = |limit: UsageLimit, reset: Option<UnixMs>| {
-            if let Some(until) = reset.filter(|&r| r > now)
-                && latest.is_none_or(|l| until > l.until)
-            {
-                latest = Some(OutOfWindow { limit, until });
-            }
-        };
+        let mut latest = Latest::new(now);
         for window in Window::ALL {
             let usage = i.window(*window);
-            let full = usage.utilization.is_some_and(|u| u >= threshold);
-            let rejected = usage.status == Some(UnifiedStatus::Rejected);
-            if full || rejected {
-                block(UsageLimit::Window(*window), usage.reset);
+            if exhausted(usage, threshold) {
+                latest.block(UsageLimit::Window(*window), usage.reset);
             }
         }
-        if i.unified_status == Some(UnifiedStatus::Rejected) {
-            block(UsageLimit::Window(self.rejected_window()), i.unified_reset);
+        if i.unified_status == Some(UnifiedStatus::Rejected) && i.claimed_family().is_none() {
+            latest.block(UsageLimit::Window(self.rejected_window()), i.unified_reset);
         }
         if i.requests_remaining == Some(0) {
-            block(UsageLimit::Requests, i.requests_reset);
+            latest.block(UsageLimit::Requests, i.requests_reset);
         }
-        latest
+        latest.0
+    }
+
+    /// SPEC 16: whether `family`'s weekly window keeps the account out of requests of
+    /// that family at `now`: its `-7d_<family>-*` headers say it is used up (at
+    /// `threshold`) or rejected, or the overall status is `rejected` with the
+    /// representative claim `seven_day_<family>`.
+    pub fn family_block(
+        &self,
+        family: ModelFamily,
+        threshold: f64,
+        now: UnixMs,
+    ) -> Option<OutOfWindow> {
+        let i = &self.info;
+        let mut latest = Latest::new(now);
+        let usage = i.families.get(family);
+        let limit = UsageLimit::FamilyWeekly(family);
+        if exhausted(usage, threshold) {
+            latest.block(limit, usage.reset);
+        }
+        if i.unified_status == Some(UnifiedStatus::Rejected) && i.claimed_family() == Some(family) {
+            latest.block(limit, i.unified_reset.or(usage.reset));
+        }
+        latest.0
+    }
+
+    /// What keeps the account out of a request for a model of `family` (`None`: a
+    /// model of no family): the account-wide block or the family's, whichever ends
+    /// last.
+    pub fn out_for(
+        &self,
+        family: Option<ModelFamily>,
+        threshold: f64,
+        now: UnixMs,
+    ) -> Option<OutOfWindow> {
+        let wide = self.out_of_window(threshold, now);
+        let scoped = family.and_then(|f| self.family_block(f, threshold, now));
+        match (wide, scoped) {
+            (Some(w), Some(s)) => Some(if s.until > w.until { s } else { w }),
+            (w, s) => w.or(s),
+        }
+    }
+
+    /// The latest end of any block, account-wide or of any family: what the account's
+    /// [`WindowSignal`] holds (a request of another family then asks the book).
+    pub fn any_block_until(&self, threshold: f64, now: UnixMs) -> UnixMs {
+        ModelFamily::ALL
+            .iter()
+            .filter_map(|f| self.family_block(*f, threshold, now))
+            .chain(self.out_of_window(threshold, now))
+            .map(|o| o.until)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Every family whose weekly window keeps the account out at `now`.
+    pub fn family_blocks(&self, threshold: f64, now: UnixMs) -> Vec<OutOfWindow> {
+        ModelFamily::ALL
+            .iter()
+            .filter_map(|f| self.family_block(*f, threshold, now))
+            .collect()
     }
 
     /// The window the overall `rejected` status stands for: the representative claim,
@@ -134,6 +201,29 @@ impl WindowState {
                     .find(|w| i.window(*w).status == Some(UnifiedStatus::Rejected))
             })
             .unwrap_or(Window::FiveHour)
+    }
+}
+
+/// A window used up at `threshold`, or rejected.
+fn exhausted(usage: &WindowUsage, threshold: f64) -> bool {
+    usage.utilization.is_some_and(|u| u >= threshold)
+        || usage.status == Some(UnifiedStatus::Rejected)
+}
+
+/// The block that ends last among those offered (ties keep the first found).
+struct Latest(Option<OutOfWindow>, UnixMs);
+
+impl Latest {
+    fn new(now: UnixMs) -> Self {
+        Self(None, now)
+    }
+
+    fn block(&mut self, limit: UsageLimit, reset: Option<UnixMs>) {
+        if let Some(until) = reset.filter(|&r| r > self.1)
+            && self.0.is_none_or(|l| until > l.until)
+        {
+            self.0 = Some(OutOfWindow { limit, until });
+        }
     }
 }
 
@@ -169,12 +259,6 @@ impl Default for WindowBook {
     fn default() -> Self {
         Self::new(&CooldownConfig::default())
     }
-}
-
-fn merge_usage(into: &mut WindowUsage, newer: &WindowUsage) {
-    into.utilization = newer.utilization.or(into.utilization);
-    into.reset = newer.reset.or(into.reset);
-    into.status = newer.status.or(into.status);
 }
 
 impl WindowBook {
@@ -262,8 +346,13 @@ impl WindowBook {
             i.representative_claim
                 .clone_from(&info.representative_claim);
         }
-        merge_usage(&mut i.five_hour, &info.five_hour);
-        merge_usage(&mut i.seven_day, &info.seven_day);
+        i.five_hour.merge(&info.five_hour);
+        i.seven_day.merge(&info.seven_day);
+        for family in ModelFamily::ALL {
+            i.families
+                .get_mut(*family)
+                .merge(info.families.get(*family));
+        }
         i.requests_remaining = info.requests_remaining.or(i.requests_remaining);
         i.requests_reset = info.requests_reset.or(i.requests_reset);
         state.updated_at = state.updated_at.max(now);
@@ -314,6 +403,19 @@ impl WindowBook {
     ) -> Option<OutOfWindow> {
         let threshold = threshold.unwrap_or_else(|| self.default_threshold());
         self.entries.get(account)?.out_of_window(threshold, now)
+    }
+
+    /// [`WindowState::out_for`] of the account: what keeps it out of a request for a
+    /// model of `family`, with its `threshold` (`None` = the default).
+    pub fn out_for(
+        &self,
+        account: &AccountId,
+        family: Option<ModelFamily>,
+        threshold: Option<f64>,
+        now: UnixMs,
+    ) -> Option<OutOfWindow> {
+        let threshold = threshold.unwrap_or_else(|| self.default_threshold());
+        self.entries.get(account)?.out_for(family, threshold, now)
     }
 
     /// The account's latest state (for the admin view and `reset_aware`).
@@ -412,6 +514,104 @@ mod tests {
         let book = WindowBook::default();
         book.observe(&a(), &info, NOW);
         book
+    }
+
+    /// SPEC 16: a family's weekly window takes the account out for that family only;
+    /// the overall `rejected` with a family claim is that family's, not the account's.
+    #[test]
+    fn a_family_window_blocks_only_its_family() {
+        use crate::headers::FamilyWeekly;
+        let book = book_with(RateLimitInfo {
+            families: FamilyWeekly {
+                opus: usage(1.0, NOW + 48 * H),
+                sonnet: usage(0.3, NOW + 48 * H),
+                ..FamilyWeekly::default()
+            },
+            ..RateLimitInfo::default()
+        });
+        let opus = Some(ModelFamily::Opus);
+        assert_eq!(book.out_of_window(&a(), None, NOW), None);
+        assert_eq!(
+            book.out_for(&a(), Some(ModelFamily::Sonnet), None, NOW),
+            None
+        );
+        assert_eq!(book.out_for(&a(), None, None, NOW), None);
+        let out = book.out_for(&a(), opus, None, NOW).unwrap();
+        assert_eq!(
+            (out.limit, out.until),
+            (UsageLimit::FamilyWeekly(ModelFamily::Opus), NOW + 48 * H)
+        );
+        assert_eq!(out.limit.as_str(), "weekly_opus");
+        assert_eq!(out.limit.window(), Some(Window::Weekly));
+        // the signal holds the family block: other families ask the book
+        assert_eq!(book.signal_with_threshold(&a(), None).until(), NOW + 48 * H);
+        assert_eq!(book.out_for(&a(), opus, None, NOW + 48 * H), None);
+
+        let claimed = book_with(RateLimitInfo {
+            unified_status: Some(UnifiedStatus::Rejected),
+            unified_reset: Some(NOW + 20 * H),
+            representative_claim: Some("seven_day_opus".into()),
+            ..RateLimitInfo::default()
+        });
+        assert_eq!(claimed.out_of_window(&a(), None, NOW), None);
+        assert_eq!(
+            claimed.out_for(&a(), opus, None, NOW).unwrap().until,
+            NOW + 20 * H
+        );
+        // an account-wide block applies to every family, the later one wins
+        let both = book_with(RateLimitInfo {
+            five_hour: usage(0.99, NOW + 2 * H),
+            families: FamilyWeekly {
+                opus: usage(1.0, NOW + H),
+                ..FamilyWeekly::default()
+            },
+            ..RateLimitInfo::default()
+        });
+        assert_eq!(
+            both.out_for(&a(), opus, None, NOW).unwrap().limit,
+            UsageLimit::Window(Window::FiveHour)
+        );
+        assert_eq!(
+            both.out_for(&a(), Some(ModelFamily::Haiku), None, NOW)
+                .unwrap()
+                .until,
+            NOW + 2 * H
+        );
+    }
+
+    proptest! {
+        /// Per-family blocks never change the account-wide answer, a request of a family
+        /// sees the later of the two, and the signal is the latest of all.
+        #[test]
+        fn family_blocks_compose(
+            wide in proptest::option::of(0u64..10), fams in proptest::collection::vec(proptest::option::of(0u64..10), 3),
+            probe in 0u64..12,
+        ) {
+            use crate::headers::FamilyWeekly;
+            let mut info = RateLimitInfo::default();
+            if let Some(h) = wide {
+                info.seven_day = usage(1.0, NOW + h * H);
+            }
+            let mut families = FamilyWeekly::default();
+            for (f, h) in ModelFamily::ALL.iter().zip(&fams) {
+                if let Some(h) = h {
+                    *families.get_mut(*f) = usage(1.0, NOW + h * H);
+                }
+            }
+            info.families = families;
+            let state = WindowState { info, updated_at: NOW };
+            let now = NOW + probe * H;
+            let wide_until = state.out_of_window(0.95, now).map(|o| o.until);
+            prop_assert_eq!(wide_until, wide.map(|h| NOW + h * H).filter(|&u| u > now));
+            let mut all = wide_until.unwrap_or(0);
+            for (f, h) in ModelFamily::ALL.iter().zip(&fams) {
+                let own = h.map(|h| NOW + h * H).filter(|&u| u > now);
+                let got = state.out_for(Some(*f), 0.95, now).map(|o| o.until);
+                prop_assert_eq!(got, own.max(wide_until));
+                all = all.max(own.unwrap_or(0));
+            }
+            prop_assert_eq!(state.any_block_until(0.95, now), all);
+        }
     }
 
     #[test]

@@ -7,6 +7,10 @@
 //! - [`AccountId`]: the id of one upstream account, cheap to clone.
 //! - [`Provider`] and [`AuthType`]: which wire format and credential an account uses.
 //! - [`Window`]: the two subscription usage windows (`5h`, `weekly`).
+//! - [`ModelFamily`]: `opus`, `sonnet`, `haiku`, from a model id (SPEC 16: a weekly
+//!   window the upstream reports for one family takes an account out for that family).
+//! - [`glob_match`]: the `*`/`?` wildcard match of every glob in the config (prices,
+//!   caller model lists, restatement rules).
 //! - [`Strategy`]: the name of a group's selection strategy.
 //! - [`StreamCommit`]: where a stream's point of no return is (`stream_commit`).
 //! - [`UnixMs`]: absolute time in unix milliseconds. Policy code never reads the clock:
@@ -282,6 +286,78 @@ named_enum! {
 }
 
 named_enum! {
+    /// A model family (SPEC 16), read from the model id by [`ModelFamily::of`].
+    ModelFamily, "model family" {
+        /// `claude-opus-*`, `claude-3-opus-*`, …
+        Opus = "opus",
+        /// `claude-sonnet-*`, `claude-3-5-sonnet-*`, …
+        Sonnet = "sonnet",
+        /// `claude-haiku-*`, `claude-3-haiku-*`, …
+        Haiku = "haiku",
+    }
+}
+
+impl ModelFamily {
+    /// The family a model id names: the first of `opus`, `sonnet`, `haiku` that the id
+    /// contains, ASCII case-insensitively (`claude-opus-4-5`, `claude-3-5-sonnet-latest`,
+    /// `anthropic/claude-haiku-4-5`). `None` for ids of no family.
+    pub fn of(model: &str) -> Option<Self> {
+        let bytes = model.as_bytes();
+        let contains = |needle: &[u8]| {
+            bytes
+                .windows(needle.len())
+                .any(|w| w.eq_ignore_ascii_case(needle))
+        };
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|family| contains(family.as_str().as_bytes()))
+    }
+
+    /// The position of the family in [`ModelFamily::ALL`] (for per-family arrays).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Wildcard matching of `text` against `pattern`: `*` matches any run of bytes, `?` any
+/// one byte, everything else itself. Iterative and linear in practice (on a mismatch it
+/// goes back to the last `*` only).
+///
+/// ```
+/// use keypool_core::glob_match;
+/// assert!(glob_match("claude-opus-*", "claude-opus-4-5"));
+/// assert!(glob_match("https://*.example.com*", "https://api.example.com/v1"));
+/// assert!(!glob_match("claude-?", "claude-10"));
+/// ```
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let (pattern, text) = (pattern.as_bytes(), text.as_bytes());
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p, t));
+                p += 1;
+            }
+            Some(&c) if c == b'?' || c == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    p = sp + 1;
+                    t = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p.min(pattern.len())..].iter().all(|&c| c == b'*')
+}
+
+named_enum! {
     /// A group's selection strategy (SPEC 4). The default is `round_robin`.
     #[derive(Default)]
     Strategy, "strategy" {
@@ -359,6 +435,26 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn model_families_from_model_ids() {
+        for (model, family) in [
+            ("claude-opus-4-5", Some(ModelFamily::Opus)),
+            ("claude-opus-4-1-20250805", Some(ModelFamily::Opus)),
+            ("claude-3-opus-20240229", Some(ModelFamily::Opus)),
+            ("claude-sonnet-4-5", Some(ModelFamily::Sonnet)),
+            ("claude-3-5-sonnet-latest", Some(ModelFamily::Sonnet)),
+            ("anthropic/Claude-Haiku-4-5", Some(ModelFamily::Haiku)),
+            ("claude-2.1", None),
+            ("gpt-4o", None),
+            ("", None),
+        ] {
+            assert_eq!(ModelFamily::of(model), family, "{model}");
+        }
+        for (i, f) in ModelFamily::ALL.iter().enumerate() {
+            assert_eq!(f.index(), i);
+        }
+    }
 
     #[test]
     fn names_round_trip_through_fromstr_and_serde() {

@@ -77,7 +77,7 @@ impl ModelGlob {
     pub fn matches(&self, model: &str) -> bool {
         match self.prefix {
             Some(n) => model.as_bytes().starts_with(&self.pattern.as_bytes()[..n]),
-            None => glob_match(self.pattern.as_bytes(), model.as_bytes()),
+            None => keypool_core::glob_match(&self.pattern, model),
         }
     }
 }
@@ -93,34 +93,6 @@ impl From<ModelGlob> for String {
     fn from(glob: ModelGlob) -> Self {
         glob.pattern.into()
     }
-}
-
-/// Iterative wildcard matching (`*`, `?`), linear in practice: on a mismatch it goes
-/// back to the last `*` only.
-fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
-    let (mut p, mut t) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        match pattern.get(p) {
-            Some(b'*') => {
-                star = Some((p, t));
-                p += 1;
-            }
-            Some(&c) if c == b'?' || c == text[t] => {
-                p += 1;
-                t += 1;
-            }
-            _ => match star {
-                Some((sp, st)) => {
-                    p = sp + 1;
-                    t = st + 1;
-                    star = Some((sp, st + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    pattern[p.min(pattern.len())..].iter().all(|&c| c == b'*')
 }
 
 /// A price per million tokens, kept as nano-USD per million tokens.

@@ -431,6 +431,7 @@ impl App {
             endpoint,
             stream: info.stream,
             user_id: info.user_id.as_deref(),
+            model: &info.model,
             key,
         };
         failover::serve(&call, &route, ctx).await

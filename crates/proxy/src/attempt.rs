@@ -48,6 +48,9 @@ pub(crate) struct Call<'a> {
     pub stream: bool,
     /// The body's `metadata.user_id`, for session affinity.
     pub user_id: Option<&'a str>,
+    /// The body's `model` (SPEC 16: its family's window and its lockouts filter the
+    /// accounts).
+    pub model: &'a str,
     /// The caller's LB key: queued requests are served round-robin across keys.
     pub key: &'a keypool_store::config::LbKey,
 }
@@ -203,8 +206,9 @@ pub(crate) async fn attempt(
             truncate: true,
         };
         let body = read_body(&mut body, limits, None).await.unwrap_or_default();
+        let (status, rate_limit) = restated(call, &account, parts.status, rate_limit, &body);
         return Err(Failure::Status {
-            status: parts.status,
+            status,
             rate_limit: Box::new(rate_limit),
             body,
             received_at,
@@ -233,6 +237,35 @@ pub(crate) async fn attempt(
             upstream_request_id,
             kind,
         })
+}
+
+/// SPEC 16's status restatement: the first `[[restate]]` rule that applies to this
+/// error answer gives the status classification sees (and a terminal pass-through
+/// answers with), and its `retry_after_ms` replaces the answer's own wait.
+fn restated(
+    call: &Call<'_>,
+    account: &Account,
+    status: StatusCode,
+    mut rate_limit: RateLimitInfo,
+    body: &[u8],
+) -> (StatusCode, RateLimitInfo) {
+    let rules = call.config.restate_rules();
+    let base_url = account.base_url().unwrap_or("");
+    let Some(r) = keypool_cooldown::restate(
+        rules,
+        account.id().as_str(),
+        base_url,
+        status.as_u16(),
+        body,
+    ) else {
+        return (status, rate_limit);
+    };
+    call.app.metrics().restated(r.rule);
+    tracing::debug!(account = %account.id(), from = status.as_u16(), to = r.status, rule = r.rule, "upstream status restated");
+    if let Some(ms) = r.retry_after_ms {
+        rate_limit.retry_after_ms = Some(ms);
+    }
+    (StatusCode::from_u16(r.status).unwrap_or(status), rate_limit)
 }
 
 /// A non-streaming 2xx answer (SPEC 3.8): passed on only when it is a `200` JSON answer

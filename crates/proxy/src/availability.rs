@@ -12,6 +12,13 @@
 //! any cooling account, and when every account is cooling the earliest one is still
 //! tried (the last resort of SPEC 3.5.3) instead of refusing the request outright.
 //!
+//! **Model scope (SPEC 16).** An availability is for one request's model: a family's
+//! weekly window ([`UsageLimit::FamilyWeekly`]) keeps an account out of requests of that
+//! family only (as a window: when every account is out, the immediate `429` names
+//! `weekly (opus)`), and a model lockout keeps it out of requests for that model only
+//! (as a cooldown: when every account is cooling or locked, the earliest is still
+//! tried).
+//!
 //! **The request path reads signals, not the books.** With a snapshot's signals
 //! ([`HealthAvailability::with_signals`]) the planner's per-account question is two
 //! atomic loads ([`keypool_cooldown::CooldownSignal`],
@@ -20,7 +27,7 @@
 //! accounts this replaced three hash lookups per account and request.
 
 use keypool_cooldown::{PoolHealth, UsageLimit};
-use keypool_core::{AccountId, UnixMs};
+use keypool_core::{AccountId, ModelFamily, UnixMs};
 use keypool_selector::{AccountStatus, Availability, Candidate, WindowBlock};
 use keypool_store::CandidateSignals;
 use keypool_store::config::Config;
@@ -31,6 +38,9 @@ pub struct HealthAvailability<'a> {
     health: &'a PoolHealth,
     config: &'a Config,
     signals: &'a [CandidateSignals],
+    /// The request's model (empty: no model, no lockout applies) and its family.
+    model: &'a str,
+    family: Option<ModelFamily>,
 }
 
 impl<'a> HealthAvailability<'a> {
@@ -40,7 +50,22 @@ impl<'a> HealthAvailability<'a> {
             health,
             config,
             signals: &[],
+            model: "",
+            family: None,
         }
+    }
+
+    /// Answers for a request of `model`: its family's weekly window and its lockouts
+    /// count (SPEC 16).
+    pub fn for_model(mut self, model: &'a str) -> Self {
+        self.model = model;
+        self.family = ModelFamily::of(model);
+        self
+    }
+
+    /// The request's model family.
+    pub fn family(&self) -> Option<ModelFamily> {
+        self.family
     }
 
     /// Answers [`Availability::status_of`] from the signals of the snapshot being
@@ -56,13 +81,19 @@ impl<'a> HealthAvailability<'a> {
             .account(id.as_str())
             .and_then(|a| a.window_threshold())
             .map(|t| t.get());
-        let cooldown = self.health.cooldowns.cooldown_until(id, now);
-        match self.health.windows.out_of_window(id, threshold, now) {
+        let mut cooldown = self.health.cooldowns.cooldown_until(id, now);
+        if !self.model.is_empty()
+            && let Some(locked) = self.health.lockouts.locked_until(id, self.model, now)
+        {
+            cooldown = Some(cooldown.map_or(locked, |c| c.max(locked)));
+        }
+        match self.health.windows.out_for(id, self.family, threshold, now) {
             Some(out) => match out.limit {
-                UsageLimit::Window(window) => (
+                UsageLimit::Window(window) => (Some(WindowBlock::new(window, out.until)), cooldown),
+                UsageLimit::FamilyWeekly(family) => (
                     Some(WindowBlock {
-                        window,
-                        until: out.until,
+                        family: Some(family),
+                        ..WindowBlock::new(keypool_core::Window::Weekly, out.until)
                     }),
                     cooldown,
                 ),
@@ -175,10 +206,7 @@ mod tests {
         let av = HealthAvailability::new(&health, &config);
         assert_eq!(
             av.status(&strict, NOW),
-            AccountStatus::OutOfWindow(WindowBlock {
-                window: Window::FiveHour,
-                until: reset
-            })
+            AccountStatus::OutOfWindow(WindowBlock::new(Window::FiveHour, reset))
         );
         // 0.6 is under the default 0.95.
         assert_eq!(av.status(&plain, NOW), AccountStatus::Available);
@@ -214,6 +242,7 @@ mod tests {
         let failure = AttemptFailure::Status {
             status: http::StatusCode::TOO_MANY_REQUESTS,
             rate_limit: &rl,
+            marks: Default::default(),
         };
         health
             .cooldowns
@@ -225,6 +254,69 @@ mod tests {
         assert_eq!(av.status(&plain, NOW + 60_000), AccountStatus::Available);
     }
 
+    /// SPEC 16 through the request's availability: a family's weekly window is a window
+    /// for that family only, a model lockout a cooldown for that model only; the
+    /// snapshot's signals say "look" and the books answer exactly.
+    #[test]
+    fn family_windows_and_lockouts_are_scoped_to_the_request() {
+        use keypool_cooldown::headers::FamilyWeekly;
+        let config = config();
+        let health = PoolHealth::new(config.cooldown().clone());
+        let (strict, plain) = (AccountId::from("strict"), AccountId::from("plain"));
+        let info = RateLimitInfo {
+            families: FamilyWeekly {
+                opus: WindowUsage {
+                    utilization: Some(1.0),
+                    reset: Some(NOW + 3_600_000),
+                    status: Some(UnifiedStatus::Rejected),
+                },
+                ..FamilyWeekly::default()
+            },
+            ..RateLimitInfo::default()
+        };
+        health.windows.observe(&strict, &info, NOW);
+        health.lockouts.lock(&plain, "claude-sonnet-4-5", NOW, NOW);
+        let signals = signals_of(&health, &config, &[&strict, &plain]);
+        let base = HealthAvailability::new(&health, &config).with_signals(&signals);
+        let candidate = |id: &AccountId| {
+            Candidate::new(
+                id.clone(),
+                keypool_core::Provider::Anthropic,
+                keypool_core::AuthType::OAuth,
+            )
+        };
+        let opus = base.for_model("claude-opus-4-5");
+        assert_eq!(
+            opus.status_of(0, &candidate(&strict), NOW),
+            AccountStatus::OutOfWindow(WindowBlock {
+                family: Some(ModelFamily::Opus),
+                ..WindowBlock::new(Window::Weekly, NOW + 3_600_000)
+            })
+        );
+        assert_eq!(
+            opus.status_of(1, &candidate(&plain), NOW),
+            AccountStatus::Available
+        );
+        let sonnet = base.for_model("claude-sonnet-4-5");
+        assert_eq!(
+            sonnet.status_of(0, &candidate(&strict), NOW),
+            AccountStatus::Available
+        );
+        assert_eq!(
+            sonnet.status_of(1, &candidate(&plain), NOW),
+            AccountStatus::CoolingUntil(NOW + 600_000)
+        );
+        // a request without a model (count_tokens of no family) sees neither
+        assert_eq!(
+            base.status_of(0, &candidate(&strict), NOW),
+            AccountStatus::Available
+        );
+        assert_eq!(
+            base.status_of(1, &candidate(&plain), NOW),
+            AccountStatus::Available
+        );
+    }
+
     fn signals_of(
         health: &PoolHealth,
         config: &Config,
@@ -233,6 +325,7 @@ mod tests {
         ids.iter()
             .map(|id| CandidateSignals {
                 cooldown: health.cooldowns.signal(id),
+                lockout: health.lockouts.signal(id),
                 window: health.windows.signal_with_threshold(
                     id,
                     config
@@ -274,6 +367,7 @@ mod tests {
                 let failure = AttemptFailure::Status {
                     status: http::StatusCode::TOO_MANY_REQUESTS,
                     rate_limit: &rl,
+                    marks: Default::default(),
                 };
                 health.cooldowns.record_failure(&ids[1 - which], &classify(&failure, NOW), NOW, 2, NOW);
             }

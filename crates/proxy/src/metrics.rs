@@ -26,6 +26,7 @@ mod alerts;
 mod oauth;
 mod operations;
 mod process;
+mod states;
 mod usage;
 
 pub use operations::{BuildInfo, InternalRoute};
@@ -139,6 +140,7 @@ pub struct Metrics {
     account_failures: Map<(AccountId, &'static str), AtomicU64>,
     internal_requests: Map<(InternalRoute, u16), AtomicU64>,
     oauth_refreshes: oauth::Refreshes,
+    restatements: states::Restatements,
     build: std::sync::OnceLock<BuildInfo>,
 }
 
@@ -443,6 +445,7 @@ impl Metrics {
         self.render_account_traffic(&mut out, store);
         usage::render_account_windows(&mut out, store, now);
         self.render_oauth(&mut out, store);
+        self.render_states(&mut out, store, now);
         self.render_operations(&mut out, store);
         alerts::render_alerts(&mut out, store);
         out

@@ -127,7 +127,12 @@ fn record_failure(app: &App, account: &Account, failure: RefreshFailure, now: u6
             app.metrics().oauth_refresh(account.id(), "expired");
             tracing::error!(account = %account.id(), "oauth refresh token refused: the account is expired; log it in again");
             let reason = "expired: the OAuth refresh was refused; log the account in again";
-            app.store().disable(account.id(), reason, now);
+            app.store().disable_as(
+                account.id(),
+                keypool_cooldown::Terminal::Expired,
+                reason,
+                now,
+            );
             let why = match failure {
                 RefreshFailure::InvalidGrant => "the refresh token was refused (invalid_grant)",
                 RefreshFailure::Transient => "the refresh failed 3 times in a row",

@@ -243,9 +243,14 @@ impl From<SelectError> for Reject {
         match e {
             SelectError::AllOutOfWindow {
                 window,
+                family,
                 retry_after_secs,
                 returns_at,
-            } => Reject::all_out_of_window(window.as_str(), retry_after_secs, returns_at),
+            } => Reject::all_out_of_window(
+                &keypool_selector::window_name(window, family),
+                retry_after_secs,
+                returns_at,
+            ),
             other => {
                 tracing::warn!(reason = %other, "no account can serve this pool");
                 Reject::overloaded(1)

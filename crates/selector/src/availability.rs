@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
-use keypool_core::{AccountId, UnixMs, Window};
+use keypool_core::{AccountId, ModelFamily, UnixMs, Window};
 
 use crate::candidate::Candidate;
 use crate::hash::IdHasher;
@@ -19,6 +19,20 @@ pub struct WindowBlock {
     pub window: Window,
     /// When it resets (unix ms).
     pub until: UnixMs,
+    /// The model family whose weekly window it is (SPEC 16), when it blocks only the
+    /// requests of one family; `None` for a window of the whole account.
+    pub family: Option<ModelFamily>,
+}
+
+impl WindowBlock {
+    /// A block of the whole account.
+    pub const fn new(window: Window, until: UnixMs) -> Self {
+        Self {
+            window,
+            until,
+            family: None,
+        }
+    }
 }
 
 /// What the filter needs to know about one account at `now`.
@@ -112,7 +126,7 @@ impl StaticAvailability {
 
     /// Marks `id` out of `window` until `until`.
     pub fn block_window(&mut self, id: AccountId, window: Window, until: UnixMs) -> &mut Self {
-        self.facts.entry(id).or_default().window = Some(WindowBlock { window, until });
+        self.facts.entry(id).or_default().window = Some(WindowBlock::new(window, until));
         self
     }
 
@@ -177,10 +191,7 @@ mod tests {
             .cool_until(a.clone(), 3_000);
         assert_eq!(
             av.status(&a, 1_000),
-            AccountStatus::OutOfWindow(WindowBlock {
-                window: Window::Weekly,
-                until: 2_000
-            })
+            AccountStatus::OutOfWindow(WindowBlock::new(Window::Weekly, 2_000))
         );
         assert_eq!(av.status(&a, 2_000), AccountStatus::CoolingUntil(3_000));
         assert_eq!(av.status(&a, 3_000), AccountStatus::Available);

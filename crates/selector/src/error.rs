@@ -1,6 +1,15 @@
 //! The one error type of this crate.
 
-use keypool_core::{UnixMs, Window};
+use keypool_core::{ModelFamily, UnixMs, Window};
+
+/// The name of a window in messages: `5h`, `weekly`, or `weekly (opus)` for one model
+/// family's weekly window.
+pub fn window_name(window: Window, family: Option<ModelFamily>) -> String {
+    match family {
+        Some(f) => format!("{window} ({f})"),
+        None => window.to_string(),
+    }
+}
 
 /// Why no plan could be made, or why a configuration value was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -23,11 +32,14 @@ pub enum SelectError {
     /// Every active account is out of its 5-hour or weekly usage window (SPEC 3.5.2).
     /// The proxy answers `429` at once with `Retry-After: retry_after_secs`.
     #[error(
-        "all accounts are out of their {window} usage window: retry after {retry_after_secs} s, the first account returns at unix ms {returns_at}"
+        "all accounts are out of their {} usage window: retry after {retry_after_secs} s, the first account returns at unix ms {returns_at}",
+        window_name(*window, *family)
     )]
     AllOutOfWindow {
         /// The window of the account that returns first (`5h` or `weekly`).
         window: Window,
+        /// The model family, when the window is one family's weekly window (SPEC 16).
+        family: Option<ModelFamily>,
         /// Seconds until that account returns, rounded up, at least 1.
         retry_after_secs: u64,
         /// When the first account returns: the earliest window reset, UTC unix ms.

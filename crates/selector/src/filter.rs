@@ -170,12 +170,12 @@ impl EarliestWindowReset {
 
     fn into_error(self, now: UnixMs) -> SelectError {
         // Called only when at least one active account was out of its window.
-        let block = self.earliest.unwrap_or(WindowBlock {
-            window: keypool_core::Window::FiveHour,
-            until: now,
-        });
+        let block = self
+            .earliest
+            .unwrap_or(WindowBlock::new(keypool_core::Window::FiveHour, now));
         SelectError::AllOutOfWindow {
             window: block.window,
+            family: block.family,
             retry_after_secs: block.until.saturating_sub(now).div_ceil(1000).max(1),
             returns_at: block.until,
         }
@@ -242,6 +242,7 @@ mod tests {
             err,
             SelectError::AllOutOfWindow {
                 window: Window::FiveHour,
+                family: None,
                 retry_after_secs: 10, // 9.001 s rounded up
                 returns_at: 10_001,
             }
@@ -261,7 +262,8 @@ mod tests {
             Err(SelectError::AllOutOfWindow {
                 retry_after_secs: 1,
                 window: Window::Weekly,
-                returns_at: 1_001
+                returns_at: 1_001,
+                family: None,
             })
         ));
     }

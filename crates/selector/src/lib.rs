@@ -76,7 +76,7 @@ pub use availability::{
 };
 pub use candidate::{Candidate, MAX_WEIGHT, MIN_WEIGHT, snapshot_order, sort_snapshot};
 pub use counter::{Counter, MemoryCounter};
-pub use error::SelectError;
+pub use error::{SelectError, window_name};
 pub use filter::{Survivors, filter_snapshot, pick_earliest_cooldown_expiry};
 pub use hedge::{DEFAULT_HEDGE_BUDGET, DEFAULT_HEDGE_MIN_DELAY_MS, GateReason, HedgeBudget};
 pub use plan::{

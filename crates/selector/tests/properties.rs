@@ -254,7 +254,7 @@ proptest! {
                 prop_assert!(active.is_empty());
                 prop_assert_eq!(total, pool.snapshot.len());
             }
-            Err(SelectError::AllOutOfWindow { window, retry_after_secs, returns_at }) => {
+            Err(SelectError::AllOutOfWindow { window, retry_after_secs, returns_at, .. }) => {
                 prop_assert!(!active.is_empty() && free.is_empty() && cooling.is_empty());
                 let (earliest_ms, w) = active.iter().filter_map(|&i| match pool.fact_of(i) {
                     Fact::Limited(w, ms) => Some((ms, w)),

@@ -88,5 +88,5 @@ pub mod testing;
 pub mod usage;
 
 pub use error::StoreError;
-pub use snapshot::{CandidateSignals, KeptSurvivors, Snapshot};
+pub use snapshot::{CandidateSignals, KeptSurvivors, SURVIVOR_SCOPES, Snapshot, survivor_scope};
 pub use store::{BackendKind, BackendStatus, BootState, ReloadOutcomes, Store, WeakStore, now_ms};

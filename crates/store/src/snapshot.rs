@@ -13,23 +13,29 @@ use keypool_selector::Candidate;
 use crate::config::Config;
 
 /// One candidate's health signals (see `keypool_cooldown`'s `signal` module): whether
-/// the account is cooling or out of a window, as the books would answer, in two atomic
-/// loads; the books hold the details.
+/// the account may be cooling, out of a window (of the account or of a model family)
+/// or have a model locked, in three atomic loads; the books hold the details.
 #[derive(Debug, Clone)]
 pub struct CandidateSignals {
     /// Its cooldown expiry.
     pub cooldown: Arc<CooldownSignal>,
     /// Its "out of a window until", with its own `window_threshold`.
     pub window: Arc<WindowSignal>,
+    /// The latest end of its model lockouts (SPEC 16).
+    pub lockout: Arc<CooldownSignal>,
 }
 
 impl CandidateSignals {
-    /// Whether the books would call the account cooling or out of a window at `now`.
+    /// Whether the books might keep the account out of some request at `now`.
     #[inline]
     pub fn blocked(&self, now: keypool_core::UnixMs) -> bool {
-        self.cooldown.may_block(now) || self.window.may_block(now)
+        self.cooldown.may_block(now) || self.window.may_block(now) || self.lockout.may_block(now)
     }
 }
+
+/// How many survivor lists a snapshot keeps: one for requests of no model family and
+/// one per family (a family's weekly window filters differently, SPEC 16).
+pub const SURVIVOR_SCOPES: usize = 1 + keypool_core::ModelFamily::ALL.len();
 
 /// A pool's candidate accounts in SPEC order (`priority`, `last_used`, `id`) and, at
 /// the same index, each one's [`CandidateSignals`]. Cheap to clone (two `Arc`s);
@@ -38,7 +44,7 @@ impl CandidateSignals {
 pub struct Snapshot {
     candidates: Arc<[Candidate]>,
     signals: Arc<[CandidateSignals]>,
-    kept: Arc<ArcSwapOption<KeptSurvivors>>,
+    kept: Arc<[ArcSwapOption<KeptSurvivors>; SURVIVOR_SCOPES]>,
 }
 
 /// The filters' survivors of a snapshot, kept for the requests that follow (see
@@ -62,6 +68,7 @@ impl Snapshot {
             .iter()
             .map(|c| CandidateSignals {
                 cooldown: health.cooldowns.signal(&c.id),
+                lockout: health.lockouts.signal(&c.id),
                 window: health.windows.signal_with_threshold(
                     &c.id,
                     config
@@ -74,24 +81,33 @@ impl Snapshot {
         Self {
             candidates: candidates.into(),
             signals,
-            kept: Arc::new(ArcSwapOption::empty()),
+            kept: Arc::new(std::array::from_fn(|_| ArcSwapOption::empty())),
         }
     }
 
-    /// The survivors kept by [`Snapshot::keep_survivors`], while they still hold: no
-    /// signal has changed since (`epoch` is still `PoolHealth::signal_epoch`) and no
-    /// block they saw has ended (`now < valid_until`). A block only starts with a signal
-    /// change and only ends at its expiry, so the filters would find the same
-    /// survivors.
-    pub fn kept_survivors(&self, epoch: u64, now: UnixMs) -> Option<Arc<KeptSurvivors>> {
+    /// The survivors kept by [`Snapshot::keep_survivors`] for requests of `scope`
+    /// ([`survivor_scope`]), while they still hold: no signal has changed since
+    /// (`epoch` is still `PoolHealth::signal_epoch`) and no block they saw has ended
+    /// (`now < valid_until`). A block only starts with a signal change and only ends at
+    /// its expiry, so the filters would find the same survivors.
+    pub fn kept_survivors(
+        &self,
+        scope: usize,
+        epoch: u64,
+        now: UnixMs,
+    ) -> Option<Arc<KeptSurvivors>> {
         self.kept
+            .get(scope)?
             .load_full()
             .filter(|k| k.epoch == epoch && now < k.valid_until)
     }
 
-    /// Keeps `kept` for the next requests on this snapshot (replacing what was kept).
-    pub fn keep_survivors(&self, kept: Arc<KeptSurvivors>) {
-        self.kept.store(Some(kept));
+    /// Keeps `kept` for the next requests of `scope` on this snapshot (replacing what
+    /// was kept).
+    pub fn keep_survivors(&self, scope: usize, kept: Arc<KeptSurvivors>) {
+        if let Some(slot) = self.kept.get(scope) {
+            slot.store(Some(kept));
+        }
     }
 
     /// The candidates.
@@ -110,5 +126,14 @@ impl Deref for Snapshot {
 
     fn deref(&self) -> &[Candidate] {
         &self.candidates
+    }
+}
+
+/// The survivor list a request for a model of `family` uses: 0 for no family, else
+/// 1 + the family's index.
+pub const fn survivor_scope(family: Option<keypool_core::ModelFamily>) -> usize {
+    match family {
+        None => 0,
+        Some(f) => 1 + f.index(),
     }
 }

@@ -11,7 +11,7 @@ use dashmap::DashMap;
 use keypool_cooldown::headers::{RateLimitInfo, ResetCorrection};
 use keypool_cooldown::{
     Attempt, Classification, ClearedWindows, CooldownCorrection, CooldownRecord, DisabledAccount,
-    DisabledRecord, FailureEffect, ImportCounts, OutOfWindow, PoolHealth, WindowRecord,
+    DisabledRecord, FailureEffect, ImportCounts, OutOfWindow, PoolHealth, Terminal, WindowRecord,
 };
 use keypool_core::{AccountId, UnixMs};
 use keypool_selector::{Candidate, Counter, RatingEngine, Sample, sort_snapshot};
@@ -707,13 +707,22 @@ impl Store {
                 },
             });
         }
+        if effect.locked_until.is_some()
+            && let Some(lockout) = health.lockouts.get(attempt.account, attempt.model)
+        {
+            self.invalidate_snapshots();
+            self.mirror(StateEvent::Lockout {
+                record: keypool_cooldown::LockoutRecord {
+                    account: attempt.account.clone(),
+                    model: attempt.model.to_owned(),
+                    lockout,
+                },
+            });
+        }
         if effect.disabled && !was_disabled {
             self.invalidate_snapshots();
             if let Some(disabled) = health.disabled.get(attempt.account) {
-                let kind = match classification.trigger {
-                    keypool_cooldown::Trigger::PaymentRequired => AlertKind::AccountOutOfCredits,
-                    _ => AlertKind::AccountDisabled,
-                };
+                let kind = terminal_alert(disabled.state);
                 self.alert(AlertEvent::new(
                     kind,
                     self.account_subject(attempt.account),
@@ -803,9 +812,21 @@ impl Store {
 
     /// Operator action: disables `account` (mirrored). Returns whether it is disabled.
     pub fn disable(&self, account: &AccountId, reason: &str, now: UnixMs) -> bool {
+        self.disable_as(account, Terminal::Disabled, reason, now)
+    }
+
+    /// [`Store::disable`] into the terminal `state` (e.g. `expired` by the OAuth
+    /// refresher). Returns whether it is disabled.
+    pub fn disable_as(
+        &self,
+        account: &AccountId,
+        state: Terminal,
+        reason: &str,
+        now: UnixMs,
+    ) -> bool {
         let disabled = &self.inner.state.health.disabled;
         let was = disabled.is_disabled(account);
-        let is = disabled.disable(account, reason, now);
+        let is = disabled.disable_as(account, state, reason, now);
         if is && !was {
             self.invalidate_snapshots();
             if let Some(d) = disabled.get(account) {
@@ -854,6 +875,34 @@ impl Store {
         cleared
     }
 
+    /// The account's model lockouts running at `now` (SPEC 16), by model.
+    pub fn lockouts(
+        &self,
+        account: &AccountId,
+        now: UnixMs,
+    ) -> Vec<(String, keypool_cooldown::Lockout)> {
+        self.inner.state.health.lockouts.of_account(account, now)
+    }
+
+    /// Operator action: ends the account's lockouts of `model`, or all (`None`)
+    /// (mirrored, persisted with the next snapshot). Returns how many were running.
+    pub fn clear_lockouts(&self, account: &AccountId, model: Option<&str>, now: UnixMs) -> usize {
+        let lockouts = &self.inner.state.health.lockouts;
+        let models: Vec<String> = lockouts
+            .of_account(account, 0)
+            .into_iter()
+            .map(|(m, _)| m)
+            .filter(|m| model.is_none_or(|want| want == m))
+            .collect();
+        let cleared = lockouts.clear(account, model, now);
+        self.invalidate_snapshots();
+        self.mirror(StateEvent::LockoutsCleared {
+            account: account.clone(),
+            models,
+        });
+        cleared
+    }
+
     fn mirror(&self, event: StateEvent) {
         if let Backend::Redis(mirror) = &self.inner.backend {
             mirror.send(event);
@@ -882,6 +931,15 @@ impl Store {
             }
             StateEvent::Reenabled { account } => {
                 health.disabled.reenable(&account);
+                self.invalidate_snapshots();
+            }
+            StateEvent::Lockout { record } => {
+                health.lockouts.import([record], now);
+            }
+            StateEvent::LockoutsCleared { account, models } => {
+                for model in &models {
+                    health.lockouts.clear(&account, Some(model), now);
+                }
                 self.invalidate_snapshots();
             }
         }
@@ -1115,5 +1173,15 @@ async fn maintenance(weak: Weak<Inner>) {
         tick.tick().await;
         let Some(inner) = weak.upgrade() else { return };
         Store { inner }.maintain(now_ms()).await;
+    }
+}
+
+/// The alert of an account that entered the terminal `state` (SPEC 15, 16).
+fn terminal_alert(state: Terminal) -> AlertKind {
+    match state {
+        Terminal::Disabled => AlertKind::AccountDisabled,
+        Terminal::CreditsExhausted => AlertKind::AccountOutOfCredits,
+        Terminal::Banned => AlertKind::AccountBanned,
+        Terminal::Expired => AlertKind::AccountExpired,
     }
 }

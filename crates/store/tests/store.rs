@@ -445,6 +445,7 @@ async fn snapshot_signals_follow_the_candidates_they_sit_beside() {
         base_url: "",
         started_at: t,
         snapshot_len: 4,
+        model: "claude-sonnet-4-5",
     };
     store.record_failure(&attempt, &rate_limited, t);
     let cooling: Vec<bool> = snapshot
@@ -464,21 +465,35 @@ async fn kept_survivors_hold_only_for_their_epoch_and_until_a_block_ends() {
     let route = c.resolve("acme", "team").unwrap();
     let t = 1_000_000;
     let snapshot = store.snapshot(&route, t);
-    assert_eq!(snapshot.kept_survivors(0, t), None);
+    assert_eq!(snapshot.kept_survivors(0, 0, t), None);
     let kept = std::sync::Arc::new(keypool_store::KeptSurvivors {
         epoch: 7,
         valid_until: t + 500,
         survivors: vec![0, 2],
     });
-    snapshot.keep_survivors(kept.clone());
+    snapshot.keep_survivors(0, kept.clone());
     // Shared by the clones the cache hands out.
     let again = store.snapshot(&route, t + 1);
-    assert_eq!(again.kept_survivors(7, t + 499), Some(kept));
-    assert_eq!(again.kept_survivors(8, t + 1), None, "a signal changed");
+    assert_eq!(again.kept_survivors(0, 7, t + 499), Some(kept.clone()));
+    assert_eq!(again.kept_survivors(0, 8, t + 1), None, "a signal changed");
     assert_eq!(
-        again.kept_survivors(7, t + 500),
+        again.kept_survivors(0, 7, t + 500),
         None,
         "a block they saw has ended"
+    );
+    // Each model family has its own list (SPEC 16: a family's window filters apart).
+    let opus = keypool_store::survivor_scope(Some(keypool_core::ModelFamily::Opus));
+    assert_eq!(again.kept_survivors(opus, 7, t + 1), None);
+    let only_one = std::sync::Arc::new(keypool_store::KeptSurvivors {
+        survivors: vec![2],
+        ..(*kept).clone()
+    });
+    again.keep_survivors(opus, only_one.clone());
+    assert_eq!(again.kept_survivors(opus, 7, t + 1), Some(only_one));
+    assert_eq!(again.kept_survivors(0, 7, t + 1), Some(kept));
+    assert_eq!(
+        again.kept_survivors(keypool_store::SURVIVOR_SCOPES, 7, t + 1),
+        None
     );
 }
 

@@ -53,6 +53,7 @@ mod alerts;
 mod changes;
 mod limits;
 mod oauth;
+mod states;
 mod usage;
 
 use crate::App;
@@ -129,6 +130,9 @@ where
             id,
             action @ ("enable" | "clear-cooldown" | "clear-windows"),
         ] if post => account(id).map(|account| account_action(app.store(), account, action, now)),
+        ["accounts", id, "clear-lockouts"] if post => account(id)
+            .map(|account| states::clear_lockouts(app.store(), account, parts.uri.query(), now)),
+        ["lockouts"] if get => Ok(states::all_lockouts(app.store(), &config, now)),
         ["reload"] if post => Ok(reload(app, app.store(), request_id).await),
         ["alerts"] if get => Ok(json_response(StatusCode::OK, &alerts::alerts(app.store()))),
         ["usage"] if get => usage::usage(app, &config, parts.uri.query(), now).await,
@@ -140,7 +144,12 @@ where
         ["requests", id] if get => usage::request(app, id).await,
         ["accounts"]
         | ["accounts", _]
-        | ["accounts", _, "enable" | "clear-cooldown" | "clear-windows"]
+        | [
+            "accounts",
+            _,
+            "enable" | "clear-cooldown" | "clear-windows" | "clear-lockouts",
+        ]
+        | ["lockouts"]
         | ["reload"]
         | ["alerts"]
         | ["usage"]
@@ -168,7 +177,7 @@ fn account_action(
             tracing::info!(account = %id, was_disabled = was.is_some(), "admin: account re-enabled");
             json!({
                 "account": id.as_str(),
-                "was_disabled": was.map(|d| json!({"reason": d.reason, "at": d.at})),
+                "was_disabled": was.map(|d| json!({"reason": d.reason, "at": d.at, "state": d.state.as_str()})),
             })
         }
         "clear-cooldown" => {
@@ -437,20 +446,8 @@ impl<'a> AccountViews<'a> {
         let id = account.id();
         let now = self.now;
         let disabled = health.disabled.get(id);
-        let cooldown = health.cooldowns.entry(id).filter(|e| e.until > now);
-        let out = store.out_of_window(id, now);
+        let state = states::account_state(store, account, now);
         let windows = health.windows.state(id);
-        let state = if !account.active() {
-            "inactive"
-        } else if disabled.is_some() {
-            "disabled"
-        } else if out.is_some() {
-            "out_of_window"
-        } else if cooldown.is_some() {
-            "cooling"
-        } else {
-            "active"
-        };
         let rating = store.rating().rating(id, now);
         let window = |w: &WindowUsage| {
             (!w.is_empty()).then(|| {
@@ -468,18 +465,12 @@ impl<'a> AccountViews<'a> {
             "auth": account.auth().as_str(),
             "priority": account.priority(),
             "weight": account.weight().get(),
-            "state": state,
+            "state": state.name,
             "active_in_config": account.active(),
-            "disabled": disabled.map(|d| json!({"reason": d.reason, "at": d.at})),
+            "disabled": disabled.map(|d| json!({"reason": d.reason, "at": d.at, "state": d.state.as_str()})),
             "oauth": oauth_view(store, account),
-            "cooldown": cooldown.map(|e| json!({
-                "until": e.until,
-                "remaining_ms": e.until.saturating_sub(now),
-                "trigger": e.trigger.as_str(),
-                "set_at": e.set_at,
-                "backoff_level": e.backoff_level,
-                "consecutive_failures": e.consecutive_failures,
-            })),
+            "cooldown": state.cooldown,
+            "lockouts": states::lockouts_json(store, id, now),
             "windows": {
                 "five_hour": windows.as_ref().and_then(|w| window(&w.info.five_hour)),
                 "weekly": windows.as_ref().and_then(|w| window(&w.info.seven_day)),
@@ -487,7 +478,8 @@ impl<'a> AccountViews<'a> {
                 "unified_reset": windows.as_ref().and_then(|w| w.info.unified_reset),
                 "requests_remaining": windows.as_ref().and_then(|w| w.info.requests_remaining),
                 "updated_at": windows.as_ref().map(|w| w.updated_at),
-                "out_of_window": out.as_ref().map(out_of_window_json),
+                "out_of_window": state.out_of_window.as_ref().map(out_of_window_json),
+                "families": states::families_json(store, id, now),
             },
             "rating": {
                 "score": score.filter(|s| s.is_finite()),
@@ -503,7 +495,7 @@ impl<'a> AccountViews<'a> {
     }
 }
 
-/// `{"limit": "5h" | "weekly" | "requests", "until": unix ms}`.
+/// `{"limit": "5h" | "weekly" | "weekly_opus" | …, "until": unix ms}`.
 fn out_of_window_json(out: &OutOfWindow) -> Value {
     json!({"limit": out.limit.as_str(), "until": out.until})
 }

@@ -219,7 +219,7 @@ async fn store_login(
         .health()
         .disabled
         .get(&login.account)
-        .is_some_and(|d| d.reason.starts_with("expired"))
+        .is_some_and(|d| d.state == keypool_cooldown::Terminal::Expired)
     {
         app.store().reenable(&login.account);
     }

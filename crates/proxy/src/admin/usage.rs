@@ -29,7 +29,7 @@ use crate::reject::Reject;
 const DEFAULT_LIMIT: usize = 100;
 
 /// The query's `name=value` pairs, decoded.
-fn params(query: Option<&str>) -> BTreeMap<String, String> {
+pub(super) fn params(query: Option<&str>) -> BTreeMap<String, String> {
     query
         .unwrap_or("")
         .split('&')

@@ -23,11 +23,11 @@ use crate::headers::copy_safe_response_headers;
 use crate::log::RequestLog;
 use crate::metrics::InFlight;
 
-/// Credits a failed attempt to its account: classification, cooldown or disabling,
-/// breaker, rating sample, metrics. `None` for keypool's own failure, which is never
-/// the account's.
+/// Credits a failed attempt to its account: classification (with what the error body
+/// says, SPEC 16), cooldown, terminal state or model lockout, breaker, rating sample,
+/// metrics. `None` for keypool's own failure, which is never the account's.
 pub(super) fn record_failure(
-    app: &App,
+    call: &Call<'_>,
     candidate: &Candidate,
     started_at: UnixMs,
     snapshot_len: usize,
@@ -39,12 +39,13 @@ pub(super) fn record_failure(
         Failure::Status {
             status,
             rate_limit,
+            body,
             received_at,
-            ..
         } => (
             AttemptFailure::Status {
                 status: *status,
                 rate_limit,
+                marks: call.config.cooldown().marks(body),
             },
             *received_at,
         ),
@@ -56,8 +57,18 @@ pub(super) fn record_failure(
         base_url: candidate.base_url.as_deref().unwrap_or(""),
         started_at,
         snapshot_len,
+        model: sent_model(call, &candidate.id),
     };
-    Some(credit_failure(app, &attempt, &attempt_failure, at))
+    Some(credit_failure(call.app, &attempt, &attempt_failure, at))
+}
+
+/// The model an attempt with `account` asked for: the account's `model` override, else
+/// the request's.
+fn sent_model<'a>(call: &Call<'a>, account: &AccountId) -> &'a str {
+    call.config
+        .account(account.as_str())
+        .and_then(|a| a.model())
+        .unwrap_or(call.model)
 }
 
 /// Credits a failure (of an attempt, or of a committed stream) to its account:
@@ -135,6 +146,7 @@ pub(super) fn commit(
                 base_url: &base_url,
                 started_at: running.started_at,
                 snapshot_len,
+                model: sent_model(call, &account),
             };
             credit_success(app, &attempt, ready.ttft_ms, total_ms, now_ms());
             if let Some(log) = ctx.log_mut() {
@@ -150,6 +162,7 @@ pub(super) fn commit(
             ctx.answered(StatusCode::OK.as_u16());
             let finish = StreamCompletion {
                 app: app.clone(),
+                model: Arc::from(sent_model(call, &account)),
                 account,
                 base_url,
                 started_at: running.started_at,
@@ -176,6 +189,8 @@ pub(super) fn commit(
 struct StreamCompletion {
     app: App,
     account: AccountId,
+    /// The model the stream was asked for (a success halves its lockout count).
+    model: Arc<str>,
     base_url: Arc<str>,
     started_at: UnixMs,
     started: tokio::time::Instant,
@@ -198,6 +213,7 @@ impl StreamFinish for StreamCompletion {
             base_url: &this.base_url,
             started_at: this.started_at,
             snapshot_len: this.snapshot_len,
+            model: &this.model,
         };
         let outcome = match end {
             StreamEnd::Completed => {

@@ -10,7 +10,7 @@ use keypool_selector::{
     FanOut, HedgeBudget, Plan, PlanInput, SelectError, needs_counter, plan, survivors_to_keep,
 };
 use keypool_store::resolve::Route;
-use keypool_store::{KeptSurvivors, Snapshot, Store, now_ms};
+use keypool_store::{KeptSurvivors, Snapshot, Store, now_ms, survivor_scope};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
@@ -80,10 +80,13 @@ pub(super) async fn plan_request(
         0
     };
     let budget = app.hedge_budget(&pool, settings.hedge_budget);
-    let availability =
-        HealthAvailability::new(store.health(), call.config).with_signals(snapshot.signals());
+    let availability = HealthAvailability::new(store.health(), call.config)
+        .with_signals(snapshot.signals())
+        .for_model(call.model);
     // A snapshot rebuilt for every request (snapshot_ttl 0) would never be asked again.
-    let kept = (settings.snapshot_ttl_ms > 0)
+    // Survivors are kept per model family; while any model is locked somewhere they
+    // depend on the model itself, so the filters run for each request.
+    let kept = (settings.snapshot_ttl_ms > 0 && store.health().lockouts.is_empty())
         .then(|| kept_survivors(&snapshot, &availability, store, strategy, now))
         .flatten();
     let mut input = PlanInput::new(&snapshot, &availability, strategy, store.rating(), now)
@@ -175,7 +178,8 @@ fn kept_survivors(
     // Read before filtering: a change while the filters run makes what they find stale
     // at once.
     let epoch = store.health().signal_epoch();
-    if let Some(kept) = snapshot.kept_survivors(epoch, now) {
+    let scope = survivor_scope(availability.family());
+    if let Some(kept) = snapshot.kept_survivors(scope, epoch, now) {
         return Some(kept);
     }
     let found = survivors_to_keep(snapshot, availability, strategy, now)?;
@@ -184,6 +188,6 @@ fn kept_survivors(
         valid_until: found.valid_until,
         survivors: found.indices,
     });
-    snapshot.keep_survivors(Arc::clone(&kept));
+    snapshot.keep_survivors(scope, Arc::clone(&kept));
     Some(kept)
 }

@@ -393,7 +393,7 @@ impl<'c> Walker<'c> {
         let snapshot = &self.planned.snapshot;
         let candidate = &snapshot[running.index];
         let Some(c) = record_failure(
-            self.call.app,
+            self.call,
             candidate,
             running.started_at,
             snapshot.len(),

@@ -67,9 +67,9 @@ macro_rules! alert_kinds {
 
 alert_kinds! {
     AccountDisabled => "account_disabled", "An account was disabled by an upstream answer (401/403: a key error), with the reason.";
-    AccountBanned => "account_banned", "An account was banned (SPEC 16; not emitted yet: comes with the terminal states).";
+    AccountBanned => "account_banned", "An account was banned (SPEC 16): an error body matched `ban_markers`, or its 3rd consecutive 403.";
     AccountExpired => "account_expired", "An OAuth account expired: its refresh token was refused (invalid_grant) or failed 3 times in a row (SPEC 14); it needs a new login.";
-    AccountOutOfCredits => "account_out_of_credits", "An account was disabled by a 402 (out of credits), with the reason.";
+    AccountOutOfCredits => "account_out_of_credits", "An account ran out of credits (a 402, or a body saying the credit balance is too low): state `credits_exhausted`, with the reason.";
     OauthRefreshFailed => "oauth_refresh_failed", "An OAuth refresh failed for transport, a timeout, a 429 or a 5xx; retried after a backoff (SPEC 14).";
     AccountOutOfWindow => "account_out_of_window", "An account went out of a usage window (5 hours, weekly, or its request limit).";
     PoolUnavailable => "pool_unavailable", "At least 80 % of a pool's accounts were unavailable for `pool_unavailable_secs`.";

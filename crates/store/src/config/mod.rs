@@ -730,6 +730,8 @@ pub struct Config {
     pub(crate) usage: UsageSettings,
     pub(crate) oauth: OAuthSettings,
     pub(crate) alerts: AlertSettings,
+    /// `[[restate]]`, in order, markers in lower case.
+    pub(crate) restate: Vec<keypool_cooldown::RestateRule>,
 }
 
 /// `[oauth]` (SPEC 14): where and how `oauth` accounts with a `refresh_token` renew
@@ -870,6 +872,12 @@ impl Config {
     /// `[alerts]` and its webhooks.
     pub fn alerts(&self) -> &AlertSettings {
         &self.alerts
+    }
+
+    /// `[[restate]]` (SPEC 16), in order: the first rule that applies rewrites an
+    /// upstream's status before classification.
+    pub fn restate_rules(&self) -> &[keypool_cooldown::RestateRule] {
+        &self.restate
     }
     /// The LB key with id `id` (key ids are unique in the file).
     pub fn lb_key_by_id(&self, id: &str) -> Option<&Arc<LbKey>> {

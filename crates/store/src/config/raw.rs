@@ -34,6 +34,8 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub prices: Vec<RawPrice>,
     #[serde(default)]
+    pub restate: Vec<keypool_cooldown::RestateRule>,
+    #[serde(default)]
     pub usage: RawUsage,
     #[serde(default)]
     pub oauth: RawOAuth,

@@ -7,7 +7,8 @@
 //! | --- | --- | --- |
 //! | `keypool:cooldown:{account}` | string, `PXAT` expiry | JSON `CooldownRecord` |
 //! | `keypool:window:{account}` | string, `PXAT` latest future reset | JSON `WindowRecord` |
-//! | `keypool:disabled` | hash account → JSON `DisabledRecord` | no expiry |
+//! | `keypool:disabled` | hash account → JSON `DisabledRecord` (with its terminal state) | no expiry |
+//! | `keypool:lockouts` | hash `account\tmodel` → JSON `LockoutRecord` | no expiry; ended ones are ignored when read |
 //! | `keypool:rating` | hash account → JSON `AccountRatingState` | flushed periodically |
 //! | `keypool:counter:{org/group}` | integer | `INCR` rotation counter |
 //! | `keypool:session:{org/url/session}` | string, `PX` TTL | the bound account id (session affinity) |
@@ -56,7 +57,7 @@ use fred::prelude::{
     ListInterface, PubsubInterface, ReconnectPolicy, SortedSetsInterface,
 };
 use fred::types::{Builder, ConnectHandle};
-use keypool_cooldown::{CooldownRecord, DisabledRecord, HealthExport, WindowRecord};
+use keypool_cooldown::{CooldownRecord, DisabledRecord, HealthExport, LockoutRecord, WindowRecord};
 use keypool_core::{AccountId, UnixMs};
 use keypool_ledger::{AggregateKey, Dimension, Period, Totals, UsageRecord};
 use keypool_selector::{AccountRatingState, RatingState};
@@ -70,6 +71,7 @@ pub(crate) const PREFIX: &str = "keypool:";
 /// The pub/sub channel of state events.
 pub const EVENTS_CHANNEL: &str = "keypool:events";
 const DISABLED_KEY: &str = "keypool:disabled";
+const LOCKOUTS_KEY: &str = "keypool:lockouts";
 const RATING_KEY: &str = "keypool:rating";
 /// Most keys of one `MGET` (a reconciliation reads two keys per account).
 const MGET_KEYS: usize = 512;
@@ -111,6 +113,18 @@ pub enum StateEvent {
     Reenabled {
         /// The account.
         account: AccountId,
+    },
+    /// A model was locked on an account (SPEC 16), or its lockout extended.
+    Lockout {
+        /// The lockout.
+        record: LockoutRecord,
+    },
+    /// An operator cleared lockouts of an account.
+    LockoutsCleared {
+        /// The account.
+        account: AccountId,
+        /// The models cleared.
+        models: Vec<String>,
     },
 }
 
@@ -425,6 +439,19 @@ impl RedisMirror {
                     .bounded(self.client.hdel(DISABLED_KEY, account.as_str()))
                     .await?;
             }
+            StateEvent::Lockout { record } => {
+                let field = lockout_field(&record.account, &record.model);
+                let _: i64 = self
+                    .bounded(self.client.hset(LOCKOUTS_KEY, (field, to_json(record)?)))
+                    .await?;
+            }
+            StateEvent::LockoutsCleared { account, models } => {
+                let fields: Vec<String> =
+                    models.iter().map(|m| lockout_field(account, m)).collect();
+                if !fields.is_empty() {
+                    let _: i64 = self.bounded(self.client.hdel(LOCKOUTS_KEY, fields)).await?;
+                }
+            }
         }
         let envelope = to_json(&Envelope {
             origin: self.origin.clone(),
@@ -491,6 +518,12 @@ impl RedisMirror {
             .values()
             .filter_map(|v| serde_json::from_str(v).ok())
             .collect();
+        let lockouts: HashMap<String, String> =
+            self.bounded(self.client.hgetall(LOCKOUTS_KEY)).await?;
+        state.health.lockouts = lockouts
+            .values()
+            .filter_map(|v| serde_json::from_str(v).ok())
+            .collect();
         let rating: HashMap<String, String> = self.bounded(self.client.hgetall(RATING_KEY)).await?;
         state.rating.accounts = rating
             .values()
@@ -525,6 +558,12 @@ impl RedisMirror {
                     self.client
                         .hset(DISABLED_KEY, (record.account.as_str(), to_json(record)?)),
                 )
+                .await?;
+        }
+        for record in health.lockouts.iter().filter(|r| r.lockout.until > now) {
+            let field = lockout_field(&record.account, &record.model);
+            let _: i64 = self
+                .bounded(self.client.hset(LOCKOUTS_KEY, (field, to_json(record)?)))
                 .await?;
         }
         self.push_rating(rating).await
@@ -761,6 +800,12 @@ fn cooldown_key(account: &AccountId) -> String {
 
 fn window_key(account: &AccountId) -> String {
     format!("{PREFIX}window:{account}")
+}
+
+/// The field of one (account, model) lockout in `keypool:lockouts` (a tab cannot be
+/// in an account id or a model id).
+fn lockout_field(account: &AccountId, model: &str) -> String {
+    format!("{account}\t{model}")
 }
 
 fn to_json<T: Serialize>(v: &T) -> Result<String, StoreError> {

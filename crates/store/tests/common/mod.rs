@@ -59,6 +59,7 @@ pub fn attempt<'a>(account: &'a AccountId, started_at: UnixMs) -> Attempt<'a> {
         base_url: "",
         started_at,
         snapshot_len: 4,
+        model: "claude-sonnet-4-5",
     }
 }
 

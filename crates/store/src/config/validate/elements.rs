@@ -21,6 +21,7 @@ pub(super) struct Sections {
     pub urls: Vec<(usize, RawUrl)>,
     pub keys: Vec<(usize, RawKey)>,
     pub prices: Vec<(usize, RawPrice)>,
+    pub restate: Vec<(usize, keypool_cooldown::RestateRule)>,
     pub usage: RawUsage,
     pub oauth: RawOAuth,
     pub alerts: RawAlerts,
@@ -71,6 +72,7 @@ pub(super) fn read_sections(table: &toml::Table, issues: &mut Issues) -> Section
             |k, l| k.limits = l,
         ),
         prices: elements::<RawPrice>(table, "prices", issues),
+        restate: elements::<keypool_cooldown::RestateRule>(table, "restate", issues),
         usage,
         oauth,
         alerts: table

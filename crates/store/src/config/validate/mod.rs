@@ -11,6 +11,7 @@
 //! - `server`: `[server]` and `[server.rating]`.
 //! - `orgs`, `accounts`, `groups`, `urls`, `keys`: the array sections.
 //! - `prices`: `[[prices]]` and `[usage]`.
+//! - `restate`: `[[restate]]` (SPEC 16).
 //! - `alerts`: `[alerts]` and `[[alerts.webhooks]]`.
 //! - `limits`: `[keys.limits]` and `[orgs.limits]`, and a key's merged over its org's.
 //! - here: the orchestration, the shared [`Context`], and the value checks more than
@@ -25,6 +26,7 @@ mod limits;
 mod oauth;
 mod orgs;
 mod prices;
+mod restate;
 mod server;
 mod urls;
 
@@ -168,6 +170,7 @@ pub(super) fn parse_and_validate(
     let oauth = oauth::validate(&sections.oauth, &mut issues);
     let price_table = prices::validate_prices(&sections.prices, &usage, &mut issues);
     let alerts = alerts::validate(&sections.alerts, env, &mut issues);
+    let restate = restate::validate(&sections.restate, &mut issues);
 
     let Some(server) = server else {
         return Err(ConfigErrors(issues.0));
@@ -210,6 +213,7 @@ pub(super) fn parse_and_validate(
         usage,
         oauth,
         alerts,
+        restate,
     })
 }
 
