@@ -66,6 +66,9 @@ pub enum TransportFailure {
     /// encoding although identity was asked for, an event stream, larger than the
     /// limit, or not complete in time).
     InvalidAnswer,
+    /// Streaming: content bytes per second stayed below `stream_min_bytes_per_sec` over
+    /// the slow-stream watchdog's window (SPEC 16).
+    SlowStream,
 }
 
 /// What an error body says beyond its status (SPEC 16), found by
@@ -192,6 +195,7 @@ impl Trigger {
                 TransportFailure::Reset => "reset",
                 TransportFailure::InvalidStreamStart => "invalid_stream_start",
                 TransportFailure::InvalidAnswer => "invalid_answer",
+                TransportFailure::SlowStream => "slow_stream",
             },
             Self::RequestError { .. } => "request_error",
         }

@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use crate::App;
 use crate::body::{Collected, HeldStream};
 use crate::body_budget::Reservation;
+use crate::watchdog::RateWatch;
 
 /// Most bytes of an upstream error body read (to classify it and for the pass-through
 /// message); the rest is not read.
@@ -350,6 +351,7 @@ async fn hold_stream(
     let mut usage = StreamUsage::default();
     let mut saw_stop = false;
     let mut ttft_ms = None;
+    let mut watch = RateWatch::from_settings(settings);
     let deadline = Instant::now() + Duration::from_millis(settings.first_frame_timeout_ms);
     let invalid = || Failure::Transport(TransportFailure::InvalidStreamStart);
     'hold: loop {
@@ -369,6 +371,9 @@ async fn hold_stream(
                 Verdict::Hold | Verdict::Commit => {
                     usage.observe(&frame);
                     saw_stop |= frame.is_event("message_stop");
+                    if let Some(w) = watch.as_mut() {
+                        observe_content(w, started, &frame);
+                    }
                     held.push(frame.into_raw());
                 }
             }
@@ -376,7 +381,18 @@ async fn hold_stream(
                 break 'hold;
             }
         }
-        match tokio::time::timeout_at(deadline, body.frame()).await {
+        // The watchdog looks between frames, at its own times, before the deadline.
+        let wake = watch.as_ref().map_or(deadline, |w| {
+            let elapsed = started.elapsed().as_millis() as u64;
+            deadline.min(started + Duration::from_millis(w.next_check(elapsed)))
+        });
+        match tokio::time::timeout_at(wake, body.frame()).await {
+            Err(_) if wake < deadline => {
+                let elapsed = started.elapsed().as_millis() as u64;
+                if watch.as_mut().is_some_and(|w| w.too_slow(elapsed)) {
+                    return Err(Failure::Transport(TransportFailure::SlowStream));
+                }
+            }
             Err(_) => {
                 if gate.timeout() == Verdict::Commit {
                     break 'hold;
@@ -408,10 +424,18 @@ async fn hold_stream(
                 body,
                 usage,
                 saw_stop,
+                watch: watch.map(|w| (w, started)),
             },
             started,
         },
     ))
+}
+
+/// Counts a content frame's bytes for the slow-stream watchdog (SPEC 16).
+pub(crate) fn observe_content(watch: &mut RateWatch, started: Instant, frame: &keypool_sse::Frame) {
+    if frame.is_event("content_block_delta") {
+        watch.observe(started.elapsed().as_millis() as u64, frame.raw().len());
+    }
 }
 
 /// How much of an upstream body to read, and for how long.

@@ -15,6 +15,7 @@ use keypool_providers::{StreamUsage, Usage, stream_error};
 use keypool_sse::{Decoder, overloaded_error_frame};
 
 use crate::body_budget::Reservation;
+use crate::watchdog::RateWatch;
 use tokio::time::{Instant, Sleep};
 
 /// Joins the data chunks of a body read in full: a body of one chunk (the usual case)
@@ -166,6 +167,8 @@ pub(crate) struct StreamBody {
     sleep: Pin<Box<Sleep>>,
     usage: StreamUsage,
     saw_stop: bool,
+    /// The slow-stream watchdog, its next look, and the attempt's start (SPEC 16).
+    watch: Option<Watch>,
     /// `message_stop` was forwarded and the grace for the body's end has started.
     stopping: bool,
     done: bool,
@@ -194,6 +197,8 @@ pub(crate) struct HeldStream {
     pub usage: StreamUsage,
     /// Whether `message_stop` was among the held frames.
     pub saw_stop: bool,
+    /// The slow-stream watchdog (when on) and when the attempt started.
+    pub watch: Option<(RateWatch, Instant)>,
 }
 
 impl StreamBody {
@@ -206,7 +211,9 @@ impl StreamBody {
             body,
             usage,
             saw_stop,
+            watch,
         } = stream;
+        let watch = watch.map(|(rate, started)| Watch::new(rate, started));
         Self {
             pending: held.into(),
             decoder,
@@ -215,6 +222,7 @@ impl StreamBody {
             sleep: Box::pin(tokio::time::sleep(idle)),
             usage,
             saw_stop,
+            watch,
             stopping: false,
             done: false,
             finish: Some(finish),
@@ -249,6 +257,9 @@ impl StreamBody {
                         return;
                     }
                     self.usage.observe(&frame);
+                    if let Some(w) = self.watch.as_mut() {
+                        crate::attempt::observe_content(&mut w.rate, w.started, &frame);
+                    }
                     let stop = frame.is_event("message_stop");
                     self.pending.push_back(frame.into_raw());
                     if stop {
@@ -324,12 +335,52 @@ impl StreamBody {
                     }
                 }
                 Poll::Pending => {
+                    if self.watch.as_mut().is_some_and(|w| w.too_slow(cx)) {
+                        self.end(StreamEnd::Failed(TransportFailure::SlowStream));
+                        continue;
+                    }
                     ready!(self.sleep.as_mut().poll(cx));
                     self.end(StreamEnd::Failed(TransportFailure::Timeout));
                 }
             }
         }
     }
+}
+
+/// A committed stream's watchdog: the rate, the timer of its next look.
+struct Watch {
+    rate: RateWatch,
+    started: Instant,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Watch {
+    fn new(rate: RateWatch, started: Instant) -> Self {
+        let next = started + Duration::from_millis(rate.next_check(elapsed_ms(started)));
+        Self {
+            rate,
+            started,
+            sleep: Box::pin(tokio::time::sleep_until(next)),
+        }
+    }
+
+    /// Whether the look due now finds the stream too slow; arms the next look (and
+    /// registers the waker) otherwise.
+    fn too_slow(&mut self, cx: &mut Context<'_>) -> bool {
+        while self.sleep.as_mut().poll(cx).is_ready() {
+            let at = elapsed_ms(self.started);
+            if self.rate.too_slow(at) {
+                return true;
+            }
+            let next = self.started + Duration::from_millis(self.rate.next_check(at));
+            self.sleep.as_mut().reset(next);
+        }
+        false
+    }
+}
+
+fn elapsed_ms(started: Instant) -> u64 {
+    started.elapsed().as_millis() as u64
 }
 
 impl Drop for StreamBody {

@@ -88,6 +88,7 @@ pub mod server;
 pub mod signals;
 pub mod tls;
 pub mod upstream;
+mod watchdog;
 
 pub use app::App;
 pub use body::ProxyBody;

@@ -103,6 +103,14 @@ pub struct ServerSettings {
     pub config_store: ConfigStore,
     /// Lower bound of the hedge delay (`hedge_min_delay_ms`).
     pub hedge_min_delay_ms: u64,
+    /// The slow-stream watchdog (SPEC 16): a stream whose content bytes per second stay
+    /// below this over `stream_watchdog_window_ms` after `stream_watchdog_warmup_ms`
+    /// is ended (committed) or failed over (before its commit point). 0 = off.
+    pub stream_min_bytes_per_sec: u64,
+    /// The watchdog's warm-up (`stream_watchdog_warmup_ms`, 10 s).
+    pub stream_watchdog_warmup_ms: u64,
+    /// The watchdog's window (`stream_watchdog_window_ms`, 30 s).
+    pub stream_watchdog_window_ms: u64,
     /// Extra attempts allowed as a fraction of a group's requests per minute (`hedge_budget`).
     pub hedge_budget: f64,
     /// Usage-window threshold of accounts without their own (`default_window_threshold`).
@@ -257,6 +265,9 @@ impl Default for ServerSettings {
             limits_fail_mode: LimitsFailMode::Open,
             config_store: ConfigStore::File,
             hedge_min_delay_ms: 200,
+            stream_min_bytes_per_sec: 0,
+            stream_watchdog_warmup_ms: 10_000,
+            stream_watchdog_window_ms: 30_000,
             hedge_budget: 0.10,
             default_window_threshold: Threshold(0.95),
             circuit_breaker: false,

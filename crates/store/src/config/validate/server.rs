@@ -298,6 +298,26 @@ impl Reader<'_> {
             d.stream_idle_timeout_ms,
             1000,
         );
+        out.stream_min_bytes_per_sec = self.non_negative(
+            s.stream_min_bytes_per_sec,
+            "stream_min_bytes_per_sec",
+            d.stream_min_bytes_per_sec,
+            1,
+            "0 turns the slow-stream watchdog off",
+        );
+        out.stream_watchdog_warmup_ms = self.non_negative(
+            s.stream_watchdog_warmup_ms,
+            "stream_watchdog_warmup_ms",
+            d.stream_watchdog_warmup_ms,
+            1,
+            "0 watches from the first byte",
+        );
+        out.stream_watchdog_window_ms = self.positive(
+            s.stream_watchdog_window_ms,
+            "stream_watchdog_window_ms",
+            d.stream_watchdog_window_ms,
+            1,
+        );
         out.commit_hold_max_bytes = self.positive(
             s.commit_hold_max_bytes,
             "commit_hold_max_bytes",
