@@ -48,7 +48,7 @@
 //! - [`response`]: [`message_to_chat_completion`], [`finish_reason`], [`completion_id`].
 //! - [`stream`]: [`ChatStream`], the incremental stream translator.
 //! - [`error_body`]: the OpenAI error shape and the Anthropic → OpenAI error table.
-//! - [`models`]: [`models_body`].
+//! - [`models`]: the model list, [`models_body`].
 //! - [`rate_limit`]: [`OpenAiRateLimits`], the `x-ratelimit-*` headers.
 
 pub mod error_body;

@@ -497,7 +497,7 @@ fn parse_data_url(rest: &str) -> Option<(&str, &str)> {
 /// Standard base64 with padding: what the Messages API accepts as image data.
 pub(crate) fn is_base64(data: &str) -> bool {
     let bytes = data.as_bytes();
-    if bytes.is_empty() || bytes.len() % 4 != 0 {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(4) {
         return false;
     }
     let body = data.trim_end_matches('=');
@@ -595,5 +595,130 @@ fn optional_number(req: &Map<String, Value>, field: &str) -> Result<Option<f64>,
             .filter(|n| n.is_finite() && *n >= 0.0)
             .map(Some)
             .ok_or_else(|| ProvidersError::chat(field, "must be a non-negative number")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn translate(request: Value) -> Result<Value, ProvidersError> {
+        let out = chat_to_messages(request.to_string().as_bytes())?;
+        Ok(serde_json::from_slice(&out.body).unwrap())
+    }
+
+    fn param_of(request: Value) -> String {
+        match translate(request) {
+            Err(ProvidersError::ChatRequest { param, .. }) => param,
+            other => panic!("not a chat request error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn base64_check_wants_the_standard_padded_alphabet() {
+        for ok in ["AAAA", "AA==", "AAA=", "ab+/", "QUJD"] {
+            assert!(is_base64(ok), "{ok}");
+        }
+        for bad in ["", "A", "AAA", "A===", "AA=A", "AA-_", "AA AA", "===="] {
+            assert!(!is_base64(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn images_need_a_supported_type_and_scheme() {
+        let image = |url: &str| {
+            json!({"model":"m","messages":[{"role":"user","content":[
+                {"type":"image_url","image_url":{"url":url}}]}]})
+        };
+        assert_eq!(
+            param_of(image("data:image/tiff;base64,AAAA")),
+            "messages[0].content[0].image_url.url"
+        );
+        assert_eq!(
+            param_of(image("data:image/png,AAAA")),
+            "messages[0].content[0].image_url.url"
+        );
+        assert_eq!(
+            param_of(image("ftp://x/y.png")),
+            "messages[0].content[0].image_url.url"
+        );
+        let out = translate(image("HTTPS://example.com/a.png")).unwrap();
+        assert_eq!(out["messages"][0]["content"][0]["source"]["type"], "url");
+        // Older clients send the URL itself.
+        let old = json!({"model":"m","messages":[{"role":"user","content":[
+            {"type":"image_url","image_url":"data:image/gif;base64,R0lG"}]}]});
+        let out = translate(old).unwrap();
+        assert_eq!(
+            out["messages"][0]["content"][0]["source"]["media_type"],
+            "image/gif"
+        );
+    }
+
+    #[test]
+    fn fields_of_the_wrong_type_name_their_param() {
+        let base = |extra: Value| {
+            let mut request = json!({"model":"m","messages":[{"role":"user","content":"hi"}]});
+            for (key, value) in extra.as_object().unwrap() {
+                request[key] = value.clone();
+            }
+            request
+        };
+        for (extra, param) in [
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (
+                json!({"max_completion_tokens": "10"}),
+                "max_completion_tokens",
+            ),
+            (json!({"temperature": "hot"}), "temperature"),
+            (json!({"stop": [1]}), "stop"),
+            (json!({"user": 5}), "user"),
+            (json!({"tools": {}}), "tools"),
+            (json!({"tools": [{"type":"retrieval"}]}), "tools[0].type"),
+            (
+                json!({"tools": [{"type":"function","function":{}}]}),
+                "tools[0].function.name",
+            ),
+            (json!({"tool_choice": "sometimes"}), "tool_choice"),
+            (
+                json!({"stream_options": {"include_usage": "yes"}}),
+                "stream_options.include_usage",
+            ),
+            (json!({"messages": "hi"}), "messages"),
+            (json!({"messages": [{"content":"x"}]}), "messages[0].role"),
+            (
+                json!({"messages": [{"role":"function","content":"x"}]}),
+                "messages[0].role",
+            ),
+            (
+                json!({"messages": [{"role":"tool","content":"x"}]}),
+                "messages[0].tool_call_id",
+            ),
+            (json!({"logprobs": true}), "logprobs"),
+            (json!({"modalities": ["text","audio"]}), "modalities"),
+        ] {
+            assert_eq!(param_of(base(extra.clone())), param, "{extra}");
+        }
+        assert_eq!(
+            chat_to_messages(br#"{"model":"m","stream":"yes","messages":[]}"#),
+            Err(ProvidersError::StreamNotBoolean)
+        );
+        assert_eq!(chat_to_messages(b"[]"), Err(ProvidersError::BodyNotObject));
+    }
+
+    #[test]
+    fn ignored_fields_and_defaults() {
+        let out = translate(
+            json!({"model":"m","messages":[{"role":"user","content":"hi"}],
+            "n":1,"logprobs":false,"presence_penalty":1,"seed":3,"response_format":{"type":"text"},
+            "tool_choice":"auto","parallel_tool_calls":false}),
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            json!({"model":"m","max_tokens":DEFAULT_MAX_TOKENS,
+                "messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]})
+        );
+        // Without tools, tool_choice is not sent (Anthropic refuses it alone).
+        assert!(out.get("tool_choice").is_none());
     }
 }
