@@ -241,6 +241,10 @@ fn anthropic_errors_take_the_openai_shape() {
             "{kind}"
         );
     }
+}
+
+#[test]
+fn bodies_without_a_type_and_keypools_own_errors_take_the_openai_shape() {
     // No Anthropic body: the status decides, its reason is the message.
     let (status, body) = error_from_anthropic(StatusCode::TOO_MANY_REQUESTS, b"not json");
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);

@@ -10,6 +10,8 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use keypool_core::Window;
 use rand::Rng;
 
+use crate::openai::OpenAiRateLimitHeaders;
+
 /// A duration drawn for each request: fixed, or uniform in a closed range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Delay {
@@ -236,6 +238,12 @@ impl ErrorReply {
     /// Adds the unified window headers.
     pub fn unified(mut self, unified: &UnifiedHeaders) -> Self {
         self.headers.extend(unified.to_headers());
+        self
+    }
+
+    /// Adds an OpenAI-compatible upstream's `x-ratelimit-*` headers.
+    pub fn openai_rate_limits(mut self, limits: &OpenAiRateLimitHeaders) -> Self {
+        self.headers.extend(limits.to_headers());
         self
     }
 }
@@ -490,6 +498,13 @@ impl Script {
     /// Attaches the unified window headers to every response.
     pub fn unified(mut self, unified: &UnifiedHeaders) -> Self {
         self.headers.extend(unified.to_headers());
+        self
+    }
+
+    /// Attaches an OpenAI-compatible upstream's `x-ratelimit-*` headers to every
+    /// response.
+    pub fn openai_rate_limits(mut self, limits: &OpenAiRateLimitHeaders) -> Self {
+        self.headers.extend(limits.to_headers());
         self
     }
 }
