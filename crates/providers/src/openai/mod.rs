@@ -47,18 +47,18 @@
 //! - [`request`]: [`chat_to_messages`] and its table.
 //! - [`response`]: [`message_to_chat_completion`], [`finish_reason`], [`completion_id`].
 //! - [`stream`]: [`ChatStream`], the incremental stream translator.
-//! - [`error_body`]: the OpenAI error shape and the Anthropic → OpenAI error table.
+//! - [`errors`]: the OpenAI error shape and the Anthropic → OpenAI error table.
 //! - [`models`]: the model list, [`models_body`].
 //! - [`rate_limit`]: [`OpenAiRateLimits`], the `x-ratelimit-*` headers.
 
-pub mod error_body;
+pub mod errors;
 pub mod models;
 pub mod rate_limit;
 pub mod request;
 pub mod response;
 pub mod stream;
 
-pub use error_body::{
+pub use errors::{
     error_body, error_frame, error_from_anthropic, invalid_request_body, openai_error_kind,
     overloaded_error_frame,
 };

@@ -27,7 +27,7 @@ use keypool_sse::{Decoder, Event, Frame, SseError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::error_body::{error_frame, overloaded_error_frame};
+use super::errors::{error_frame, overloaded_error_frame};
 use super::response::{ChatUsage, FunctionCall, ToolCall, completion_id, finish_reason};
 use crate::response::UsageUpdate;
 use crate::sanitise::ErrorType;
