@@ -1,6 +1,6 @@
 //! OpenAI Chat Completions clients on Anthropic accounts: the translation both ways,
-//! as pure functions over bytes and `serde_json` (issue 23), and the rate-limit headers
-//! of OpenAI-compatible upstreams.
+//! as pure functions over bytes and `serde_json` (issue 23); and for OpenAI-compatible
+//! upstreams, their rate-limit headers, usage and stream frames.
 //!
 //! What the proxy calls on a `POST …/v1/chat/completions` to an Anthropic account:
 //! 1. [`chat_to_messages`] on the client's body: a Messages API body (then the usual
@@ -50,9 +50,12 @@
 //! - [`errors`]: the OpenAI error shape and the Anthropic → OpenAI error table.
 //! - [`models`]: the model list, [`models_body`].
 //! - [`rate_limit`]: [`OpenAiRateLimits`], the `x-ratelimit-*` headers.
+//! - [`native`]: usage and frame kinds of an OpenAI-compatible upstream's own answers
+//!   (the native `openai` provider).
 
 pub mod errors;
 pub mod models;
+pub mod native;
 pub mod rate_limit;
 pub mod request;
 pub mod response;
@@ -63,6 +66,7 @@ pub use errors::{
     overloaded_error_frame,
 };
 pub use models::models_body;
+pub use native::{ChatFrame, classify_chat_frame, usage_from_chat_json};
 pub use rate_limit::{LimitReading, OpenAiRateLimits, parse_duration_ms};
 pub use request::{ChatRequest, DEFAULT_MAX_TOKENS, chat_to_messages};
 pub use response::{completion_id, finish_reason, message_to_chat_completion};
