@@ -72,14 +72,15 @@ pub fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
         SDK_REQUIREMENTS.join(" ")
     );
     run(Command::new(&creator).arg("-m").arg("venv").arg(&dir))?;
-    run(Command::new(&python).args([
-        "-m",
-        "pip",
-        "install",
-        "--disable-pip-version-check",
-        "--quiet",
-    ])
-    .args(SDK_REQUIREMENTS))?;
+    run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--quiet",
+        ])
+        .args(SDK_REQUIREMENTS))?;
     run(Command::new(&python).args(["-c", SDK_MODULES]))?;
     std::fs::write(dir.join(READY_MARKER), marker_text())
         .map_err(|e| format!("cannot write the venv's ready marker: {e}"))?;
