@@ -15,7 +15,8 @@
 //!   `stream_options.include_usage`) and `GET …/v1/models`, with bearer auth, OpenAI
 //!   error bodies and scriptable `x-ratelimit-*` headers ([`OpenAiRateLimitHeaders`]).
 //! - A request offering tools whose last message is the user's gets a call of a tool
-//!   (both wire formats); the next one, carrying the tool's result, gets text.
+//!   (both wire formats); the next one, carrying the tool's result, gets text
+//!   ([`OkSpec::tool_calls`] turns this off).
 //! - Each account is identified by the credential it receives (`x-api-key` or
 //!   `Authorization: Bearer`) and follows a [`Script`]: a sequence of [`Behaviour`]s
 //!   consumed one per request, then a default. Scripts can change at runtime.

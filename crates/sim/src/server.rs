@@ -610,9 +610,15 @@ async fn perform(
             .message("model: Field required (the body must be JSON with a \"model\")");
         return Ok(error_for(endpoint, reply, &bad));
     }
+    let calls_tools = match &behaviour {
+        Behaviour::Ok(spec)
+        | Behaviour::InBandError { spec, .. }
+        | Behaviour::CutAfter { spec, .. } => spec.tool_calls,
+        _ => false,
+    };
     let tool = match endpoint {
-        Endpoint::Messages if needs_model => tools::messages_tool_call(body, n),
-        Endpoint::ChatCompletions if needs_model => tools::chat_tool_call(body, n),
+        Endpoint::Messages if calls_tools => tools::messages_tool_call(body, n),
+        Endpoint::ChatCompletions if calls_tools => tools::chat_tool_call(body, n),
         _ => None,
     };
     let scripted = Scripted {

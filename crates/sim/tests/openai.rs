@@ -212,6 +212,13 @@ async fn tools_get_a_call_then_the_tool_result_gets_text() {
         v["choices"][0]["message"]["content"],
         "HelloHelloHelloHello"
     );
+
+    // A script can turn tool calls off: text even when tools are offered.
+    sim.set_default("a", OkSpec::default().tool_calls(false))
+        .unwrap();
+    body["messages"] = json!([{"role":"user","content":"hi"}]);
+    let v = json_of(&chat(&sim, &body).await.2);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
     sim.shutdown().await;
 }
 
