@@ -335,7 +335,9 @@ fn translate_messages(
         };
         match role {
             "system" | "developer" => {
-                system.extend(text_blocks(message.get("content"), &at(".content"))?);
+                // Anthropic refuses empty text blocks; an empty system prompt says nothing.
+                let blocks = text_blocks(message.get("content"), &at(".content"))?;
+                system.extend(blocks.into_iter().filter(|block| block["text"] != ""));
             }
             "user" => turns.push(
                 "user",
@@ -720,5 +722,9 @@ mod tests {
         );
         // Without tools, tool_choice is not sent (Anthropic refuses it alone).
         assert!(out.get("tool_choice").is_none());
+        let empty_system = translate(json!({"model":"m","messages":[
+            {"role":"system","content":""},{"role":"user","content":"hi"}]}))
+        .unwrap();
+        assert!(empty_system.get("system").is_none());
     }
 }
