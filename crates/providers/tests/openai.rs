@@ -367,3 +367,62 @@ proptest! {
         }
     }
 }
+
+/// One chat message of a generated conversation: (role, text, tool calls it makes).
+fn arbitrary_message() -> impl Strategy<Value = Value> {
+    let text = "[a-zA-Z0-9 ]{0,12}";
+    prop_oneof![
+        text.prop_map(|t| json!({"role":"system","content":t})),
+        text.prop_map(|t| json!({"role":"developer","content":[{"type":"text","text":t}]})),
+        text.prop_map(|t| json!({"role":"user","content":t})),
+        (text, 0usize..3).prop_map(|(t, calls)| {
+            let calls: Vec<Value> = (0..calls)
+                .map(|i| {
+                    json!({"id":format!("call_{i}"),"type":"function",
+                    "function":{"name":"f","arguments":format!("{{\"n\":{i}}}")}})
+                })
+                .collect();
+            json!({"role":"assistant","content":t,"tool_calls":calls})
+        }),
+        text.prop_map(|t| json!({"role":"tool","tool_call_id":"call_0","content":t})),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn conversations_keep_every_part_and_alternate_turns(
+        messages in prop::collection::vec(arbitrary_message(), 0..12),
+    ) {
+        let request = json!({"model":"m","messages":messages});
+        let out = chat_to_messages(request.to_string().as_bytes()).unwrap();
+        let body: Value = serde_json::from_slice(&out.body).unwrap();
+        let turns = body["messages"].as_array().unwrap();
+        // Consecutive messages of one Anthropic role share a turn.
+        for pair in turns.windows(2) {
+            prop_assert_ne!(&pair[0]["role"], &pair[1]["role"]);
+        }
+        let blocks = |kind: &str| {
+            turns
+                .iter()
+                .flat_map(|t| t["content"].as_array().unwrap())
+                .filter(|b| b["type"] == kind)
+                .count()
+        };
+        let count = |role: &str| messages.iter().filter(|m| m["role"] == role).count();
+        let calls: usize = messages
+            .iter()
+            .filter_map(|m| m["tool_calls"].as_array())
+            .map(Vec::len)
+            .sum();
+        prop_assert_eq!(blocks("tool_use"), calls);
+        prop_assert_eq!(blocks("tool_result"), count("tool"));
+        let system_texts = messages
+            .iter()
+            .filter(|m| m["role"] == "system" || m["role"] == "developer")
+            .filter(|m| m["content"] != "" && m["content"][0]["text"] != "")
+            .count();
+        let system = body.get("system").and_then(Value::as_array).map_or(0, Vec::len);
+        prop_assert_eq!(system, system_texts);
+        prop_assert!(keypool_providers::inspect_request(&out.body).is_ok());
+    }
+}
