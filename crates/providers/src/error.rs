@@ -64,6 +64,26 @@ pub enum ProvidersError {
          characters or line breaks): check the secret or the environment variable it comes from"
     )]
     InvalidSecret,
+    /// An OpenAI Chat Completions request that cannot be translated to the Messages API:
+    /// a field has the wrong type, or asks for something Anthropic cannot do (`n` > 1,
+    /// audio, a JSON response format, …). The client's fault: the proxy answers `400` in
+    /// the OpenAI error shape with [`param`](Self::param)
+    /// ([`openai::invalid_request_body`](crate::openai::invalid_request_body)).
+    #[error("{param}: {reason}")]
+    ChatRequest {
+        /// The offending field, as a path into the request (`messages[2].content[0].type`).
+        param: String,
+        /// What is wrong and what to send instead (holds no content of the request
+        /// beyond type names).
+        reason: String,
+    },
+    /// An Anthropic answer that cannot be turned into an OpenAI one (not JSON, not a
+    /// message object). The upstream's fault, like any invalid answer.
+    #[error("upstream answer cannot be translated to a chat completion: {reason}")]
+    UntranslatableAnswer {
+        /// Why (from the JSON parser or the missing field; no body content).
+        reason: String,
+    },
 }
 
 impl ProvidersError {
@@ -77,6 +97,27 @@ impl ProvidersError {
                 | Self::MissingModel
                 | Self::ModelNotString
                 | Self::StreamNotBoolean
+                | Self::ChatRequest { .. }
         )
+    }
+
+    /// The request field an OpenAI-shaped `400` names in `error.param`: the offending
+    /// field of a [`ChatRequest`](Self::ChatRequest), `model` for the model errors,
+    /// `stream` for [`StreamNotBoolean`](Self::StreamNotBoolean), else none.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            Self::ChatRequest { param, .. } => Some(param),
+            Self::MissingModel | Self::ModelNotString => Some("model"),
+            Self::StreamNotBoolean => Some("stream"),
+            _ => None,
+        }
+    }
+
+    /// A [`ChatRequest`](Self::ChatRequest) error.
+    pub(crate) fn chat(param: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::ChatRequest {
+            param: param.into(),
+            reason: reason.into(),
+        }
     }
 }

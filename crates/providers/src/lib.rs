@@ -12,6 +12,9 @@
 //! 4. [`CommitGate`] decides frame by frame when a stream may be committed;
 //! 5. [`sanitise`] writes keypool's own Anthropic-shaped error bodies.
 //!
+//! [`openai`] translates OpenAI Chat Completions requests, answers, streams and errors
+//! to and from the Messages API, and reads OpenAI-compatible rate-limit headers.
+//!
 //! ```
 //! use http::{HeaderMap, Uri};
 //! use keypool_core::{AuthType, Provider};
@@ -46,9 +49,11 @@
 //! - [`response`]: rate limits, usage (JSON bodies and SSE frames), upstream errors.
 //! - [`stream_start`]: [`is_valid_first_frame`] and the [`CommitGate`] of SPEC 3.8.
 //! - [`sanitise`]: keypool's Anthropic-shaped error bodies and the 429/402 pass-through.
+//! - [`openai`]: the Chat Completions ↔ Messages translation, `x-ratelimit-*` headers.
 //! - [`error`]: [`ProvidersError`], the crate's one error type.
 
 pub mod error;
+pub mod openai;
 pub mod request_body;
 pub mod response;
 pub mod sanitise;

@@ -57,6 +57,25 @@ impl ErrorType {
         }
     }
 
+    /// The error type of a wire name (`error.type` of an Anthropic error body), `None`
+    /// for a name Anthropic does not use.
+    pub fn from_wire(name: &str) -> Option<Self> {
+        [
+            Self::InvalidRequest,
+            Self::Authentication,
+            Self::Billing,
+            Self::Permission,
+            Self::NotFound,
+            Self::RequestTooLarge,
+            Self::RateLimit,
+            Self::Api,
+            Self::Timeout,
+            Self::Overloaded,
+        ]
+        .into_iter()
+        .find(|t| t.as_str() == name)
+    }
+
     /// The error type Anthropic uses for a status code (`api_error` for statuses it
     /// does not name, `invalid_request_error` for other 4xx).
     pub fn for_status(status: StatusCode) -> Self {

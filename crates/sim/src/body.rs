@@ -14,8 +14,8 @@ use rand::rngs::SmallRng;
 use tokio::time::{Instant, Sleep};
 
 use crate::accounts::RequestGuard;
+use crate::frames::StreamFrames;
 use crate::script::{Cut, Delay};
-use crate::wire::{OVERLOADED_ERROR_FRAME, StreamFrames};
 
 /// Set by a behaviour that wants its connection reset (TCP RST) rather than closed.
 pub(crate) type ResetFlag = Arc<AtomicBool>;
@@ -204,7 +204,7 @@ impl State {
                     c.error_frame &= !with_error;
                     let frame = c
                         .frames
-                        .join(i..end, with_error.then_some(OVERLOADED_ERROR_FRAME));
+                        .join(i..end, with_error.then(|| c.frames.error_frame()));
                     let last = end == c.send && !c.error_frame && c.ending == Ending::Clean;
                     return Step::Yield { frame, last };
                 }
@@ -212,7 +212,7 @@ impl State {
                     c.error_frame = false;
                     let last = c.ending == Ending::Clean;
                     return Step::Yield {
-                        frame: Bytes::from_static(OVERLOADED_ERROR_FRAME),
+                        frame: c.frames.error_frame(),
                         last,
                     };
                 }
@@ -296,7 +296,7 @@ mod tests {
         ending: Ending,
     ) -> (SimBody, Arc<Accounts>) {
         let accounts = Arc::new(Accounts::new(vec![], None).unwrap());
-        let frames = StreamFrames::new("msg_1", "m", spec);
+        let frames = StreamFrames::new("msg_1", "m", spec, None);
         let rng = SmallRng::seed_from_u64(1);
         let cursor = StreamCursor::new(frames, send, error_frame, ending, spec.chunk_interval, rng);
         let reset = ResetFlag::default();
@@ -377,7 +377,7 @@ mod tests {
         for (cut, resets) in [(Cut::Close, false), (Cut::Reset, true)] {
             let spec = OkSpec::default();
             let accounts = Arc::new(Accounts::new(vec![], None).unwrap());
-            let frames = StreamFrames::new("msg_1", "m", &spec);
+            let frames = StreamFrames::new("msg_1", "m", &spec, None);
             let cursor = StreamCursor::new(
                 frames,
                 2,

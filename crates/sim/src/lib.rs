@@ -10,6 +10,13 @@
 //!   and streams with the real event sequence and framing (`message_start`,
 //!   `content_block_start`, `ping`, `content_block_delta`…, `content_block_stop`,
 //!   `message_delta`, `message_stop`), `request-id` headers and Anthropic error bodies.
+//! - It speaks OpenAI's Chat Completions too: `POST …/v1/chat/completions` (JSON or
+//!   `chat.completion.chunk` streams, the usage chunk with
+//!   `stream_options.include_usage`) and `GET …/v1/models`, with bearer auth, OpenAI
+//!   error bodies and scriptable `x-ratelimit-*` headers ([`OpenAiRateLimitHeaders`]).
+//! - A request offering tools whose last message is the user's gets a call of a tool
+//!   (both wire formats); the next one, carrying the tool's result, gets text
+//!   ([`OkSpec::tool_calls`] turns this off).
 //! - Each account is identified by the credential it receives (`x-api-key` or
 //!   `Authorization: Bearer`) and follows a [`Script`]: a sequence of [`Behaviour`]s
 //!   consumed one per request, then a default. Scripts can change at runtime.
@@ -45,6 +52,9 @@
 //! - `script`: [`Behaviour`], [`OkSpec`], [`Delay`], [`ErrorReply`], [`UnifiedHeaders`],
 //!   [`Script`]: what an account does.
 //! - `wire`: the Anthropic wire format (JSON bodies, error bodies, SSE frames).
+//! - `openai`: the Chat Completions wire format, [`OpenAiRateLimitHeaders`], [`SIM_MODELS`].
+//! - `frames`: the frames of one stream, whatever the wire format.
+//! - `tools`: when a request gets a tool call, and its arguments.
 //! - `accounts`: credential → account, script state, counters ([`AccountStats`]).
 //! - `recorder`: the bounded request log ([`RecordedRequest`]).
 //! - `body`: the response body state machine (paced frames, stalls, cuts).
@@ -56,15 +66,19 @@
 mod accounts;
 mod body;
 mod error;
+mod frames;
 pub mod oauth;
+mod openai;
 mod recorder;
 mod script;
 mod server;
+mod tools;
 pub mod wire;
 
 pub use accounts::{ANY_CREDENTIAL, AccountStats, SimAccount};
 pub use error::SimError;
 pub use oauth::{IssuedTokens, OAuthStats};
+pub use openai::{OpenAiRateLimitHeaders, SIM_MODELS};
 pub use recorder::RecordedRequest;
 pub use script::{
     Behaviour, Cut, Delay, ErrorReply, OkSpec, Script, UnifiedHeaders, Usage, WindowReading,

@@ -10,6 +10,8 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use keypool_core::Window;
 use rand::Rng;
 
+use crate::openai::OpenAiRateLimitHeaders;
+
 /// A duration drawn for each request: fixed, or uniform in a closed range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Delay {
@@ -118,6 +120,10 @@ pub struct OkSpec {
     /// A client subtracts it from its time to first byte to see what lies between it
     /// and the upstream, without the upstream's own (timer-driven, jittery) wait.
     pub think_time_in_id: bool,
+    /// Answer a request that offers tools, and whose last message is the user's, with
+    /// a tool call instead of the text (both wire formats; see the crate docs). On by
+    /// default, so a client's tool round trip works with any script.
+    pub tool_calls: bool,
 }
 
 impl Default for OkSpec {
@@ -131,6 +137,7 @@ impl Default for OkSpec {
             usage: Usage::default(),
             stop_reason: Cow::Borrowed("end_turn"),
             think_time_in_id: false,
+            tool_calls: true,
         }
     }
 }
@@ -169,6 +176,11 @@ impl OkSpec {
     /// Sets [`OkSpec::think_time_in_id`].
     pub fn think_time_in_id(mut self, on: bool) -> Self {
         self.think_time_in_id = on;
+        self
+    }
+    /// Sets [`OkSpec::tool_calls`].
+    pub fn tool_calls(mut self, on: bool) -> Self {
+        self.tool_calls = on;
         self
     }
 }
@@ -236,6 +248,12 @@ impl ErrorReply {
     /// Adds the unified window headers.
     pub fn unified(mut self, unified: &UnifiedHeaders) -> Self {
         self.headers.extend(unified.to_headers());
+        self
+    }
+
+    /// Adds an OpenAI-compatible upstream's `x-ratelimit-*` headers.
+    pub fn openai_rate_limits(mut self, limits: &OpenAiRateLimitHeaders) -> Self {
+        self.headers.extend(limits.to_headers());
         self
     }
 }
@@ -490,6 +508,13 @@ impl Script {
     /// Attaches the unified window headers to every response.
     pub fn unified(mut self, unified: &UnifiedHeaders) -> Self {
         self.headers.extend(unified.to_headers());
+        self
+    }
+
+    /// Attaches an OpenAI-compatible upstream's `x-ratelimit-*` headers to every
+    /// response.
+    pub fn openai_rate_limits(mut self, limits: &OpenAiRateLimitHeaders) -> Self {
+        self.headers.extend(limits.to_headers());
         self
     }
 }

@@ -30,9 +30,11 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::accounts::{AccountStats, Accounts, AlwaysHeaders, RequestGuard, SimAccount};
 use crate::body::{Ending, ResetFlag, SimBody, StreamCursor};
 use crate::error::SimError;
+use crate::frames::StreamFrames;
 use crate::recorder::{RecordedRequest, Recorder};
-use crate::script::{Behaviour, Cut, ErrorReply, OkSpec, Script};
-use crate::wire;
+use crate::script::{Behaviour, Cut, Delay, ErrorReply, OkSpec, Script};
+use crate::tools::{self, ToolCall};
+use crate::{openai, wire};
 
 /// How to start a simulator.
 #[derive(Debug, Clone)]
@@ -438,11 +440,26 @@ impl AsyncWrite for ResettableStream {
 enum Endpoint {
     Messages,
     CountTokens,
+    /// OpenAI's `POST …/v1/chat/completions`.
+    ChatCompletions,
+    /// OpenAI's `GET …/v1/models`.
+    Models,
 }
 
-/// Matches `…/v1/messages` and `…/v1/messages/count_tokens` (any prefix, so a
-/// `base_url` with a path works too).
+impl Endpoint {
+    /// Whether the endpoint speaks the OpenAI wire format (bearer auth, OpenAI errors).
+    fn is_openai(self) -> bool {
+        matches!(self, Endpoint::ChatCompletions | Endpoint::Models)
+    }
+}
+
+/// Matches `POST …/v1/messages`, `POST …/v1/messages/count_tokens`,
+/// `POST …/v1/chat/completions` and `GET …/v1/models` (any prefix, so a `base_url` with
+/// a path works too).
 fn endpoint(method: &Method, path: &str) -> Option<Endpoint> {
+    if method == Method::GET {
+        return path.ends_with("/v1/models").then_some(Endpoint::Models);
+    }
     if method != Method::POST {
         return None;
     }
@@ -450,14 +467,19 @@ fn endpoint(method: &Method, path: &str) -> Option<Endpoint> {
         Some(Endpoint::Messages)
     } else if path.ends_with("/v1/messages/count_tokens") {
         Some(Endpoint::CountTokens)
+    } else if path.ends_with("/v1/chat/completions") {
+        Some(Endpoint::ChatCompletions)
     } else {
         None
     }
 }
 
-/// The credential: `x-api-key`, else the token of `Authorization: Bearer`.
-fn credential(headers: &http::HeaderMap) -> Option<&str> {
-    if let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+/// The credential: `x-api-key`, else the token of `Authorization: Bearer`; on the
+/// OpenAI endpoints only the bearer token (OpenAI ignores `x-api-key`).
+fn credential(headers: &http::HeaderMap, endpoint: Option<Endpoint>) -> Option<&str> {
+    if !endpoint.is_some_and(Endpoint::is_openai)
+        && let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok())
+    {
         return Some(key);
     }
     let auth = headers.get(AUTHORIZATION)?.to_str().ok()?;
@@ -465,13 +487,23 @@ fn credential(headers: &http::HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-/// The two request fields the simulator reads; everything else is skipped unparsed.
+/// The request fields the simulator reads; everything else is skipped unparsed (tools
+/// are looked at separately, only when the body names them: `tools`).
 #[derive(Deserialize)]
 struct Probe<'a> {
     #[serde(borrow)]
     model: Option<Cow<'a, str>>,
     #[serde(default)]
     stream: bool,
+    /// Chat Completions' `stream_options`.
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
 }
 
 /// Everything one response needs besides its behaviour.
@@ -487,7 +519,8 @@ async fn handle(req: Request<Incoming>, shared: Arc<Shared>, reset: ResetFlag) -
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map_err(io::Error::other)?.to_bytes();
     let arrived = std::time::Instant::now();
-    let presented = credential(&parts.headers);
+    let endpoint = endpoint(&parts.method, parts.uri.path());
+    let presented = credential(&parts.headers, endpoint);
     // An access token the token endpoint issued names its account (expired or not).
     let issued = presented.and_then(|c| shared.issuer.account_of(c));
     let account = match &issued {
@@ -496,7 +529,6 @@ async fn handle(req: Request<Incoming>, shared: Arc<Shared>, reset: ResetFlag) -
     };
     let guard = shared.accounts.begin(account.clone());
     let n = shared.ids.fetch_add(1, Ordering::Relaxed);
-    let endpoint = endpoint(&parts.method, parts.uri.path());
 
     if shared.recorder.enabled() {
         shared.recorder.push(RecordedRequest {
@@ -527,12 +559,16 @@ async fn handle(req: Request<Incoming>, shared: Arc<Shared>, reset: ResetFlag) -
         return Ok(error(reply, &ErrorReply::new(StatusCode::NOT_FOUND)));
     };
     let Some(account) = account else {
-        return Ok(error(reply, &ErrorReply::new(StatusCode::UNAUTHORIZED)));
+        let unknown = ErrorReply::new(StatusCode::UNAUTHORIZED);
+        return Ok(error_for(endpoint, reply, &unknown));
     };
     if issued.is_some_and(|(_, expired)| expired) {
         let expired =
             ErrorReply::new(StatusCode::UNAUTHORIZED).message(crate::oauth::EXPIRED_MESSAGE);
-        return Ok(error(reply, &expired));
+        return Ok(error_for(endpoint, reply, &expired));
+    }
+    if endpoint == Endpoint::Models {
+        return Ok(json(reply, StatusCode::OK, openai::models_json(unix_now())));
     }
     let (behaviour, headers) = account.next();
     if !headers.is_empty() {
@@ -555,7 +591,12 @@ async fn perform(
 ) -> Answer {
     let (n, arrived) = at;
     let probe = serde_json::from_slice::<Probe<'_>>(body).ok();
-    let stream = endpoint == Endpoint::Messages && probe.as_ref().is_some_and(|p| p.stream);
+    let streams = matches!(endpoint, Endpoint::Messages | Endpoint::ChatCompletions);
+    let stream = streams && probe.as_ref().is_some_and(|p| p.stream);
+    let include_usage = probe
+        .as_ref()
+        .and_then(|p| p.stream_options.as_ref())
+        .is_some_and(|o| o.include_usage);
     let model = probe.and_then(|p| p.model);
     let needs_model = matches!(
         behaviour,
@@ -567,20 +608,33 @@ async fn perform(
     if needs_model && model.is_none() {
         let bad = ErrorReply::new(StatusCode::BAD_REQUEST)
             .message("model: Field required (the body must be JSON with a \"model\")");
-        return Ok(error(reply, &bad));
+        return Ok(error_for(endpoint, reply, &bad));
     }
+    let calls_tools = match &behaviour {
+        Behaviour::Ok(spec)
+        | Behaviour::InBandError { spec, .. }
+        | Behaviour::CutAfter { spec, .. } => spec.tool_calls,
+        _ => false,
+    };
+    let tool = match endpoint {
+        Endpoint::Messages if calls_tools => tools::messages_tool_call(body, n),
+        Endpoint::ChatCompletions if calls_tools => tools::chat_tool_call(body, n),
+        _ => None,
+    };
     let scripted = Scripted {
         reply,
         n,
         arrived,
         endpoint,
         stream,
+        include_usage,
+        tool,
         model: model.unwrap_or_default().into_owned(),
         rng: SmallRng::seed_from_u64(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         reset,
     };
     match behaviour {
-        Behaviour::Error(e) => Ok(error(scripted.reply, &e)),
+        Behaviour::Error(e) => Ok(error_for(scripted.endpoint, scripted.reply, &e)),
         Behaviour::Reset => Err(scripted.reset_connection(
             io::ErrorKind::ConnectionReset,
             "keypool-sim: scripted reset",
@@ -612,8 +666,12 @@ struct Scripted {
     /// When its body was read.
     arrived: std::time::Instant,
     endpoint: Endpoint,
-    /// A Messages request with `"stream": true`.
+    /// A Messages or Chat Completions request with `"stream": true`.
     stream: bool,
+    /// Chat Completions' `stream_options.include_usage`.
+    include_usage: bool,
+    /// The tool call the request gets instead of text ([`tools`]).
+    tool: Option<ToolCall>,
     model: String,
     rng: SmallRng,
     reset: ResetFlag,
@@ -645,28 +703,63 @@ impl Scripted {
         )
     }
 
-    /// A successful answer: `count_tokens`, a JSON message, or a stream.
+    /// A successful answer: `count_tokens`, the model list, a JSON message or chat
+    /// completion, or a stream.
     async fn ok(mut self, spec: &OkSpec) -> Response<SimBody> {
-        match (self.endpoint, self.stream) {
-            (Endpoint::CountTokens, _) => {
-                pause(spec.latency.sample(&mut self.rng)).await;
-                let body = wire::count_tokens_json(spec.usage.input_tokens);
-                json(self.reply, StatusCode::OK, body)
+        if self.stream {
+            pause(spec.ttft.sample(&mut self.rng)).await;
+            let mut id = self.answer_id();
+            if spec.think_time_in_id {
+                id = format!("{id}_think{}", self.arrived.elapsed().as_nanos());
             }
-            (Endpoint::Messages, false) => {
-                pause(spec.latency.sample(&mut self.rng)).await;
-                let body = wire::message_json(&message_id(self.n), &self.model, spec);
-                json(self.reply, StatusCode::OK, body)
+            let frames = self.frames(&id, spec);
+            return self.sse(
+                frames,
+                usize::MAX,
+                false,
+                Ending::Clean,
+                spec.chunk_interval,
+            );
+        }
+        pause(spec.latency.sample(&mut self.rng)).await;
+        let body = match self.endpoint {
+            Endpoint::CountTokens => wire::count_tokens_json(spec.usage.input_tokens),
+            Endpoint::Models => openai::models_json(unix_now()),
+            Endpoint::Messages => {
+                wire::message_json(&self.answer_id(), &self.model, spec, self.tool.as_ref())
             }
-            (Endpoint::Messages, true) => {
-                pause(spec.ttft.sample(&mut self.rng)).await;
-                let mut id = message_id(self.n);
-                if spec.think_time_in_id {
-                    id = format!("{id}_think{}", self.arrived.elapsed().as_nanos());
-                }
-                let frames = spec.chunks as usize + 6;
-                self.sse(&id, spec, frames, false, Ending::Clean)
+            Endpoint::ChatCompletions => {
+                let id = self.answer_id();
+                openai::completion_json(&self.chat_answer(&id), spec)
             }
+        };
+        json(self.reply, StatusCode::OK, body)
+    }
+
+    /// The answer's id: `msg_sim…` or `chatcmpl-sim…`.
+    fn answer_id(&self) -> String {
+        match self.endpoint {
+            Endpoint::ChatCompletions => format!("chatcmpl-sim{:020}", self.n),
+            _ => message_id(self.n),
+        }
+    }
+
+    fn chat_answer<'a>(&'a self, id: &'a str) -> openai::ChatAnswer<'a> {
+        openai::ChatAnswer {
+            id,
+            model: &self.model,
+            created: unix_now(),
+            tool: self.tool.as_ref(),
+        }
+    }
+
+    /// The frames of the complete stream in the endpoint's wire format.
+    fn frames(&self, id: &str, spec: &OkSpec) -> StreamFrames {
+        match self.endpoint {
+            Endpoint::ChatCompletions => {
+                StreamFrames::chat(&self.chat_answer(id), spec, self.include_usage)
+            }
+            _ => StreamFrames::new(id, &self.model, spec, self.tool.as_ref()),
         }
     }
 
@@ -674,11 +767,21 @@ impl Scripted {
     /// `529` when not streaming).
     async fn in_band_error(mut self, after_frames: usize, spec: &OkSpec) -> Response<SimBody> {
         if !self.stream {
-            return error(self.reply, &ErrorReply::new(overloaded()));
+            let status = match self.endpoint {
+                Endpoint::ChatCompletions => StatusCode::SERVICE_UNAVAILABLE,
+                _ => overloaded(),
+            };
+            return error_for(self.endpoint, self.reply, &ErrorReply::new(status));
         }
         pause(spec.ttft.sample(&mut self.rng)).await;
-        let id = message_id(self.n);
-        self.sse(&id, spec, after_frames.max(1), true, Ending::Clean)
+        let frames = self.frames(&self.answer_id(), spec);
+        self.sse(
+            frames,
+            after_frames.max(1),
+            true,
+            Ending::Clean,
+            spec.chunk_interval,
+        )
     }
 
     /// A stream cut after `frames` frames (never `message_stop`), ending as `cut`
@@ -697,35 +800,26 @@ impl Scripted {
             );
         }
         pause(spec.ttft.sample(&mut self.rng)).await;
-        let frames_total = spec.chunks as usize + 6;
-        let send = frames.min(frames_total - 1);
+        let stream = self.frames(&self.answer_id(), spec);
+        let send = frames.min(stream.len() - 1);
         let ending = match cut {
             Cut::EndOfBody => Ending::Clean,
             Cut::Close | Cut::Reset => Ending::Fail(cut),
         };
-        let id = message_id(self.n);
-        self.sse(&id, spec, send, false, ending)
+        self.sse(stream, send, false, ending, spec.chunk_interval)
     }
 
-    /// An SSE answer of `spec`'s frames: the first `send`, then an error frame when
+    /// An SSE answer of `frames`: the first `send`, then an error frame when
     /// `error_frame`, then `ending`.
     fn sse(
         self,
-        id: &str,
-        spec: &OkSpec,
+        frames: StreamFrames,
         send: usize,
         error_frame: bool,
         ending: Ending,
+        interval: Delay,
     ) -> Response<SimBody> {
-        let frames = wire::StreamFrames::new(id, &self.model, spec);
-        let cursor = StreamCursor::new(
-            frames,
-            send,
-            error_frame,
-            ending,
-            spec.chunk_interval,
-            self.rng,
-        );
+        let cursor = StreamCursor::new(frames, send, error_frame, ending, interval, self.rng);
         let body = SimBody::stream(cursor, self.reply.guard, self.reset);
         head(
             StatusCode::OK,
@@ -793,10 +887,34 @@ fn token_answer(mut reply: Reply, grant: crate::oauth::Grant) -> Response<SimBod
     }
 }
 
+/// An error answer in the endpoint's wire format.
+fn error_for(endpoint: Endpoint, reply: Reply, e: &ErrorReply) -> Response<SimBody> {
+    if !endpoint.is_openai() {
+        return error(reply, e);
+    }
+    let message = match openai::default_message_for(e.status) {
+        Some(text) if e.message == wire::default_message_for(e.status) => text,
+        _ => &e.message,
+    };
+    let bytes = openai::error_body(e.status, &e.error_type, message);
+    with_headers(json(reply, e.status, bytes), e)
+}
+
+/// Unix seconds, for the `created` of OpenAI answers.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 fn error(reply: Reply, e: &ErrorReply) -> Response<SimBody> {
     let request_id = reply.request_id.to_str().unwrap_or("req_sim");
     let bytes = wire::error_body(&e.error_type, &e.message, request_id);
-    let mut response = json(reply, e.status, bytes);
+    with_headers(json(reply, e.status, bytes), e)
+}
+
+/// Adds the error's extra headers (`retry-after`, rate-limit headers, …).
+fn with_headers(mut response: Response<SimBody>, e: &ErrorReply) -> Response<SimBody> {
     for (name, value) in &e.headers {
         response.headers_mut().append(name.clone(), value.clone());
     }
@@ -844,19 +962,32 @@ mod tests {
             Some(Endpoint::CountTokens)
         );
         assert_eq!(endpoint(&Method::GET, "/v1/messages"), None);
+        assert_eq!(
+            endpoint(&Method::POST, "/openai/v1/chat/completions"),
+            Some(Endpoint::ChatCompletions)
+        );
+        assert_eq!(endpoint(&Method::GET, "/v1/models"), Some(Endpoint::Models));
+        assert_eq!(endpoint(&Method::POST, "/v1/models"), None);
+        assert_eq!(endpoint(&Method::GET, "/v1/chat/completions"), None);
         assert_eq!(endpoint(&Method::POST, "/v1/complete"), None);
     }
 
     #[test]
     fn credential_prefers_x_api_key_then_bearer() {
         let mut h = http::HeaderMap::new();
-        assert_eq!(credential(&h), None);
+        let messages = Some(Endpoint::Messages);
+        let chat = Some(Endpoint::ChatCompletions);
+        assert_eq!(credential(&h, messages), None);
         h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer tok-1"));
-        assert_eq!(credential(&h), Some("tok-1"));
+        assert_eq!(credential(&h, messages), Some("tok-1"));
         h.insert("x-api-key", HeaderValue::from_static("key-1"));
-        assert_eq!(credential(&h), Some("key-1"));
+        assert_eq!(credential(&h, messages), Some("key-1"));
+        // OpenAI endpoints read only the bearer token.
+        assert_eq!(credential(&h, chat), Some("tok-1"));
+        h.remove(AUTHORIZATION);
+        assert_eq!(credential(&h, chat), None);
         h.remove("x-api-key");
         h.insert(AUTHORIZATION, HeaderValue::from_static("Basic abc"));
-        assert_eq!(credential(&h), None);
+        assert_eq!(credential(&h, messages), None);
     }
 }

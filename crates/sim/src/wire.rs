@@ -9,7 +9,9 @@ use bytes::Bytes;
 use http::StatusCode;
 use serde::Serialize;
 
+use crate::frames::{Deltas, StreamFrames};
 use crate::script::{OkSpec, Usage};
+use crate::tools::{ToolCall, fragments};
 
 /// `content-type` of JSON answers.
 pub const JSON: &str = "application/json";
@@ -112,11 +114,29 @@ impl UsageJson {
     }
 }
 
+/// A content block of a message.
 #[derive(Serialize)]
-struct TextBlock<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    text: &'a str,
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block<'a> {
+    Text {
+        text: &'a str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: serde_json::Value,
+    },
+}
+
+impl<'a> Block<'a> {
+    fn tool_use(call: &'a ToolCall) -> Self {
+        Block::ToolUse {
+            id: &call.id,
+            name: &call.name,
+            input: serde_json::from_str(&call.arguments)
+                .unwrap_or_else(|_| serde_json::Value::Object(Default::default())),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -126,26 +146,29 @@ struct MessageJson<'a> {
     kind: &'static str,
     role: &'static str,
     model: &'a str,
-    content: &'a [TextBlock<'a>],
+    content: &'a [Block<'a>],
     stop_reason: Option<&'a str>,
     stop_sequence: Option<&'a str>,
     usage: UsageJson,
 }
 
-/// The whole JSON answer of a non-streaming request.
-pub(crate) fn message_json(id: &str, model: &str, spec: &OkSpec) -> Bytes {
+/// The `stop_reason` of a message that calls a tool.
+const TOOL_USE: &str = "tool_use";
+
+/// The whole JSON answer of a non-streaming request: the text, or the tool call.
+pub(crate) fn message_json(id: &str, model: &str, spec: &OkSpec, tool: Option<&ToolCall>) -> Bytes {
     let text = spec.text.repeat(spec.chunks as usize);
-    let content = [TextBlock {
-        kind: "text",
-        text: &text,
-    }];
+    let (content, stop_reason) = match tool {
+        Some(call) => ([Block::tool_use(call)], TOOL_USE),
+        None => ([Block::Text { text: &text }], &*spec.stop_reason),
+    };
     to_json(&MessageJson {
         id,
         kind: "message",
         role: "assistant",
         model,
         content: &content,
-        stop_reason: Some(&spec.stop_reason),
+        stop_reason: Some(stop_reason),
         stop_sequence: None,
         usage: UsageJson::new(&spec.usage, spec.usage.output_tokens),
     })
@@ -173,14 +196,22 @@ struct Delta<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
     index: u32,
-    delta: TextDelta<'a>,
+    delta: BlockDelta<'a>,
 }
 
 #[derive(Serialize)]
-struct TextDelta<'a> {
+#[serde(tag = "type", rename_all = "snake_case")]
+enum BlockDelta<'a> {
+    TextDelta { text: &'a str },
+    InputJsonDelta { partial_json: &'a str },
+}
+
+#[derive(Serialize)]
+struct BlockStart<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
-    text: &'a str,
+    index: u32,
+    content_block: Block<'a>,
 }
 
 #[derive(Serialize)]
@@ -202,19 +233,22 @@ struct OutputUsage {
     output_tokens: u64,
 }
 
-/// The frames of one stream that depend on the request: `message_start` (model, id),
-/// one `content_block_delta` (reused for every chunk) and `message_delta` (usage).
-#[derive(Debug, Clone)]
-pub(crate) struct StreamFrames {
-    message_start: Bytes,
-    delta: Bytes,
-    message_delta: Bytes,
-    chunks: usize,
+fn delta_frame(delta: BlockDelta<'_>) -> Bytes {
+    frame(
+        "content_block_delta",
+        &Delta {
+            kind: "content_block_delta",
+            index: 0,
+            delta,
+        },
+    )
 }
 
 impl StreamFrames {
-    /// Renders the request-specific frames.
-    pub(crate) fn new(id: &str, model: &str, spec: &OkSpec) -> Self {
+    /// The Messages API stream of `spec` (or of the tool call): `message_start`,
+    /// `content_block_start`, `ping`, the deltas, `content_block_stop`,
+    /// `message_delta`, `message_stop`; `chunks` + 6 frames for a text answer.
+    pub(crate) fn new(id: &str, model: &str, spec: &OkSpec, tool: Option<&ToolCall>) -> Self {
         let message_start = frame(
             "message_start",
             &MessageStart {
@@ -231,23 +265,46 @@ impl StreamFrames {
                 },
             },
         );
-        let delta = frame(
-            "content_block_delta",
-            &Delta {
-                kind: "content_block_delta",
-                index: 0,
-                delta: TextDelta {
-                    kind: "text_delta",
-                    text: &spec.text,
-                },
-            },
-        );
+        let (block_start, deltas, stop_reason) = match tool {
+            None => {
+                let delta = delta_frame(BlockDelta::TextDelta { text: &spec.text });
+                let deltas = Deltas::Repeat {
+                    frame: delta,
+                    times: spec.chunks as usize,
+                };
+                (
+                    Bytes::from_static(CONTENT_BLOCK_START),
+                    deltas,
+                    &*spec.stop_reason,
+                )
+            }
+            Some(call) => {
+                let start = BlockStart {
+                    kind: "content_block_start",
+                    index: 0,
+                    content_block: Block::ToolUse {
+                        id: &call.id,
+                        name: &call.name,
+                        input: serde_json::Value::Object(Default::default()),
+                    },
+                };
+                let deltas = fragments(&call.arguments, spec.chunks as usize)
+                    .into_iter()
+                    .map(|partial_json| delta_frame(BlockDelta::InputJsonDelta { partial_json }))
+                    .collect();
+                (
+                    frame("content_block_start", &start),
+                    Deltas::Each(deltas),
+                    TOOL_USE,
+                )
+            }
+        };
         let message_delta = frame(
             "message_delta",
             &MessageDelta {
                 kind: "message_delta",
                 delta: StopDelta {
-                    stop_reason: &spec.stop_reason,
+                    stop_reason,
                     stop_sequence: None,
                 },
                 usage: OutputUsage {
@@ -255,63 +312,20 @@ impl StreamFrames {
                 },
             },
         );
-        Self {
-            message_start,
-            delta,
-            message_delta,
-            chunks: spec.chunks as usize,
-        }
-    }
-
-    /// Number of frames of the complete stream (`chunks` + 6).
-    pub(crate) fn len(&self) -> usize {
-        self.chunks + 6
-    }
-
-    /// Whether frame `i` is a `content_block_delta` other than the first (paced frames).
-    pub(crate) fn is_paced(&self, i: usize) -> bool {
-        i > 3 && i < 3 + self.chunks
-    }
-
-    /// Frames `range` of the complete stream followed by `extra`, as one chunk (no copy
-    /// when it is a single frame).
-    pub(crate) fn join(
-        &self,
-        range: std::ops::Range<usize>,
-        extra: Option<&'static [u8]>,
-    ) -> Bytes {
-        if range.len() == 1 && extra.is_none() {
-            return self.get(range.start);
-        }
-        let parts = || {
-            range
-                .clone()
-                .map(|i| self.get(i))
-                .chain(extra.map(Bytes::from_static))
-        };
-        let mut out = Vec::with_capacity(parts().map(|b| b.len()).sum());
-        for part in parts() {
-            out.extend_from_slice(&part);
-        }
-        Bytes::from(out)
-    }
-
-    /// Frame `i` of the complete stream (`i < len()`).
-    pub(crate) fn get(&self, i: usize) -> Bytes {
-        let c = self.chunks;
-        match i {
-            0 => self.message_start.clone(),
-            1 => Bytes::from_static(CONTENT_BLOCK_START),
-            2 => Bytes::from_static(PING),
-            i if i < 3 + c => self.delta.clone(),
-            i if i == 3 + c => Bytes::from_static(CONTENT_BLOCK_STOP),
-            i if i == 4 + c => self.message_delta.clone(),
-            _ => Bytes::from_static(MESSAGE_STOP),
-        }
+        StreamFrames::from_parts(
+            vec![message_start, block_start, Bytes::from_static(PING)],
+            deltas,
+            vec![
+                Bytes::from_static(CONTENT_BLOCK_STOP),
+                message_delta,
+                Bytes::from_static(MESSAGE_STOP),
+            ],
+            Bytes::from_static(OVERLOADED_ERROR_FRAME),
+        )
     }
 }
 
-fn frame(event: &str, data: &impl Serialize) -> Bytes {
+pub(crate) fn frame(event: &str, data: &impl Serialize) -> Bytes {
     let mut out = Vec::with_capacity(192);
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(event.as_bytes());
@@ -321,7 +335,7 @@ fn frame(event: &str, data: &impl Serialize) -> Bytes {
     Bytes::from(out)
 }
 
-fn to_json(value: &impl Serialize) -> Bytes {
+pub(crate) fn to_json(value: &impl Serialize) -> Bytes {
     let mut out = Vec::with_capacity(256);
     write_json(&mut out, value);
     Bytes::from(out)
@@ -357,7 +371,7 @@ mod tests {
             model in ".{0,40}", text in ".{0,40}", chunks in 0u32..20
         ) {
             let spec = OkSpec::default().text(&text).chunks(chunks);
-            let frames = StreamFrames::new("msg_1", &model, &spec);
+            let frames = StreamFrames::new("msg_1", &model, &spec, None);
             prop_assert_eq!(frames.len(), chunks as usize + 6);
             for i in 0..frames.len() {
                 let (event, data) = parse_frame(&frames.get(i));
@@ -374,7 +388,7 @@ mod tests {
         #[test]
         fn json_message_echoes_model_and_text(model in ".{0,40}", text in ".{0,10}", chunks in 0u32..5) {
             let spec = OkSpec::default().text(&text).chunks(chunks);
-            let v: Value = serde_json::from_slice(&message_json("msg_1", &model, &spec)).unwrap();
+            let v: Value = serde_json::from_slice(&message_json("msg_1", &model, &spec, None)).unwrap();
             prop_assert_eq!(v["model"].as_str(), Some(model.as_str()));
             let expected = text.repeat(chunks as usize);
             prop_assert_eq!(v["content"][0]["text"].as_str(), Some(expected.as_str()));
