@@ -364,14 +364,14 @@ pub fn headless(url: &str, mode: &str, profile: &Path) -> String {
         .arg(mode)
         .arg(url)
         .output()
-        .unwrap();
+        .expect("chromium runs");
     assert!(
         out.status.success(),
         "chromium failed ({}):\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout).unwrap()
+    String::from_utf8(out.stdout).expect("chromium prints UTF-8")
 }
 
 /// The status page's `<tr>` of account `id` in a dumped DOM.
@@ -382,6 +382,6 @@ pub fn row<'a>(dom: &'a str, id: &str) -> &'a str {
     let start = dom
         .find(&format!("data-account=\"{id}\""))
         .unwrap_or_else(|| panic!("no row for {id} in the page:\n{dom}"));
-    let end = dom[start..].find("</tr>").unwrap() + start;
+    let end = dom[start..].find("</tr>").expect("the row ends") + start;
     &dom[start..end]
 }
