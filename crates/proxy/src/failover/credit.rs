@@ -146,7 +146,7 @@ pub(super) fn commit(
                 base_url: &base_url,
                 started_at: running.started_at,
                 snapshot_len,
-                model: sent_model(call, &account),
+                model: ready.account.model().unwrap_or(call.model),
             };
             credit_success(app, &attempt, ready.ttft_ms, total_ms, now_ms());
             if let Some(log) = ctx.log_mut() {
@@ -162,7 +162,13 @@ pub(super) fn commit(
             ctx.answered(StatusCode::OK.as_u16());
             let finish = StreamCompletion {
                 app: app.clone(),
-                model: Arc::from(sent_model(call, &account)),
+                // the override's shared string, else the log line's (no allocation)
+                model: ready
+                    .account
+                    .model_shared()
+                    .cloned()
+                    .or_else(|| ctx.log_mut().and_then(|l| l.model.clone()))
+                    .unwrap_or_else(|| Arc::from(call.model)),
                 account,
                 base_url,
                 started_at: running.started_at,
