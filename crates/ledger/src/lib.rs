@@ -27,6 +27,7 @@
 //!     endpoint: "messages".into(),
 //!     model: Some(Arc::from("claude-sonnet-4-5")),
 //!     model_sent: Some(Arc::from("claude-sonnet-4-5")),
+//!     routing: None,
 //!     stream: false,
 //!     status: 200,
 //!     account: Some(AccountId::from("a1")),
@@ -84,5 +85,5 @@ pub use price::{
     PriceRule, PriceTable, Prices, Usd, default_rules,
 };
 pub use recent::{RecentRecords, RecordFilter, StatusFilter};
-pub use record::{AttemptRecord, CallerKind, CallerRef, CostBasis, UsageRecord};
+pub use record::{AttemptRecord, CallerKind, CallerRef, CostBasis, ModelRouting, UsageRecord};
 pub use totals::Totals;

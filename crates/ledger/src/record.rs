@@ -84,9 +84,13 @@ pub struct UsageRecord {
     pub endpoint: Cow<'static, str>,
     /// The model the request asked for (`None` when its body was refused).
     pub model: Option<Arc<str>>,
-    /// The model sent upstream (the serving account's `model` override, or the one
-    /// asked).
+    /// The model sent upstream (the serving account's `model` override, the model a
+    /// `[[models]]` rule chose, or the one asked).
     pub model_sent: Option<Arc<str>>,
+    /// How a `[[models]]` rule routed the request (its alias and the chain position
+    /// that served), when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<ModelRouting>,
     /// Whether the request streamed.
     pub stream: bool,
     /// The status the client got.
@@ -111,6 +115,16 @@ pub struct UsageRecord {
     /// The caller limit that refused the request (SPEC 12), if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<crate::limits::LimitKind>,
+}
+
+/// How a `[[models]]` rule (issue 24) routed one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelRouting {
+    /// The alias the request named (`auto:high`); `None` for a plain model's fallback.
+    pub alias: Option<Arc<str>>,
+    /// The position in the chain (as tried for this caller) of the model that served:
+    /// 0 = the first choice, above 0 = a fallback.
+    pub position: u32,
 }
 
 impl UsageRecord {

@@ -35,6 +35,7 @@ fn record(
         endpoint: "messages".into(),
         model: Some(Arc::from(format!("m{model}"))),
         model_sent: Some(Arc::from(format!("m{model}"))),
+        routing: None,
         stream: false,
         status: if account.is_some() { 200 } else { 503 },
         account: account.map(|a| AccountId::from(format!("a{a}"))),

@@ -421,7 +421,7 @@ impl App {
             return refused;
         }
         // 5–8. Filter, choose, call and fail over, answer.
-        let call = Call {
+        let mut call = Call {
             app: self,
             config: &config,
             uri: &parts.uri,
@@ -434,7 +434,7 @@ impl App {
             model: &info.model,
             key,
         };
-        failover::serve(&call, &route, ctx).await
+        failover::serve(&mut call, &route, ctx).await
     }
 }
 

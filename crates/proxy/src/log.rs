@@ -48,6 +48,8 @@ pub(crate) struct RequestLog {
     pub model: Option<Arc<str>>,
     /// The model sent upstream by the attempt that served.
     pub model_sent: Option<Arc<str>>,
+    /// How a `[[models]]` rule routed the request (issue 24).
+    pub routing: Option<keypool_ledger::ModelRouting>,
     pub attempts: Vec<AttemptRecord>,
     pub served_by: Option<AccountId>,
     /// Whether the serving account is a subscription (OAuth) account.
@@ -104,6 +106,7 @@ impl RequestLog {
             stream: false,
             model: None,
             model_sent: None,
+            routing: None,
             attempts: Vec::new(),
             served_by: None,
             served_by_oauth: false,
@@ -155,6 +158,7 @@ impl RequestLog {
             }),
             model: self.model.clone(),
             model_sent: self.model_sent.clone(),
+            routing: self.routing.clone(),
             stream: self.stream,
             status: self.status,
             account: self.served_by.clone(),

@@ -141,6 +141,7 @@ pub struct Metrics {
     internal_requests: Map<(InternalRoute, u16), AtomicU64>,
     oauth_refreshes: oauth::Refreshes,
     restatements: states::Restatements,
+    fallbacks: states::Fallbacks,
     build: std::sync::OnceLock<BuildInfo>,
 }
 

@@ -70,6 +70,7 @@ mod hash;
 mod hedge;
 mod plan;
 mod rating;
+mod routing;
 
 pub use availability::{
     AccountStatus, AlwaysAvailable, Availability, StaticAvailability, WindowBlock,
@@ -87,3 +88,4 @@ pub use rating::{
     RECENT_TTFT_SAMPLES, RatingConfig, RatingEngine, RatingState, RatingWeights, Sample,
     TtftSample,
 };
+pub use routing::ModelChain;

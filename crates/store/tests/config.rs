@@ -1223,3 +1223,69 @@ colour = \"red\"
         ]
     );
 }
+
+/// Issue 24: `[[models]]` rules are validated with located errors: an unknown model in a
+/// chain, an alias in a chain (what could form a cycle), a fallback with a fallback of
+/// its own, weights that do not match the chain, an alias shadowing a model id.
+#[test]
+fn model_rules_are_validated_with_locations() {
+    let good = format!(
+        "{BASE}\n[[models]]\nalias = \"auto:high\"\nchain = [\"claude-opus-4-5\", \"claude-sonnet-4-5\"]\nweights = [90, 10]\n\n[[models]]\nmodel = \"claude-opus-*\"\nfallback = [\"claude-sonnet-4-5\"]\n"
+    );
+    let c = parse(&good).unwrap();
+    let routes = c.model_routes();
+    assert!(routes.is_alias("auto:high"));
+    let (alias, order) = routes.order_for("claude-opus-4-1", "alice").unwrap();
+    assert_eq!(
+        (alias, order),
+        (None, vec!["claude-opus-4-1", "claude-sonnet-4-5"])
+    );
+    assert!(routes.order_for("claude-sonnet-4-5", "alice").is_none());
+
+    let bad = format!(
+        "{BASE}
+[[models]]
+alias = \"auto:high\"
+chain = [\"claude-opus-4-5\", \"claude-opuss-9\", \"auto:low\"]
+weights = [1, 2]
+
+[[models]]
+alias = \"auto:low\"
+chain = [\"claude-haiku-4-5\"]
+
+[[models]]
+alias = \"claude-sonnet-4-5\"
+chain = [\"claude-haiku-4-5\"]
+
+[[models]]
+model = \"claude-opus-*\"
+fallback = [\"claude-sonnet-4-5\"]
+
+[[models]]
+model = \"claude-sonnet-*\"
+fallback = [\"claude-opus-4-5\"]
+
+[[models]]
+chain = [\"claude-haiku-4-5\"]
+"
+    );
+    let errs = errors(&bad);
+    assert_eq!(
+        locations(&errs),
+        [
+            "models[0].chain[1]",
+            "models[0].chain[2]",
+            "models[0].weights",
+            "models[2].alias",
+            "models[3].fallback[0]",
+            "models[4].fallback[0]",
+            "models[5].alias",
+        ],
+        "{errs}"
+    );
+    let text = errs.to_string();
+    assert!(text.contains("unknown model \"claude-opuss-9\""), "{text}");
+    assert!(text.contains("is an alias"), "{text}");
+    assert!(text.contains("shadows a real model id"), "{text}");
+    assert!(text.contains("has a fallback of its own"), "{text}");
+}

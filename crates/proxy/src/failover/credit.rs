@@ -125,8 +125,11 @@ pub(super) fn commit(
         log.served_by_oauth = ready.account.auth() == AuthType::OAuth;
         if let Some(model) = ready.account.model_shared() {
             log.model_sent = Some(model.clone());
-        } else {
+        } else if log.model.as_deref() == Some(call.model) {
             log.model_sent = log.model.clone();
+        } else {
+            // a `[[models]]` rule chose another model than the one asked
+            log.model_sent = Some(Arc::from(call.model));
         }
         log.ttft_ms = Some(ready.ttft_ms);
         log.upstream_request_id = ready.upstream_request_id;

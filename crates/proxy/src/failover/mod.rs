@@ -17,6 +17,7 @@
 
 mod credit;
 mod planning;
+mod routing;
 mod walk;
 
 use http::{HeaderValue, Response, StatusCode};
@@ -34,11 +35,28 @@ use walk::{Event, Stopped, Walker};
 
 /// Plans and runs the attempts of one request; returns its answer.
 pub(crate) async fn serve(
-    call: &Call<'_>,
+    call: &mut Call<'_>,
     route: &Route,
     ctx: &mut RequestContext<'_>,
 ) -> Response<ProxyBody> {
-    let mut planned = match planning::plan_request(call, route).await {
+    let (planned, fallback) = routing::plan_routed(call, route, ctx).await;
+    let mut response = walk_plan(call, planned, ctx).await;
+    if fallback {
+        response.headers_mut().insert(
+            routing::X_KEYPOOL_FALLBACK,
+            HeaderValue::from_static("true"),
+        );
+    }
+    response
+}
+
+/// Walks `planned` (or answers the selector's refusal).
+async fn walk_plan(
+    call: &Call<'_>,
+    planned: Result<planning::PlannedRequest, keypool_selector::SelectError>,
+    ctx: &mut RequestContext<'_>,
+) -> Response<ProxyBody> {
+    let mut planned = match planned {
         Ok(planned) => planned,
         Err(e) => {
             call.app.metrics().attempts(0);

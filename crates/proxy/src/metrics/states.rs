@@ -13,6 +13,16 @@ use super::{Map, Metrics, increment, with_value};
 /// Restated answers by rule index.
 pub(super) type Restatements = Map<usize, AtomicU64>;
 
+/// Requests served by a fallback model, by (alias or rule model, first choice, served).
+pub(super) type Fallbacks = Map<
+    (
+        std::sync::Arc<str>,
+        std::sync::Arc<str>,
+        std::sync::Arc<str>,
+    ),
+    AtomicU64,
+>;
+
 /// The states of `keypool_accounts`, in the order they are written.
 const STATES: [&str; 8] = [
     "available",
@@ -26,6 +36,17 @@ const STATES: [&str; 8] = [
 ];
 
 impl Metrics {
+    /// A request a `[[models]]` rule planned past its first choice (issue 24): `alias`
+    /// (or the plain model's rule), the first choice `from`, the model `to`.
+    pub fn model_fallback(&self, alias: &str, from: &str, to: &str) {
+        let key = (
+            std::sync::Arc::from(alias),
+            std::sync::Arc::from(from),
+            std::sync::Arc::from(to),
+        );
+        with_value(&self.fallbacks, &key, || key.clone(), increment);
+    }
+
     /// An upstream answer rewritten by `[[restate]]` rule `rule` before classification.
     pub fn restated(&self, rule: usize) {
         with_value(&self.restatements, &rule, || rule, increment);
@@ -79,6 +100,22 @@ impl Metrics {
         out.push_str("# HELP keypool_restatements_total Upstream answers whose status a [[restate]] rule rewrote before classification, by rule index.\n# TYPE keypool_restatements_total counter\n");
         for (rule, n) in rows {
             let _ = writeln!(out, "keypool_restatements_total{{rule=\"{rule}\"}} {n}");
+        }
+        let mut rows: Vec<_> = self
+            .fallbacks
+            .iter()
+            .map(|e| (e.key().clone(), e.value().load(Ordering::Relaxed)))
+            .collect();
+        rows.sort();
+        out.push_str("# HELP keypool_model_fallbacks_total Requests a [[models]] rule planned past its first choice (no account of it was available), by alias (or the rule's model), first choice and model served.\n# TYPE keypool_model_fallbacks_total counter\n");
+        for ((alias, from, to), n) in rows {
+            let _ = writeln!(
+                out,
+                "keypool_model_fallbacks_total{{alias=\"{}\",from=\"{}\",to=\"{}\"}} {n}",
+                super::escape(&alias),
+                super::escape(&from),
+                super::escape(&to)
+            );
         }
     }
 }

@@ -743,6 +743,60 @@ pub struct Config {
     pub(crate) alerts: AlertSettings,
     /// `[[restate]]`, in order, markers in lower case.
     pub(crate) restate: Vec<keypool_cooldown::RestateRule>,
+    /// `[[models]]`: aliases and fallback chains.
+    pub(crate) model_routes: ModelRoutes,
+}
+
+/// `[[models]]` (issue 24): what a request's `model` is tried as.
+#[derive(Debug, Clone, Default)]
+pub struct ModelRoutes {
+    pub(crate) aliases: HashMap<Arc<str>, Arc<keypool_selector::ModelChain>>,
+    pub(crate) fallbacks: Vec<(keypool_ledger::ModelGlob, Vec<Arc<str>>)>,
+}
+
+impl ModelRoutes {
+    /// The chain a request for `model` is tried with: the alias's, or for a plain model
+    /// with a `fallback`, the model itself then its fallback; `None` when no rule names
+    /// it (the model is sent as asked).
+    pub fn chain_for(&self, model: &str) -> Option<Arc<keypool_selector::ModelChain>> {
+        if let Some(chain) = self.aliases.get(model) {
+            return Some(Arc::clone(chain));
+        }
+        let (_, fallback) = self.fallbacks.iter().find(|(g, _)| g.matches(model))?;
+        let mut models = Vec::with_capacity(fallback.len() + 1);
+        models.push(Arc::from(model));
+        models.extend(fallback.iter().cloned());
+        Some(Arc::new(keypool_selector::ModelChain::new(
+            None, models, None,
+        )))
+    }
+
+    /// The models a request for `model` by the caller of stable id `caller` is tried
+    /// with, first choice first, and the alias it named; `None` when no rule names it.
+    pub fn order_for<'s>(
+        &'s self,
+        model: &'s str,
+        caller: &str,
+    ) -> Option<(Option<&'s str>, Vec<&'s str>)> {
+        if let Some(chain) = self.aliases.get(model) {
+            return Some((chain.alias.as_deref(), chain.order(caller)));
+        }
+        let (_, fallback) = self.fallbacks.iter().find(|(g, _)| g.matches(model))?;
+        let mut order = Vec::with_capacity(fallback.len() + 1);
+        order.push(model);
+        order.extend(fallback.iter().map(|m| &**m));
+        Some((None, order))
+    }
+
+    /// Whether no rule is configured (the request path skips routing).
+    pub fn is_empty(&self) -> bool {
+        self.aliases.is_empty() && self.fallbacks.is_empty()
+    }
+
+    /// Whether `model` is an alias.
+    pub fn is_alias(&self, model: &str) -> bool {
+        self.aliases.contains_key(model)
+    }
 }
 
 /// `[oauth]` (SPEC 14): where and how `oauth` accounts with a `refresh_token` renew
@@ -889,6 +943,11 @@ impl Config {
     /// upstream's status before classification.
     pub fn restate_rules(&self) -> &[keypool_cooldown::RestateRule] {
         &self.restate
+    }
+
+    /// `[[models]]`: aliases and fallback chains (issue 24).
+    pub fn model_routes(&self) -> &ModelRoutes {
+        &self.model_routes
     }
     /// The LB key with id `id` (key ids are unique in the file).
     pub fn lb_key_by_id(&self, id: &str) -> Option<&Arc<LbKey>> {

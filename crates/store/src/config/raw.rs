@@ -36,6 +36,8 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub restate: Vec<keypool_cooldown::RestateRule>,
     #[serde(default)]
+    pub models: Vec<RawModel>,
+    #[serde(default)]
     pub usage: RawUsage,
     #[serde(default)]
     pub oauth: RawOAuth,
@@ -63,6 +65,18 @@ pub(crate) struct RawWebhook {
     pub format: Option<String>,
     pub events: Option<Vec<String>>,
     pub timeout_ms: Option<i64>,
+}
+
+/// One `[[models]]` element (issue 24): an alias with its chain, or a plain model glob
+/// with its fallback.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawModel {
+    pub alias: Option<String>,
+    pub chain: Option<Vec<String>>,
+    pub weights: Option<Vec<u32>>,
+    pub model: Option<String>,
+    pub fallback: Option<Vec<String>>,
 }
 
 /// One `[[prices]]` element: a model glob and USD per million tokens of each kind.

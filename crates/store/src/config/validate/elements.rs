@@ -22,6 +22,7 @@ pub(super) struct Sections {
     pub keys: Vec<(usize, RawKey)>,
     pub prices: Vec<(usize, RawPrice)>,
     pub restate: Vec<(usize, keypool_cooldown::RestateRule)>,
+    pub models: Vec<(usize, crate::config::raw::RawModel)>,
     pub usage: RawUsage,
     pub oauth: RawOAuth,
     pub alerts: RawAlerts,
@@ -73,6 +74,7 @@ pub(super) fn read_sections(table: &toml::Table, issues: &mut Issues) -> Section
         ),
         prices: elements::<RawPrice>(table, "prices", issues),
         restate: elements::<keypool_cooldown::RestateRule>(table, "restate", issues),
+        models: elements::<crate::config::raw::RawModel>(table, "models", issues),
         usage,
         oauth,
         alerts: table

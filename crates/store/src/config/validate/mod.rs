@@ -12,6 +12,7 @@
 //! - `orgs`, `accounts`, `groups`, `urls`, `keys`: the array sections.
 //! - `prices`: `[[prices]]` and `[usage]`.
 //! - `restate`: `[[restate]]` (SPEC 16).
+//! - `models`: `[[models]]` aliases and fallback chains (issue 24).
 //! - `alerts`: `[alerts]` and `[[alerts.webhooks]]`.
 //! - `limits`: `[keys.limits]` and `[orgs.limits]`, and a key's merged over its org's.
 //! - here: the orchestration, the shared [`Context`], and the value checks more than
@@ -23,6 +24,7 @@ mod elements;
 mod groups;
 mod keys;
 mod limits;
+mod models;
 mod oauth;
 mod orgs;
 mod prices;
@@ -171,6 +173,9 @@ pub(super) fn parse_and_validate(
     let price_table = prices::validate_prices(&sections.prices, &usage, &mut issues);
     let alerts = alerts::validate(&sections.alerts, env, &mut issues);
     let restate = restate::validate(&sections.restate, &mut issues);
+    let account_models: Vec<&str> = accounts.values().filter_map(|a| a.model()).collect();
+    let model_routes =
+        models::validate(&sections.models, &price_table, &account_models, &mut issues);
 
     let Some(server) = server else {
         return Err(ConfigErrors(issues.0));
@@ -214,6 +219,7 @@ pub(super) fn parse_and_validate(
         oauth,
         alerts,
         restate,
+        model_routes,
     })
 }
 

@@ -1,0 +1,113 @@
+//! `[[models]]` routing end to end (issue 24, seeds 003 and 004): with every account out
+//! of its Opus weekly window, an alias whose chain starts with Opus, and an Opus model
+//! with a fallback, are served by Sonnet and marked `x-keypool-fallback: true`; without a
+//! rule the same request is the immediate 429.
+
+#![allow(clippy::unwrap_used)]
+
+use keypool_core::ModelFamily;
+use keypool_sim::{ErrorReply, Script, UnifiedHeaders};
+use keypool_store::now_ms;
+use keypool_tests::{Harness, HarnessBuilder, message_body};
+
+const ADMIN_TOKEN: &str = "routing-admin-token-1f2e3d4c5b6a";
+const RULES: &str = r#"
+[[models]]
+alias = "auto:high"
+chain = ["claude-opus-4-5", "claude-sonnet-4-5"]
+
+[[models]]
+model = "claude-opus-*"
+fallback = ["claude-sonnet-4-5"]
+"#;
+
+fn opus_exhausted(reset: u64) -> Script {
+    let headers = UnifiedHeaders::allowed().family(ModelFamily::Opus, 1.0, reset, "rejected");
+    Script::ok().unified(&headers).for_model(
+        "opus",
+        ErrorReply::rate_limited()
+            .unified(&UnifiedHeaders::family_rejected(ModelFamily::Opus, reset)),
+    )
+}
+
+/// Two round-robin accounts, both Opus-exhausted; two Sonnet requests let keypool read
+/// both accounts' headers.
+async fn pool(rules: bool) -> Harness {
+    let reset = now_ms() / 1000 + 48 * 3600;
+    let mut b: HarnessBuilder = Harness::builder()
+        .strategy("round_robin")
+        .extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""))
+        .accounts([("a", opus_exhausted(reset)), ("b", opus_exhausted(reset))]);
+    if rules {
+        b = b.extra_toml(RULES);
+    }
+    let h = b.start().await;
+    for _ in 0..2 {
+        let r = h
+            .messages(&message_body("claude-sonnet-4-5", false))
+            .send()
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.header("x-keypool-fallback").is_none());
+    }
+    h
+}
+
+#[tokio::test]
+async fn an_alias_and_an_opus_fallback_are_served_by_sonnet_when_opus_is_out_everywhere() {
+    let h = pool(true).await;
+    let upstream = h.sim().total_stats().requests;
+    for model in ["auto:high", "claude-opus-4-5"] {
+        let r = h.messages(&message_body(model, false)).send().await;
+        assert_eq!(r.status, 200, "{model}: {}", r.text());
+        assert_eq!(r.header("x-keypool-fallback"), Some("true"), "{model}");
+        // the answer's own model is the truth: the one that served, not rewritten back
+        assert_eq!(r.json()["model"], "claude-sonnet-4-5", "{model}");
+        let id = r.header("x-request-id").unwrap().to_owned();
+        let record = h
+            .get(&format!("/admin/requests/{id}"))
+            .bearer(ADMIN_TOKEN)
+            .send()
+            .await
+            .json();
+        assert_eq!(record["model"], model, "{record}");
+        assert_eq!(record["model_sent"], "claude-sonnet-4-5", "{record}");
+        assert_eq!(record["routing"]["position"], 1, "{record}");
+        let alias = if model == "auto:high" {
+            serde_json::json!("auto:high")
+        } else {
+            serde_json::Value::Null
+        };
+        assert_eq!(record["routing"]["alias"], alias, "{record}");
+    }
+    // no Opus attempt was made: both plans went straight to Sonnet
+    assert_eq!(h.sim().total_stats().requests, upstream + 2);
+    let m = h.metrics().await;
+    for line in [
+        "keypool_model_fallbacks_total{alias=\"auto:high\",from=\"claude-opus-4-5\",to=\"claude-sonnet-4-5\"} 1",
+        "keypool_model_fallbacks_total{alias=\"claude-opus-4-5\",from=\"claude-opus-4-5\",to=\"claude-sonnet-4-5\"} 1",
+    ] {
+        assert!(m.contains(line), "{line} in\n{m}");
+    }
+    // a Sonnet request is the first choice of nothing: no header
+    let r = h
+        .messages(&message_body("claude-sonnet-4-5", false))
+        .send()
+        .await;
+    assert!(r.header("x-keypool-fallback").is_none());
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn without_a_rule_the_same_request_is_the_immediate_429() {
+    let h = pool(false).await;
+    let upstream = h.sim().total_stats().requests;
+    let r = h
+        .messages(&message_body("claude-opus-4-5", false))
+        .send()
+        .await;
+    let message = r.assert_keypool_error(429, "rate_limit_error");
+    assert!(message.contains("weekly (opus)"), "{message}");
+    assert_eq!(h.sim().total_stats().requests, upstream);
+    h.finish().await;
+}
