@@ -111,3 +111,57 @@ async fn without_a_rule_the_same_request_is_the_immediate_429() {
     assert_eq!(h.sim().total_stats().requests, upstream);
     h.finish().await;
 }
+
+/// Issue 24: `x-keypool-route` picks one of the key's URL configs for this request, so one
+/// `ANTHROPIC_BASE_URL` serves several pools; a URL config the key may not use (or none
+/// of that name) is 401.
+#[tokio::test]
+async fn x_keypool_route_picks_one_of_the_keys_pools() {
+    let h = Harness::builder()
+        .accounts([("a", Script::ok()), ("b", Script::ok())])
+        .extra_toml(
+            "[[groups]]\nid = \"solo\"\norg = \"acme\"\naccounts = [\"b\"]\n\n[[urls]]\ncustom_url = \"solo\"\norg = \"acme\"\ngroup = \"solo\"",
+        )
+        .key("narrow", "acme", "urls = [\"team\"]")
+        .start()
+        .await;
+    let body = message_body("claude-sonnet-4-5", false);
+    assert_eq!(h.messages(&body).send().await.status, 200);
+    for _ in 0..2 {
+        let r = h
+            .messages(&body)
+            .header("x-keypool-route", "solo")
+            .send()
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(
+        h.upstream_order(),
+        ["a", "b", "b"],
+        "the header's pool served"
+    );
+    let narrow = h.key("narrow");
+    let mine = h
+        .client()
+        .post(h.messages_url())
+        .api_key(&narrow)
+        .json(&body)
+        .send()
+        .await;
+    assert_eq!(mine.status, 200);
+    for route in ["solo", "nowhere"] {
+        let r = h
+            .client()
+            .post(h.messages_url())
+            .api_key(&narrow)
+            .header("x-keypool-route", route)
+            .json(&body)
+            .send()
+            .await;
+        let message = r.assert_keypool_error(401, "authentication_error");
+        assert!(message.contains("x-keypool-route"), "{message}");
+    }
+    assert_eq!(h.sim().total_stats().requests, 4);
+    h.assert_no_lb_key_upstream();
+    h.finish().await;
+}

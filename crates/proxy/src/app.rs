@@ -394,6 +394,12 @@ impl App {
             Ok(key) => key,
             Err(e) => return early_reject(parts, &Reject::from(e), &ctx.id),
         };
+        // Issue 24: `x-keypool-route` picks another of the key's URL configs.
+        let route = match chosen_route(&config, parts, route, presented) {
+            Ok(route) => route,
+            Err(reject) => return early_reject(parts, &reject, &ctx.id),
+        };
+        ctx.resolved(&route, endpoint);
         ctx.authenticated(key.caller(), self);
         // 4. The key is stripped by the upstream head builder's allowlist; read the body
         // (step 1's limits) and parse it.
@@ -436,6 +442,42 @@ impl App {
         };
         failover::serve(&mut call, &route, ctx).await
     }
+}
+
+/// The header by which one request picks another URL config of its org (issue 24).
+pub(crate) const X_KEYPOOL_ROUTE: &str = "x-keypool-route";
+
+/// The URL config a request is served by: the path's, or the one its `x-keypool-route`
+/// header names in the same org, if the same key may use it. An unknown URL config and
+/// one the key may not use are the same `401 authentication_error` (nothing says which
+/// URL configs exist), after the key was valid for the path's.
+fn chosen_route(
+    config: &keypool_store::config::Config,
+    parts: &Parts,
+    route: keypool_store::resolve::Route,
+    presented: Option<&str>,
+) -> Result<keypool_store::resolve::Route, Reject> {
+    let Some(value) = parts.headers.get(X_KEYPOOL_ROUTE) else {
+        return Ok(route);
+    };
+    let refused = || {
+        Reject::new(
+            StatusCode::UNAUTHORIZED,
+            keypool_providers::ErrorType::Authentication,
+            "x-keypool-route names a URL config this key may not use: send one of the key's URL configs (its `urls`), or leave the header out",
+        )
+    };
+    let url = value.to_str().map_err(|_| refused())?.trim();
+    if url == route.url().custom_url() {
+        return Ok(route);
+    }
+    let other = config
+        .resolve(route.org().slug(), url)
+        .map_err(|_| refused())?;
+    config
+        .authenticate_key(&other, presented)
+        .map_err(|_| refused())?;
+    Ok(other)
 }
 
 /// The `route` label of a request that is not a Messages route (`None` for one).
