@@ -165,3 +165,112 @@ async fn x_keypool_route_picks_one_of_the_keys_pools() {
     h.assert_no_lb_key_upstream();
     h.finish().await;
 }
+
+/// Issue 24: route explain names each account's filter (inactive, disabled, cooling, out
+/// of window and which, model locked, kept), the strategy's order and the gate, without
+/// calling any upstream; the next real request does what it says. `keypool route explain`
+/// prints the same from a config file (here with no runtime state: every active account
+/// kept) and refuses an unknown key.
+#[tokio::test]
+async fn route_explain_names_every_filter_and_matches_the_next_request() {
+    use keypool_core::Window;
+    use keypool_sim::Behaviour;
+    use keypool_tests::AccountSpec;
+    const M: &str = "claude-sonnet-4-5";
+    let reset = now_ms() / 1000 + 3 * 3600;
+    let exhausted = Script::new(ErrorReply::rate_limited().unified(
+        &UnifiedHeaders::rejected(reset).window(Window::FiveHour, 1.0, reset, "rejected"),
+    ));
+    let h = Harness::builder()
+        .extra_toml(&format!("[admin]\ntoken = \"{ADMIN_TOKEN}\""))
+        .account(
+            AccountSpec::new("off", Script::ok())
+                .toml("active = false")
+                .priority(0),
+        )
+        .account(AccountSpec::new("revoked", Script::new(Behaviour::status(401))).priority(1))
+        .account(
+            AccountSpec::new(
+                "limited",
+                Script::new(ErrorReply::rate_limited().retry_after_secs(600)),
+            )
+            .priority(2),
+        )
+        .account(AccountSpec::new("exhausted", exhausted).priority(3))
+        .account(
+            AccountSpec::new("locked", Script::ok().for_model(M, Behaviour::status(404)))
+                .priority(4),
+        )
+        .account(AccountSpec::new("healthy", Script::ok()).priority(5))
+        .start()
+        .await;
+    assert_eq!(h.messages(&message_body(M, false)).send().await.status, 200);
+    let upstream = h.sim().total_stats().requests;
+    let r = h
+        .get(&format!(
+            "/admin/explain?org=acme&url=team&key=alice&model={M}"
+        ))
+        .bearer(ADMIN_TOKEN)
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let e = r.json();
+    assert_eq!(
+        h.sim().total_stats().requests,
+        upstream,
+        "explain calls no upstream"
+    );
+    let accounts = e["models"][0]["accounts"].as_array().unwrap();
+    let filter = |id: &str| {
+        let a = accounts
+            .iter()
+            .find(|a| a["id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {e}"));
+        (
+            a["filter"].as_str().unwrap().to_owned(),
+            a["window"].clone(),
+        )
+    };
+    assert_eq!(filter("off").0, "inactive");
+    assert_eq!(filter("revoked").0, "disabled");
+    assert_eq!(filter("limited").0, "cooling");
+    assert_eq!(
+        filter("exhausted"),
+        ("out_of_window".to_owned(), serde_json::json!("5h"))
+    );
+    assert_eq!(filter("locked").0, "model_locked");
+    assert_eq!(filter("healthy").0, "kept");
+    assert_eq!(e["models"][0]["plan"], serde_json::json!(["healthy"]));
+    assert_eq!(e["models"][0]["fan_out"]["kind"], "single");
+    assert_eq!(e["chosen"], M);
+    // the next real request does what explain said
+    assert_eq!(h.messages(&message_body(M, false)).send().await.status, 200);
+    assert_eq!(h.upstream_order().last().unwrap(), "healthy");
+    assert_eq!(h.sim().total_stats().requests, upstream + 1);
+
+    // the CLI, from a config file
+    let (dir, file) = keypool_tests::process::config_file(
+        "route-explain",
+        &keypool_tests::process::binary_config(&h, keypool_tests::process::free_port(), &[]),
+    );
+    let file = file.to_str().unwrap();
+    let args = [
+        "route", "explain", "--config", file, "--org", "acme", "--url", "team", "--key-id",
+        "alice", "--model", M,
+    ];
+    let (code, out, err) = keypool_tests::process::keypool_command(&args, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let cli: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(cli["strategy"], "priority");
+    assert_eq!(
+        cli["models"][0]["plan"][0], "revoked",
+        "no runtime state: priority order"
+    );
+    let mut unknown = args;
+    unknown[9] = "mallory";
+    let (code, _, err) = keypool_tests::process::keypool_command(&unknown, &[]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no LB key with id \"mallory\""), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+    h.finish().await;
+}

@@ -138,6 +138,15 @@ pub enum Command {
         #[command(subcommand)]
         action: crate::document::ConfigAction,
     },
+    /// Explain a route without calling any upstream (issue 24): `explain --org O --url U
+    /// --key-id K --model M` prints (JSON) the `[[models]]` resolution, every account of
+    /// the pool with the filter that kept or dropped it, the strategy's order and the
+    /// hedge/race gate's decision, from the state a running keypool left (its state file
+    /// or Redis). For a running keypool's live memory use `GET /admin/explain`.
+    Route {
+        #[command(subcommand)]
+        action: RouteAction,
+    },
     /// A self-contained demo: six simulated accounts (fast, slow, flaky with 529s,
     /// rate-limited with retry-after, one with an exhausted 5-hour window, one revoked),
     /// keypool in front of them on 127.0.0.1 with an embedded config (memory state, no
@@ -164,6 +173,29 @@ pub enum Command {
     },
 }
 
+/// `keypool route …`.
+#[derive(Debug, Subcommand)]
+pub enum RouteAction {
+    /// What the next request of key `--key-id` for `--model` on `--org`/`--url` would do.
+    Explain {
+        /// The configuration file (TOML).
+        #[arg(long, short = 'c', value_name = "FILE", default_value = "keypool.toml")]
+        config: PathBuf,
+        /// The org's slug.
+        #[arg(long)]
+        org: String,
+        /// The URL config (`custom_url`).
+        #[arg(long)]
+        url: String,
+        /// The caller's LB key id.
+        #[arg(long = "key-id")]
+        key_id: String,
+        /// The request's `model` (an alias, a model with a fallback, or a plain model).
+        #[arg(long)]
+        model: String,
+    },
+}
+
 impl Command {
     /// The log level when `RUST_LOG` is not set: `warn` for the demo (its table is the
     /// output; one line per request would bury it), `info` otherwise.
@@ -173,6 +205,7 @@ impl Command {
             | Command::Keys { .. }
             | Command::Accounts { .. }
             | Command::Config { .. }
+            | Command::Route { .. }
             | Command::Oauth { .. } => "warn",
             _ => "info",
         }
@@ -243,6 +276,7 @@ pub fn execute(command: Command) -> anyhow::Result<ExitCode> {
         Command::Probe { config, live, url } => probe(config.as_deref(), live, url),
         Command::Config { action } => crate::document::execute(action),
         Command::Oauth { action, target } => crate::remote::oauth(&target, action),
+        Command::Route { action } => route(action),
         Command::Demo {
             duration,
             rps,
@@ -326,6 +360,49 @@ fn probe(config: Option<&Path>, live: bool, url: Option<String>) -> anyhow::Resu
             Ok(ExitCode::from(EXIT_CONFIG))
         }
     }
+}
+
+/// `keypool route explain`: the store opened on the config's state (file or Redis),
+/// then [`keypool_proxy::explain::explain`]; exit 1 with the reason for an unknown org,
+/// URL config or key.
+fn route(action: RouteAction) -> anyhow::Result<ExitCode> {
+    let RouteAction::Explain {
+        config,
+        org,
+        url,
+        key_id,
+        model,
+    } = action;
+    let config = match load(&config) {
+        Ok(config) => config,
+        Err(code) => return Ok(code),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    runtime.block_on(async {
+        let store = Store::open(config)
+            .await
+            .context("cannot open the runtime state")?;
+        let query = keypool_proxy::explain::ExplainQuery {
+            org,
+            url,
+            key: key_id,
+            model,
+        };
+        let config = store.config();
+        match keypool_proxy::explain::explain(&store, &config, &query, keypool_store::now_ms()) {
+            Ok(v) => {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                Ok(ExitCode::from(EXIT_OK))
+            }
+            Err(message) => {
+                eprintln!("keypool route explain: {message}");
+                Ok(ExitCode::from(1))
+            }
+        }
+    })
 }
 
 fn serve(path: &Path) -> anyhow::Result<ExitCode> {

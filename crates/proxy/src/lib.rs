@@ -75,6 +75,7 @@ mod ceiling;
 pub mod connection;
 mod context;
 pub mod error;
+pub mod explain;
 mod failover;
 pub mod headers;
 mod limits;

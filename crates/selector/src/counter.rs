@@ -46,6 +46,14 @@ impl MemoryCounter {
             .fetch_add(1, Ordering::Relaxed)
     }
 
+    /// The value [`next_value`](Self::next_value) would return now, without taking it
+    /// (route explain).
+    pub fn peek(&self, group: &str) -> u64 {
+        self.groups
+            .get(group)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
     /// Raises `group`'s counter to at least `value` (never lowers it): for merging an
     /// exported or shared (Redis) value back in.
     pub fn raise_to(&self, group: &str, value: u64) {

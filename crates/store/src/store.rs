@@ -639,6 +639,12 @@ impl Store {
         &self.inner.state.rating
     }
 
+    /// The rotation counter's next value in this replica's memory, without advancing it
+    /// (route explain; with Redis the shared value may be ahead).
+    pub fn peek_counter(&self, pool: &str) -> u64 {
+        self.inner.state.counters.peek(pool)
+    }
+
     /// The next rotation counter of `pool`: Redis `INCR` (shared by replicas) when
     /// configured, ready and answering within `redis_timeout_ms`, else the local
     /// counter (at once while Redis is known to be unhealthy).

@@ -133,6 +133,13 @@ where
         ["accounts", id, "clear-lockouts"] if post => account(id)
             .map(|account| states::clear_lockouts(app.store(), account, parts.uri.query(), now)),
         ["lockouts"] if get => Ok(states::all_lockouts(app.store(), &config, now)),
+        ["explain"] if get => Ok(explain_route(
+            app.store(),
+            &config,
+            parts.uri.query(),
+            now,
+            request_id,
+        )),
         ["reload"] if post => Ok(reload(app, app.store(), request_id).await),
         ["alerts"] if get => Ok(json_response(StatusCode::OK, &alerts::alerts(app.store()))),
         ["usage"] if get => usage::usage(app, &config, parts.uri.query(), now).await,
@@ -150,6 +157,7 @@ where
             "enable" | "clear-cooldown" | "clear-windows" | "clear-lockouts",
         ]
         | ["lockouts"]
+        | ["explain"]
         | ["reload"]
         | ["alerts"]
         | ["usage"]
@@ -206,6 +214,38 @@ fn account_action(
         }
     };
     json_response(StatusCode::OK, &answer)
+}
+
+/// `GET /admin/explain?org=&url=&key=&model=` (issue 24): what the next request would do.
+fn explain_route(
+    store: &Store,
+    config: &Config,
+    query: Option<&str>,
+    now: UnixMs,
+    request_id: &str,
+) -> Response<ProxyBody> {
+    let params = usage::params(query);
+    let get = |name: &str| params.get(name).cloned().unwrap_or_default();
+    let q = crate::explain::ExplainQuery {
+        org: get("org"),
+        url: get("url"),
+        key: get("key"),
+        model: get("model"),
+    };
+    if q.org.is_empty() || q.url.is_empty() || q.key.is_empty() || q.model.is_empty() {
+        return Reject::new(
+            StatusCode::BAD_REQUEST,
+            ErrorType::InvalidRequest,
+            "explain needs org, url, key (an LB key id) and model: /admin/explain?org=acme&url=team&key=alice&model=claude-sonnet-4-5",
+        )
+        .respond(request_id);
+    }
+    match crate::explain::explain(store, config, &q, now) {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(message) => {
+            Reject::new(StatusCode::NOT_FOUND, ErrorType::NotFound, message).respond(request_id)
+        }
+    }
 }
 
 /// Whether the request carries `Authorization: Bearer <token>`, compared in constant
