@@ -22,12 +22,7 @@ fallback = ["claude-sonnet-4-5"]
 "#;
 
 fn opus_exhausted(reset: u64) -> Script {
-    let headers = UnifiedHeaders::allowed().family(ModelFamily::Opus, 1.0, reset, "rejected");
-    Script::ok().unified(&headers).for_model(
-        "opus",
-        ErrorReply::rate_limited()
-            .unified(&UnifiedHeaders::family_rejected(ModelFamily::Opus, reset)),
-    )
+    Script::family_exhausted(ModelFamily::Opus, reset)
 }
 
 /// Two round-robin accounts, both Opus-exhausted; two Sonnet requests let keypool read

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use keypool_core::ModelFamily;
 use keypool_proxy::reject::format_utc;
-use keypool_sim::{Behaviour, Delay, ErrorReply, OkSpec, Script, UnifiedHeaders};
+use keypool_sim::{Behaviour, Delay, ErrorReply, OkSpec, Script};
 use keypool_store::now_ms;
 use keypool_tests::{AccountSpec, Harness, HarnessBuilder, admin_account, message_body};
 use serde_json::Value;
@@ -41,12 +41,7 @@ async fn send(h: &Harness, model: &str) -> keypool_tests::Reply {
 /// An account whose Opus weekly window is used up: every answer says so in its
 /// unified headers, and an Opus request is refused with the family's 429.
 fn opus_exhausted(reset: u64) -> Script {
-    let headers = UnifiedHeaders::allowed().family(ModelFamily::Opus, 1.0, reset, "rejected");
-    Script::ok().unified(&headers).for_model(
-        "opus",
-        ErrorReply::rate_limited()
-            .unified(&UnifiedHeaders::family_rejected(ModelFamily::Opus, reset)),
-    )
+    Script::family_exhausted(ModelFamily::Opus, reset)
 }
 
 /// SPEC 16: an Opus-exhausted account still serves Sonnet and is skipped for Opus; with

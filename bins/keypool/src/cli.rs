@@ -377,11 +377,7 @@ fn route(action: RouteAction) -> anyhow::Result<ExitCode> {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the tokio runtime")?;
-    runtime.block_on(async {
+    current_thread()?.block_on(async {
         let store = Store::open(config)
             .await
             .context("cannot open the runtime state")?;
@@ -405,6 +401,14 @@ fn route(action: RouteAction) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// A single-threaded tokio runtime with every driver (the store's tasks run on it).
+fn current_thread() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")
+}
+
 fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     let config = match load(path) {
         Ok(config) => config,
@@ -419,11 +423,7 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         n => usize::try_from(n).unwrap_or(1),
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the tokio runtime")?;
-    runtime.block_on(async {
+    current_thread()?.block_on(async {
         let store = Store::open(config)
             .await
             .context("cannot open the runtime state")?;

@@ -147,19 +147,12 @@ impl LockoutBook {
         lock.failures /= 2;
         if lock.failures == 0 && lock.until <= now {
             models.swap_remove(i);
-            if let Some(signal) = self.signals.existing(account) {
-                self.signals.changed(signal.set(latest(&models)));
-            }
+            self.resignal(account, &models);
         }
         let empty = models.is_empty();
         drop(models);
-        if empty
-            && self
-                .entries
-                .remove_if(account, |_, m| m.is_empty())
-                .is_some()
-        {
-            self.accounts.fetch_sub(1, Ordering::Relaxed);
+        if empty {
+            self.forget_if_empty(account);
         }
     }
 
@@ -207,20 +200,31 @@ impl LockoutBook {
         let before = models.iter().filter(|(_, l)| l.until > now).count();
         models.retain(|(m, _)| model.is_some_and(|want| &**m != want));
         let after = models.iter().filter(|(_, l)| l.until > now).count();
-        if let Some(signal) = self.signals.existing(account) {
-            self.signals.changed(signal.set(latest(&models)));
-        }
+        self.resignal(account, &models);
         let empty = models.is_empty();
         drop(models);
-        if empty
-            && self
-                .entries
-                .remove_if(account, |_, m| m.is_empty())
-                .is_some()
+        if empty {
+            self.forget_if_empty(account);
+        }
+        before - after
+    }
+
+    /// Sets the account's signal to the latest end of `models` (its entry, locked).
+    fn resignal(&self, account: &AccountId, models: &[(Box<str>, Lockout)]) {
+        if let Some(signal) = self.signals.existing(account) {
+            self.signals.changed(signal.set(latest(models)));
+        }
+    }
+
+    /// Drops the account's entry when it holds no model any more.
+    fn forget_if_empty(&self, account: &AccountId) {
+        if self
+            .entries
+            .remove_if(account, |_, m| m.is_empty())
+            .is_some()
         {
             self.accounts.fetch_sub(1, Ordering::Relaxed);
         }
-        before - after
     }
 
     /// Whether any account has a lockout entry (running or not yet forgotten).

@@ -595,6 +595,18 @@ impl Script {
         self
     }
 
+    /// A subscription account whose weekly window of `family` is used up until
+    /// `reset_unix_s` (SPEC 16): every answer says so in its unified headers, and a
+    /// request for a model of that family gets the family's window 429.
+    pub fn family_exhausted(family: keypool_core::ModelFamily, reset_unix_s: u64) -> Self {
+        let headers = UnifiedHeaders::allowed().family(family, 1.0, reset_unix_s, "rejected");
+        let refused = ErrorReply::rate_limited()
+            .unified(&UnifiedHeaders::family_rejected(family, reset_unix_s));
+        Self::ok()
+            .unified(&headers)
+            .for_model(family.as_str(), refused)
+    }
+
     /// Requests whose `model` contains `text` get `behaviour` (every time).
     pub fn for_model(mut self, text: &str, behaviour: impl Into<Behaviour>) -> Self {
         self.by_model.push((text.to_owned(), behaviour.into()));
