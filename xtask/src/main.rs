@@ -6,8 +6,9 @@
 //!   installs the Debian packages the tests need when missing (`chromium`,
 //!   `chromium-driver`, `curl`, `prometheus` for `promtool`, `redis-server`,
 //!   `redis-tools`) and runs `promtool check rules` on `deploy/prometheus/*-rules.yaml`.
-//! - `cargo xtask bench [--quick] [--peers]`: keypool's overhead and throughput against
-//!   the bare upstream simulator and, with `--peers`, LiteLLM and Portkey (`bench`).
+//! - `cargo xtask bench [--quick] [--peers] [--floor]`: keypool's overhead and throughput
+//!   against the bare upstream simulator and, with `--peers`, LiteLLM, Portkey, nginx and
+//!   HAProxy; `--floor` runs only the comparison with nginx and HAProxy (`bench`).
 //! - `cargo xtask ab REV [--rounds N] [--seconds S] [--pool NAME]`: this tree's keypool
 //!   against commit `REV`'s, measured alternately: req/s and CPU per request
 //!   (`bench::ab`).
@@ -56,7 +57,7 @@ fn print_help() {
         "cargo xtask <command>\n\n\
          commands:\n  \
          ci     cargo fmt --check, cargo clippy -D warnings, promtool check rules, and the whole test suite\n  \
-         bench  [--quick] [--peers] overhead and throughput on loopback, target/bench/report.json\n  \
+         bench  [--quick] [--peers] [--floor] overhead and throughput on loopback (--floor: only beside nginx and HAProxy), target/bench/report.json\n  \
          ab     REV [--rounds N] [--seconds S] [--pool NAME] [--concurrency C] this tree against commit REV, interleaved\n  \
          endurance  [--quick] keypool's memory idle, over 10,000 streams and 1,000 at once"
     );

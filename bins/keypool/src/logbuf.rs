@@ -10,6 +10,13 @@
 //! log is kept. The buffer is written out when [`FlushGuard`] drops (the end of
 //! `main`) and before a panic message. A process killed outright loses at most the
 //! request lines of the last [`FLUSH_EVERY`].
+//!
+//! The `write` itself happens outside the lock of the buffer: the batch is swapped out
+//! under it, so a thread appending its line never waits for a system call (nor for a
+//! writer that lost its CPU in the middle of one). A second lock, around the sink,
+//! keeps the batches in order; a request thread whose line overflows the buffer while
+//! another thread is writing leaves the batch to that writer's next round instead of
+//! waiting.
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,26 +48,53 @@ impl Sink for io::Stderr {
 
 struct State {
     pending: Vec<u8>,
-    sink: Box<dyn Sink>,
-}
-
-impl State {
-    fn flush(&mut self) {
-        if !self.pending.is_empty() {
-            self.sink.write_all(&self.pending);
-            self.pending.clear();
-        }
-    }
+    /// The buffer of the last batch written, cleared: the next swap's replacement.
+    spare: Vec<u8>,
 }
 
 struct Shared {
     state: Mutex<State>,
+    /// Held while a batch is written: batches go out in the order they were taken.
+    sink: Mutex<Box<dyn Sink>>,
     stop: AtomicBool,
 }
 
 impl Shared {
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Writes out what is pending, waiting for a write in progress first.
+    fn flush(&self) {
+        let sink = self.sink.lock().unwrap_or_else(PoisonError::into_inner);
+        self.write_pending(sink);
+    }
+
+    /// Writes out what is pending unless another thread is writing (its next round
+    /// takes it).
+    fn flush_unless_busy(&self) {
+        match self.sink.try_lock() {
+            Ok(sink) => self.write_pending(sink),
+            Err(std::sync::TryLockError::Poisoned(p)) => self.write_pending(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+    }
+
+    fn write_pending(&self, mut sink: std::sync::MutexGuard<'_, Box<dyn Sink>>) {
+        let mut batch = self.with(|state| {
+            let spare = std::mem::take(&mut state.spare);
+            std::mem::replace(&mut state.pending, spare)
+        });
+        if !batch.is_empty() {
+            sink.write_all(&batch);
+        }
+        drop(sink);
+        batch.clear();
+        self.with(|state| {
+            if state.spare.capacity() < batch.capacity() {
+                state.spare = batch;
+            }
+        });
     }
 }
 
@@ -86,8 +120,9 @@ impl BatchedStderr {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 pending: Vec::with_capacity(FLUSH_BYTES),
-                sink,
+                spare: Vec::with_capacity(FLUSH_BYTES),
             }),
+            sink: Mutex::new(sink),
             stop: AtomicBool::new(false),
         });
         let flusher = {
@@ -97,7 +132,7 @@ impl BatchedStderr {
                 .spawn(move || {
                     while !shared.stop.load(Ordering::Acquire) {
                         std::thread::park_timeout(every);
-                        shared.with(State::flush);
+                        shared.flush();
                     }
                 })
                 .ok()
@@ -120,7 +155,7 @@ impl BatchedStderr {
 
     /// Writes out what is pending (before a panic message, say).
     pub fn flush(&self) {
-        self.shared.with(State::flush);
+        self.shared.flush();
     }
 }
 
@@ -131,7 +166,7 @@ impl Drop for FlushGuard {
             flusher.thread().unpark();
             let _ = flusher.join();
         }
-        self.shared.with(State::flush);
+        self.shared.flush();
     }
 }
 
@@ -143,12 +178,15 @@ pub struct EventWriter<'a> {
 
 impl Write for EventWriter<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.shared.with(|state| {
+        let full = self.shared.with(|state| {
             state.pending.extend_from_slice(buf);
-            if !self.batched || state.pending.len() >= FLUSH_BYTES {
-                state.flush();
-            }
+            state.pending.len() >= FLUSH_BYTES
         });
+        if !self.batched {
+            self.shared.flush();
+        } else if full {
+            self.shared.flush_unless_busy();
+        }
         Ok(buf.len())
     }
 
@@ -259,6 +297,67 @@ mod tests {
             std::thread::yield_now();
         }
         assert!(capture.writes()[0].contains("status=200"));
+    }
+
+    /// A sink whose `write_all` waits until the test lets it go: a write in progress.
+    struct Gate {
+        entered: std::sync::mpsc::Sender<()>,
+        release: std::sync::mpsc::Receiver<()>,
+        capture: Capture,
+    }
+
+    impl Sink for Gate {
+        fn write_all(&mut self, bytes: &[u8]) {
+            let _ = self.entered.send(());
+            let _ = self.release.recv();
+            self.capture.write_all(bytes);
+        }
+    }
+
+    #[test]
+    fn request_lines_do_not_wait_for_a_write_in_progress() {
+        let capture = Capture::default();
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel();
+        let gate = Gate {
+            entered: entered_tx,
+            release: release_rx,
+            capture: capture.clone(),
+        };
+        let (writer, guard) = BatchedStderr::start_with(Box::new(gate), Duration::from_secs(3600));
+        // Another thread writes an event at once and is held inside the write.
+        let other = {
+            let writer = writer.clone();
+            std::thread::spawn(move || {
+                emit(&writer, || tracing::info!("configuration reloaded"));
+            })
+        };
+        entered.recv().unwrap();
+        // Meanwhile this thread fills the buffer past FLUSH_BYTES: it must not wait for
+        // the write in progress (before the change it blocked on the buffer's lock,
+        // and this test would hang here).
+        emit(&writer, || {
+            for i in 0..(FLUSH_BYTES / 40 + 10) {
+                tracing::info!(target: "keypool::request", status = 200, i, "request");
+            }
+        });
+        for _ in 0..8 {
+            release.send(()).unwrap();
+        }
+        other.join().unwrap();
+        drop(guard);
+        let text = capture.writes().concat();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].ends_with("configuration reloaded"),
+            "{:?}",
+            &lines[..2]
+        );
+        assert_eq!(lines.len(), 1 + FLUSH_BYTES / 40 + 10);
+        // Every request line, in order, after the held write.
+        for (n, line) in lines[1..].iter().enumerate() {
+            assert!(line.ends_with(&format!("i={n}")), "{line}");
+        }
     }
 
     #[test]

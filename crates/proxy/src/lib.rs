@@ -30,6 +30,7 @@
 //! # Layout
 //! - [`server`]: [`run`], the accept loops ([`Listeners`]: public, admin), graceful
 //!   drain; [`run_workers`], the same on one single-threaded runtime per worker thread.
+//! - `balance`: each accepted connection goes to the worker with the fewest open ones.
 //! - [`connection`]: one connection: TLS, HTTP/1.1 or HTTP/2 from its first bytes
 //!   (bounded by the header read timeout), [`connection::ClientInfo`].
 //! - [`tls`]: [`TlsCertificates`], the listener's certificate, reloadable.
@@ -69,6 +70,7 @@ mod alerts;
 mod app;
 mod attempt;
 pub mod availability;
+mod balance;
 pub mod body;
 pub mod body_budget;
 mod ceiling;

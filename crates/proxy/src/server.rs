@@ -10,6 +10,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use keypool_store::{StoreError, now_ms};
 use tokio::net::TcpListener;
 
+use crate::balance::{AcceptBalance, OpenConnection, WorkerShare};
 use crate::connection::{self, Protocols, Side};
 use crate::tls::TlsCertificates;
 use crate::{App, ProxyError};
@@ -82,7 +83,7 @@ pub async fn run(
     let Listeners { public, admin, tls } = listeners.into();
     log_listening(&public, admin.as_ref(), tls.is_some(), 1)?;
     let refresher = crate::oauth::spawn_refresher(app.clone());
-    serve(public, admin, tls.as_ref(), &app, shutdown).await;
+    serve(public, admin, tls.as_ref(), &app, None, shutdown).await;
     refresher.abort();
     persist(&app).await
 }
@@ -125,8 +126,10 @@ fn log_listening(
 /// the upstream connections its requests use: no request hops between threads, which
 /// on small machines costs more than the proxying itself (a cross-thread wake-up of an
 /// idle CPU is tens of microseconds in a VM). The kernel hands each new connection to
-/// whichever thread accepts first, so an idle thread takes the next one. `workers` is
-/// `[server] workers` (0 there means one per CPU); `1` serves on this task alone.
+/// whichever thread accepts first; that thread passes it on to the worker with the
+/// fewest open connections ([`crate::balance`]), so a burst of connections accepted by
+/// one thread is still spread evenly. `workers` is `[server] workers` (0 there means
+/// one per CPU); `1` serves on this task alone.
 ///
 /// # Errors
 /// [`ProxyError::Listener`] when the listener cannot be shared,
@@ -147,8 +150,10 @@ pub async fn run_workers(
     // Dropping the sender (this function returning, on any path) also stops them.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut threads = Vec::with_capacity(workers - 1);
+    let mut shares = AcceptBalance::shares(workers).into_iter();
+    let own_share = shares.next();
     let mut start = || -> Result<TcpListener, ProxyError> {
-        for index in 1..workers {
+        for (index, share) in (1..workers).zip(shares.by_ref()) {
             let socket = shared.try_clone().map_err(ProxyError::Listener)?;
             let app = app.with_own_client();
             let tls = tls.clone();
@@ -166,7 +171,7 @@ pub async fn run_workers(
                         let stop = async move {
                             let _ = stopped.wait_for(|&stop| stop).await;
                         };
-                        serve(listener, None, tls.as_ref(), &app, stop).await;
+                        serve(listener, None, tls.as_ref(), &app, Some(share), stop).await;
                         Ok(())
                     })
                 })
@@ -192,9 +197,43 @@ pub async fn run_workers(
         shutdown.await;
         let _ = stop.send(true);
     };
-    serve(listener, admin, tls.as_ref(), &app, shutdown).await;
+    let own_share = own_share.filter(|_| workers > 1);
+    serve(listener, admin, tls.as_ref(), &app, own_share, shutdown).await;
     join(threads).await;
     persist(&app).await
+}
+
+/// Hands a connection this worker accepted to `worker` (counted open there by `open`);
+/// serves it here when that worker has stopped.
+fn hand_over(
+    share: &WorkerShare,
+    worker: usize,
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    open: OpenConnection,
+    spawn: &impl Fn(tokio::net::TcpStream, std::net::SocketAddr, Side, Option<OpenConnection>),
+) {
+    let stream = match stream.into_std() {
+        Ok(stream) => stream,
+        Err(e) => {
+            tracing::warn!(error = %e, "an accepted connection could not be handed to another worker; closed");
+            return;
+        }
+    };
+    if let Err((stream, peer, open)) = share.balance.hand_over(worker, (stream, peer, open)) {
+        drop(open);
+        match tokio::net::TcpStream::from_std(stream) {
+            Ok(stream) => spawn(
+                stream,
+                peer,
+                Side::Public,
+                Some(share.balance.open_on(share.me)),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "an accepted connection could not be registered again; closed")
+            }
+        }
+    }
 }
 
 /// Waits for the worker threads without blocking the runtime; a worker's error is
@@ -224,12 +263,15 @@ async fn persist(app: &App) -> Result<(), ProxyError> {
 }
 
 /// The accept loop and the drain, without persisting: `public` (with `tls`) and, on
-/// this thread only, `admin`.
+/// this thread only, `admin`. With a `share` of the workers' [`AcceptBalance`], a
+/// public connection goes to the worker with the fewest open ones, and the connections
+/// the other workers hand over arrive in the share's inbox.
 async fn serve(
     public: TcpListener,
     admin: Option<TcpListener>,
     tls: Option<&TlsCertificates>,
     app: &App,
+    mut share: Option<WorkerShare>,
     shutdown: impl Future<Output = ()>,
 ) {
     let settings = app.store().config().server().clone();
@@ -241,28 +283,63 @@ async fn serve(
         Some(listener) => listener.accept().await,
         None => std::future::pending().await,
     };
+    let handed_over = async |share: &mut Option<WorkerShare>| match share {
+        Some(share) => share.inbox.recv().await,
+        None => std::future::pending().await,
+    };
+    let spawn = |stream: tokio::net::TcpStream,
+                 peer: std::net::SocketAddr,
+                 side: Side,
+                 open: Option<OpenConnection>| {
+        let tls = match side {
+            Side::Public => tls.map(TlsCertificates::acceptor),
+            Side::Admin => None,
+        };
+        let (app, protocols, watcher) = (app.clone(), protocols.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            connection::serve(stream, peer, side, tls, &protocols, app, watcher).await;
+            drop(open);
+        });
+    };
     tokio::pin!(shutdown);
     loop {
         let (accepted, side) = tokio::select! {
             accepted = public.accept() => (accepted, Side::Public),
             accepted = accept_admin(&admin) => (accepted, Side::Admin),
+            Some((stream, peer, open)) = handed_over(&mut share) => {
+                match tokio::net::TcpStream::from_std(stream) {
+                    Ok(stream) => spawn(stream, peer, Side::Public, Some(open)),
+                    Err(e) => tracing::warn!(error = %e, "a connection handed over by another worker could not be registered; closed"),
+                }
+                continue;
+            }
             () = &mut shutdown => break,
         };
         match accepted {
-            Ok((stream, peer)) => {
-                let tls = match side {
-                    Side::Public => tls.map(TlsCertificates::acceptor),
-                    Side::Admin => None,
-                };
-                let (app, protocols, watcher) =
-                    (app.clone(), protocols.clone(), graceful.watcher());
-                tokio::spawn(async move {
-                    connection::serve(stream, peer, side, tls, &protocols, app, watcher).await;
-                });
-            }
+            Ok((stream, peer)) => match (&share, side) {
+                (Some(share), Side::Public) => {
+                    let (worker, open) = share.balance.assign(share.me);
+                    if worker == share.me {
+                        spawn(stream, peer, side, Some(open));
+                    } else {
+                        hand_over(share, worker, stream, peer, open, &spawn);
+                    }
+                }
+                _ => spawn(stream, peer, side, None),
+            },
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed; retrying");
                 tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    // Connections handed over just before the shutdown are served (and drained) too;
+    // from now on the other workers serve what they accept themselves.
+    if let Some(share) = &mut share {
+        share.inbox.close();
+        while let Ok((stream, peer, open)) = share.inbox.try_recv() {
+            if let Ok(stream) = tokio::net::TcpStream::from_std(stream) {
+                spawn(stream, peer, Side::Public, Some(open));
             }
         }
     }

@@ -1,6 +1,7 @@
-//! `cargo xtask bench [--quick] [--peers]`: keypool's overhead and throughput measured
-//! side by side with the bare upstream and, with `--peers`, LiteLLM and the Portkey
-//! gateway, in one run on loopback.
+//! `cargo xtask bench [--quick] [--peers] [--floor]`: keypool's overhead and throughput
+//! measured side by side with the bare upstream and, with `--peers`, LiteLLM, the
+//! Portkey gateway, nginx and HAProxy, in one run on loopback. `--floor` runs only the
+//! comparison with nginx and HAProxy ([`floor`]).
 //!
 //! 1. `cargo build --release -p keypool -p keypool-sim`.
 //! 2. Two standalone `keypool-sim`s on 127.0.0.1: *fast* (no delay: the overhead runs)
@@ -15,7 +16,9 @@
 //!    against the slow upstream (latency without coordinated omission), 64-chunk
 //!    streams at concurrency 16 (TTFT, inter-chunk gaps). CPU and peak RSS come from
 //!    `/proc` for the target's process group.
-//! 5. The table on stdout and `target/bench/report.json`.
+//! 5. With `--peers` or `--floor`: the floor comparison ([`floor`]), interleaved rounds
+//!    of nginx, HAProxy and keypool (also at log level `warn` and with 1,000 accounts).
+//! 6. The table on stdout and `target/bench/report.json`.
 //!
 //! Every child is killed when the run ends, also on error ([`procs::Proc`]'s drop).
 //!
@@ -26,14 +29,17 @@
 //! - `procs`: child processes and `/proc`.
 //! - `setup`: generated configs, keygen, the peers' cached installs.
 //! - `ab`: `cargo xtask ab REV`, this tree against an older commit, interleaved.
+//! - `floor`: nginx and HAProxy beside keypool, interleaved rounds, issue 22's targets.
 
 pub mod ab;
 pub mod driver;
+pub mod floor;
 pub mod procs;
 pub mod report;
 pub mod setup;
 pub mod stats;
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,29 +54,47 @@ use procs::Proc;
 use report::{Machine, Report, RunResult, Scenario, TargetInfo};
 
 /// Command-line options of `cargo xtask bench`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Options {
     /// Short runs, for checking (under two minutes).
     pub quick: bool,
-    /// Also measure LiteLLM and the Portkey gateway.
+    /// Also measure LiteLLM, the Portkey gateway, nginx and HAProxy.
     pub peers: bool,
+    /// Only the floor comparison (nginx, HAProxy, keypool), none of the other phases.
+    pub floor: bool,
+    /// Another keypool binary measured in the floor comparison beside this tree's
+    /// (`--baseline-binary PATH`: a change's before and after in the same rounds).
+    pub baseline: Option<PathBuf>,
 }
 
 impl Options {
     /// Parses the arguments after `bench`.
     pub fn parse(args: &[String]) -> anyhow::Result<Self> {
+        const USAGE: &str =
+            "cargo xtask bench [--quick] [--peers] [--floor] [--baseline-binary PATH]";
         let mut o = Self::default();
-        for a in args {
+        let mut args = args.iter();
+        while let Some(a) = args.next() {
             match a.as_str() {
                 "--quick" => o.quick = true,
                 "--peers" => o.peers = true,
-                other => bail!("unknown option {other:?} (cargo xtask bench [--quick] [--peers])"),
+                "--floor" => o.floor = true,
+                "--baseline-binary" => {
+                    let path = args
+                        .next()
+                        .with_context(|| format!("--baseline-binary needs a path ({USAGE})"))?;
+                    o.baseline = Some(PathBuf::from(path));
+                }
+                other => bail!("unknown option {other:?} ({USAGE})"),
             }
+        }
+        if o.baseline.is_some() && !o.runs_floor() {
+            bail!("--baseline-binary is measured in the floor comparison: add --floor or --peers");
         }
         Ok(o)
     }
 
-    fn command(self) -> String {
+    fn command(&self) -> String {
         let mut c = String::from("cargo xtask bench");
         if self.quick {
             c.push_str(" --quick");
@@ -78,7 +102,23 @@ impl Options {
         if self.peers {
             c.push_str(" --peers");
         }
+        if self.floor {
+            c.push_str(" --floor");
+        }
+        if let Some(b) = &self.baseline {
+            let _ = write!(c, " --baseline-binary {}", b.display());
+        }
         c
+    }
+
+    /// Whether the floor comparison runs.
+    pub fn runs_floor(&self) -> bool {
+        self.peers || self.floor
+    }
+
+    /// Whether the phases of issue 7 (and LiteLLM, Portkey) run.
+    pub fn runs_phases(&self) -> bool {
+        !self.floor
     }
 }
 
@@ -186,7 +226,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
-    let report = runtime.block_on(bench(options, &bins, &dir))?;
+    let report = runtime.block_on(bench(&options, &bins, &dir))?;
     println!("{}", report.table());
     let json = dir.join("report.json");
     std::fs::write(&json, report.to_json())
@@ -406,7 +446,7 @@ fn machine() -> Machine {
     }
 }
 
-async fn bench(options: Options, bins: &Bins, dir: &Path) -> anyhow::Result<Report> {
+async fn bench(options: &Options, bins: &Bins, dir: &Path) -> anyhow::Result<Report> {
     let plan = Plan::new(options.quick);
     let began = std::time::Instant::now();
     let unix = SystemTime::now()
@@ -420,6 +460,7 @@ async fn bench(options: Options, bins: &Bins, dir: &Path) -> anyhow::Result<Repo
         targets: Vec::new(),
         results: Vec::new(),
         verdicts: Vec::new(),
+        floor: None,
     };
     let client = driver::client();
     let ticks = procs::clock_ticks_per_second();
@@ -597,7 +638,7 @@ async fn bench(options: Options, bins: &Bins, dir: &Path) -> anyhow::Result<Repo
 
     // Peers.
     let mut peers: Vec<(Proc, &'static str)> = Vec::new();
-    if options.peers {
+    if options.peers && options.runs_phases() {
         match start_litellm(&client, dir, &fast_base, &slow_base).await {
             Ok((proc, target, version, note)) => {
                 report.targets.push(TargetInfo {
@@ -639,12 +680,16 @@ async fn bench(options: Options, bins: &Bins, dir: &Path) -> anyhow::Result<Repo
             (report::LITELLM, "LiteLLM proxy"),
             (report::PORTKEY, "Portkey gateway"),
         ] {
-            report.targets.push(skipped(
-                name,
-                what,
-                "not requested (run with --peers)".into(),
-            ));
+            let reason = if options.runs_phases() {
+                "not requested (run with --peers)"
+            } else {
+                "not requested (--floor: the floor comparison only)"
+            };
+            report.targets.push(skipped(name, what, reason.into()));
         }
+    }
+    if !options.runs_phases() {
+        targets.clear();
     }
 
     for t in &targets {
@@ -675,9 +720,251 @@ async fn bench(options: Options, bins: &Bins, dir: &Path) -> anyhow::Result<Repo
                 .and_then(|(p, _)| mib(p.usage().peak_rss_kib)),
         };
     }
-    report.compute_added();
-    report.compute_verdicts();
+    if options.runs_phases() {
+        report.compute_added();
+        report.compute_verdicts();
+    }
+    // The floor comparison shares the CPUs with nothing but its own targets.
+    drop(peers);
+    if options.runs_floor() {
+        let inputs = FloorInputs {
+            bins,
+            dir,
+            fast_base: &fast_base,
+            slow_base: &slow_base,
+            key: &key,
+            keypool: &keypool,
+            kp_addr,
+            sims: (&sim_fast, &sim_slow),
+            addrs: (fast_addr, slow_addr),
+            baseline: options.baseline.as_deref(),
+        };
+        let floor = floor_comparison(&client, &inputs, options.quick, ticks).await?;
+        sim_fast.check_alive()?;
+        sim_slow.check_alive()?;
+        keypool.check_alive()?;
+        report.floor = Some(floor);
+    }
     eprintln!("bench: done in {:.0} s", began.elapsed().as_secs_f64());
+    Ok(report)
+}
+
+/// What the floor comparison needs of the run: the simulators, keypool, the key.
+struct FloorInputs<'a> {
+    bins: &'a Bins,
+    dir: &'a Path,
+    fast_base: &'a str,
+    slow_base: &'a str,
+    key: &'a setup::LbKey,
+    /// The keypool of the other phases (log level `info`).
+    keypool: &'a Proc,
+    kp_addr: SocketAddr,
+    /// The fast and the slow simulator.
+    sims: (&'a Proc, &'a Proc),
+    addrs: (SocketAddr, SocketAddr),
+    /// `--baseline-binary`.
+    baseline: Option<&'a Path>,
+}
+
+/// Starts nginx, HAProxy and a keypool at log level `warn`, and runs [`floor::run`]
+/// over them, keypool and the simulators alone.
+async fn floor_comparison(
+    client: &HttpClient,
+    i: &FloorInputs<'_>,
+    quick: bool,
+    ticks: u64,
+) -> anyhow::Result<floor::FloorReport> {
+    let mut report = floor::FloorReport::default();
+    let mut targets = Vec::new();
+    let kp_headers = common_headers(("x-api-key", &i.key.key))?;
+    let small = |uri: Uri, headers: &Vec<(HeaderName, HeaderValue)>| Endpoint {
+        uri,
+        headers: headers.clone(),
+        body: body(MODEL, false),
+        stream: false,
+    };
+    let stream = |uri: Uri, headers: &Vec<(HeaderName, HeaderValue)>| Endpoint {
+        uri,
+        headers: headers.clone(),
+        body: body(MODEL, true),
+        stream: true,
+    };
+    let direct_headers = common_headers(("x-api-key", setup::UPSTREAM_SECRET))?;
+    targets.push(floor::FloorTarget {
+        name: floor::DIRECT,
+        pgid: i.sims.0.pid(),
+        pgid_stream: i.sims.1.pid(),
+        small: small(uri(i.addrs.0, "/v1/messages")?, &direct_headers),
+        stream: Some(stream(uri(i.addrs.1, "/v1/messages")?, &direct_headers)),
+    });
+    report.targets.push(TargetInfo {
+        name: floor::DIRECT.into(),
+        description:
+            "keypool-sim standalone, 1 thread (the streaming baseline: 20 ms, 64 chunks at 20 ms)"
+                .into(),
+        skipped: None,
+        peak_rss_mib: None,
+    });
+
+    // The proxies get the client's request as keypool does (its LB key in x-api-key)
+    // and replace the key with the upstream one.
+    let mut peers = Vec::new();
+    for (name, started) in [
+        (
+            floor::NGINX,
+            floor::start_nginx(client, i.dir, i.fast_base, i.slow_base).await,
+        ),
+        (
+            floor::HAPROXY,
+            floor::start_haproxy(client, i.dir, i.fast_base, i.slow_base).await,
+        ),
+    ] {
+        let checked = match started {
+            Ok(peer) => {
+                let target = floor::FloorTarget {
+                    name,
+                    pgid: peer.proc.pid(),
+                    pgid_stream: peer.proc.pid(),
+                    small: small(
+                        uri(peer.addr, &format!("{}/v1/messages", floor::FAST_PREFIX))?,
+                        &kp_headers,
+                    ),
+                    stream: Some(stream(
+                        uri(peer.addr, &format!("{}/v1/messages", floor::SLOW_PREFIX))?,
+                        &kp_headers,
+                    )),
+                };
+                let mut answers = smoke_endpoint(client, &target.small).await;
+                if answers.is_ok()
+                    && let Some(ep) = &target.stream
+                {
+                    answers = smoke_endpoint(client, ep).await;
+                }
+                answers
+                    .map(|()| (peer, target))
+                    .map_err(|e| format!("started but did not answer as expected: {e}"))
+            }
+            Err(reason) => Err(reason),
+        };
+        match checked {
+            Ok((peer, target)) => {
+                report.targets.push(TargetInfo {
+                    name: name.into(),
+                    description: peer.description.clone(),
+                    skipped: None,
+                    peak_rss_mib: None,
+                });
+                targets.push(target);
+                peers.push(peer);
+            }
+            Err(reason) => report
+                .targets
+                .push(skipped(name, name, reason.replace('\n', " / "))),
+        }
+    }
+
+    // keypool: the process of the other phases (info), and one more at warn.
+    let kp_path = |pool: &str| format!("/{}/{pool}/v1/messages", setup::ORG);
+    targets.push(floor::FloorTarget {
+        name: floor::KEYPOOL,
+        pgid: i.keypool.pid(),
+        pgid_stream: i.keypool.pid(),
+        small: small(uri(i.kp_addr, &kp_path("rr8"))?, &kp_headers),
+        stream: Some(stream(uri(i.kp_addr, &kp_path("slow8"))?, &kp_headers)),
+    });
+    targets.push(floor::FloorTarget {
+        name: floor::KEYPOOL_1000,
+        pgid: i.keypool.pid(),
+        pgid_stream: i.keypool.pid(),
+        small: small(uri(i.kp_addr, &kp_path("rr1000"))?, &kp_headers),
+        stream: None,
+    });
+    // More keypools, each its own process on the same config: at log level warn, and
+    // the --baseline-binary.
+    let mut extra = vec![(floor::KEYPOOL_WARN, i.bins.keypool.as_path(), Some("warn"))];
+    if let Some(b) = i.baseline {
+        extra.push((floor::KEYPOOL_BASELINE, b, None));
+    }
+    let mut extra_procs = Vec::new();
+    for (name, binary, level) in extra {
+        let addr = procs::free_addr()?;
+        let config = i.dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &config,
+            setup::keypool_config(addr, i.fast_base, i.slow_base, &i.key.sha256),
+        )
+        .with_context(|| format!("cannot write {}", config.display()))?;
+        let mut serve = Command::new(binary);
+        serve.arg("serve").arg("--config").arg(&config);
+        if let Some(level) = level {
+            serve.env("RUST_LOG", level);
+        }
+        let mut proc = Proc::spawn(name, serve, &i.dir.join(format!("{name}.log")))?;
+        wait_http(
+            client,
+            &mut proc,
+            &uri(addr, "/healthz")?,
+            Duration::from_secs(20),
+        )
+        .await?;
+        let target = floor::FloorTarget {
+            name,
+            pgid: proc.pid(),
+            pgid_stream: proc.pid(),
+            small: small(uri(addr, &kp_path("rr8"))?, &kp_headers),
+            stream: None,
+        };
+        if let Err(e) = smoke_endpoint(client, &target.small).await {
+            bail!("{name} does not answer as expected: {e}");
+        }
+        targets.push(target);
+        extra_procs.push(proc);
+    }
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (name, what) in [
+        (
+            floor::KEYPOOL,
+            "8 accounts, round_robin (slow8 for streams), log level info",
+        ),
+        (
+            floor::KEYPOOL_1000,
+            "1,000 accounts, round_robin, log level info (same process)",
+        ),
+        (
+            floor::KEYPOOL_WARN,
+            "8 accounts, round_robin, RUST_LOG=warn (its own process)",
+        ),
+    ]
+    .into_iter()
+    .chain(i.baseline.map(|_| {
+        (
+            floor::KEYPOOL_BASELINE,
+            "8 accounts, round_robin, log level info: the --baseline-binary",
+        )
+    })) {
+        report.targets.push(TargetInfo {
+            name: name.into(),
+            description: format!(
+                "keypool (release, default config: workers = one per CPU = {workers}): {what}"
+            ),
+            skipped: None,
+            peak_rss_mib: None,
+        });
+    }
+
+    let plan = floor::FloorPlan::new(quick);
+    eprintln!(
+        "bench: floor comparison, {} rounds of {:?} per closed loop and {:?} per stream run",
+        plan.rounds, plan.seconds, plan.stream_seconds
+    );
+    report.samples = floor::run(client, &targets, plan, i.dir, ticks).await?;
+    for p in &mut extra_procs {
+        p.check_alive()?;
+    }
+    for p in &mut peers {
+        p.proc.check_alive()?;
+    }
+    report.compute_verdicts();
     Ok(report)
 }
 
@@ -920,9 +1207,26 @@ mod tests {
             args(&["--peers", "--quick"]).unwrap(),
             Options {
                 quick: true,
-                peers: true
+                peers: true,
+                floor: false,
+                baseline: None,
             }
         );
+        let base = args(&["--floor", "--baseline-binary", "/tmp/kp"]).unwrap();
+        assert_eq!(base.baseline.as_deref(), Some(Path::new("/tmp/kp")));
+        assert_eq!(
+            base.command(),
+            "cargo xtask bench --floor --baseline-binary /tmp/kp"
+        );
+        assert!(args(&["--baseline-binary", "/tmp/kp"]).is_err());
+        assert!(args(&["--floor", "--baseline-binary"]).is_err());
+        let floor = args(&["--floor"]).unwrap();
+        assert!(floor.floor && floor.runs_floor() && !floor.runs_phases());
+        let peers = args(&["--peers"]).unwrap();
+        assert!(peers.runs_floor() && peers.runs_phases());
+        let plain = args(&[]).unwrap();
+        assert!(!plain.runs_floor() && plain.runs_phases());
+        assert_eq!(floor.command(), "cargo xtask bench --floor");
         assert!(
             args(&["--fast"])
                 .unwrap_err()
@@ -932,7 +1236,9 @@ mod tests {
         assert_eq!(
             Options {
                 quick: true,
-                peers: true
+                peers: true,
+                floor: false,
+                baseline: None,
             }
             .command(),
             "cargo xtask bench --quick --peers"

@@ -184,6 +184,9 @@ pub struct Report {
     pub results: Vec<RunResult>,
     /// The issue's targets.
     pub verdicts: Vec<Verdict>,
+    /// The floor comparison (nginx, HAProxy, keypool), when it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<super::floor::FloorReport>,
 }
 
 impl Report {
@@ -326,6 +329,18 @@ impl Report {
             self.machine.mem_gib,
             self.machine.loadavg_at_start
         );
+        if !self.results.is_empty() {
+            self.write_phases(&mut out);
+        }
+        if let Some(floor) = &self.floor {
+            let _ = writeln!(out);
+            out.push_str(&floor.table());
+        }
+        out
+    }
+
+    /// The tables of the phases of issue 7 and their verdicts.
+    fn write_phases(&self, out: &mut String) {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
@@ -441,7 +456,6 @@ impl Report {
             };
             let _ = writeln!(out, "| {} | {} | {met} |", v.goal, v.measured);
         }
-        out
     }
 
     /// `report.json`'s text.
@@ -539,6 +553,7 @@ mod tests {
             ],
             results,
             verdicts: Vec::new(),
+            floor: None,
         }
     }
 

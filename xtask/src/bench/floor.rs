@@ -1,0 +1,1101 @@
+//! The floor comparison of `cargo xtask bench --peers` (or `--floor` alone): keypool
+//! beside nginx and HAProxy, the physical floor of an HTTP/1.1 proxy on this machine,
+//! each forwarding to the same simulators and setting `x-api-key`.
+//!
+//! Rounds are interleaved (every target once per scenario, the order rotated each
+//! round) so that a drift of the shared machine cannot masquerade as a difference; the
+//! medians over the rounds are reported. CPU per request (CPU time of the target's
+//! process group over the requests it served) is the headline: it is far less noisy
+//! than latency on a shared machine.
+//!
+//! Scenarios: closed loops at concurrency 16 and 64, the same at 64 while two busy
+//! loops (started and killed by the bench) share the CPUs, and 64-chunk streams at
+//! concurrency 16 (net TTFT and inter-chunk gaps against the simulator alone). keypool
+//! also runs with 1,000 accounts and at log level `warn`, at concurrency 16.
+//!
+//! The pure parts (configs, medians, verdicts, table) are unit-tested here; the run
+//! itself is [`run`].
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::driver::{self, Bounds, Endpoint, HttpClient};
+use super::procs::{self, Proc};
+use super::report::{TargetInfo, Verdict};
+use super::stats::Percentiles;
+
+/// nginx in front of the simulators.
+pub const NGINX: &str = "nginx";
+/// HAProxy in front of the simulators.
+pub const HAPROXY: &str = "haproxy";
+/// keypool, `rr8`, default log level (`info`).
+pub const KEYPOOL: &str = "keypool-rr8";
+/// keypool, `rr8`, `RUST_LOG=warn`: no request log line.
+pub const KEYPOOL_WARN: &str = "keypool-rr8-warn";
+/// keypool, `rr1000`, default log level.
+pub const KEYPOOL_1000: &str = "keypool-rr1000";
+/// `--baseline-binary`'s keypool, `rr8`, default log level.
+pub const KEYPOOL_BASELINE: &str = "keypool-baseline-rr8";
+/// The simulators alone (the streaming baseline).
+pub const DIRECT: &str = super::report::DIRECT;
+
+/// Worker processes (nginx) and threads (HAProxy): keypool's default, one per CPU on
+/// the bench machine, is stated beside them in the table.
+pub const PEER_WORKERS: usize = 2;
+
+/// Path prefixes of the fast and the slow simulator on nginx and HAProxy.
+pub const FAST_PREFIX: &str = "/fast";
+/// See [`FAST_PREFIX`].
+pub const SLOW_PREFIX: &str = "/slow";
+
+/// One scenario of the floor comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FloorScenario {
+    /// Closed loop, 16 connections, small message, fast simulator.
+    C16,
+    /// Closed loop, 64 connections.
+    C64,
+    /// Closed loop, 64 connections, two busy loops on the machine.
+    C64Busy,
+    /// 64-chunk streams paced at 20 ms, 16 at once.
+    Stream,
+}
+
+impl FloorScenario {
+    /// Every scenario, in the order of a round.
+    pub const ALL: [FloorScenario; 4] = [
+        FloorScenario::C16,
+        FloorScenario::C64,
+        FloorScenario::C64Busy,
+        FloorScenario::Stream,
+    ];
+
+    /// Label for the table.
+    pub fn label(self) -> &'static str {
+        match self {
+            FloorScenario::C16 => "c16",
+            FloorScenario::C64 => "c64",
+            FloorScenario::C64Busy => "c64 + 2 busy loops",
+            FloorScenario::Stream => "stream c16",
+        }
+    }
+
+    /// Closed-loop connections.
+    pub fn concurrency(self) -> usize {
+        match self {
+            FloorScenario::C16 | FloorScenario::Stream => 16,
+            FloorScenario::C64 | FloorScenario::C64Busy => 64,
+        }
+    }
+
+    /// The targets measured in this scenario: the proxies in every one, keypool's
+    /// variants at concurrency 16 only, the simulator alone for the streams.
+    pub fn targets(self) -> &'static [&'static str] {
+        match self {
+            FloorScenario::C16 => &[
+                NGINX,
+                HAPROXY,
+                KEYPOOL,
+                KEYPOOL_WARN,
+                KEYPOOL_1000,
+                KEYPOOL_BASELINE,
+            ],
+            FloorScenario::C64 | FloorScenario::C64Busy => {
+                &[NGINX, HAPROXY, KEYPOOL, KEYPOOL_BASELINE]
+            }
+            FloorScenario::Stream => &[DIRECT, NGINX, HAPROXY, KEYPOOL],
+        }
+    }
+}
+
+/// How long the floor comparison measures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FloorPlan {
+    /// Rounds (at least three: the figures are medians).
+    pub rounds: u32,
+    /// One closed-loop measurement.
+    pub seconds: Duration,
+    /// One streaming measurement (a stream takes ~1.3 s).
+    pub stream_seconds: Duration,
+}
+
+impl FloorPlan {
+    /// The plan for `--quick` or a full run.
+    pub fn new(quick: bool) -> Self {
+        if quick {
+            Self {
+                rounds: 3,
+                seconds: Duration::from_secs(1),
+                stream_seconds: Duration::from_secs(2),
+            }
+        } else {
+            Self {
+                rounds: 5,
+                seconds: Duration::from_secs(4),
+                stream_seconds: Duration::from_secs(6),
+            }
+        }
+    }
+}
+
+/// The order of `targets` in round `round` (1-based): rotated by one each round, so
+/// no target is always measured first or right after the same neighbour.
+pub fn round_order<'a>(targets: &[&'a str], round: u32) -> Vec<&'a str> {
+    let mut order = targets.to_vec();
+    if !order.is_empty() {
+        let by = (round.saturating_sub(1) as usize) % order.len();
+        order.rotate_left(by);
+    }
+    order
+}
+
+/// One measurement of one target in one round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FloorSample {
+    /// Target name.
+    pub target: String,
+    /// Scenario.
+    pub scenario: FloorScenario,
+    /// Round, from 1.
+    pub round: u32,
+    /// Requests completed.
+    pub requests: u64,
+    /// Requests failed.
+    pub errors: u64,
+    /// Completed requests per second.
+    pub req_per_s: f64,
+    /// CPU µs of the target's process group per completed request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_us: Option<f64>,
+    /// Whole-response latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<Percentiles>,
+    /// Streams: TTFT net of the simulator's own wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_ttft: Option<Percentiles>,
+    /// Streams: gaps between chunks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gap: Option<Percentiles>,
+}
+
+/// Median of the finite values, `None` without any.
+pub fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.retain(|v| v.is_finite());
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+/// The medians over the rounds of one target in one scenario, and the range of the CPU
+/// figure.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct FloorMedians {
+    /// Rounds measured.
+    pub rounds: usize,
+    /// Requests failed, all rounds.
+    pub errors: u64,
+    /// Median req/s.
+    pub req_per_s: Option<f64>,
+    /// Median CPU µs per request.
+    pub cpu_us: Option<f64>,
+    /// Lowest and highest CPU µs per request of a round.
+    pub cpu_us_range: Option<(f64, f64)>,
+    /// Median p50 latency, µs.
+    pub p50_us: Option<f64>,
+    /// Median p99 latency, µs.
+    pub p99_us: Option<f64>,
+    /// Streams: median net TTFT p50 and p99, µs.
+    pub net_ttft_p50_us: Option<f64>,
+    /// See `net_ttft_p50_us`.
+    pub net_ttft_p99_us: Option<f64>,
+    /// Streams: median gap p50 and p99, µs.
+    pub gap_p50_us: Option<f64>,
+    /// See `gap_p50_us`.
+    pub gap_p99_us: Option<f64>,
+}
+
+/// What the floor comparison found: `report.json`'s `floor`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct FloorReport {
+    /// Every target, measured or skipped.
+    pub targets: Vec<TargetInfo>,
+    /// Every measurement.
+    pub samples: Vec<FloorSample>,
+    /// The issue's targets.
+    pub verdicts: Vec<Verdict>,
+}
+
+impl FloorReport {
+    /// The medians of `target` in `scenario` (`rounds == 0` when it was not measured).
+    pub fn medians(&self, target: &str, scenario: FloorScenario) -> FloorMedians {
+        let mine: Vec<&FloorSample> = self
+            .samples
+            .iter()
+            .filter(|s| s.target == target && s.scenario == scenario)
+            .collect();
+        let of = |f: &dyn Fn(&FloorSample) -> Option<f64>| {
+            median(mine.iter().filter_map(|s| f(s)).collect())
+        };
+        let cpus: Vec<f64> = mine.iter().filter_map(|s| s.cpu_us).collect();
+        FloorMedians {
+            rounds: mine.len(),
+            errors: mine.iter().map(|s| s.errors).sum(),
+            req_per_s: of(&|s| (s.requests > 0).then_some(s.req_per_s)),
+            cpu_us: median(cpus.clone()),
+            cpu_us_range: cpus.iter().copied().fold(None, |r: Option<(f64, f64)>, c| {
+                Some(r.map_or((c, c), |(lo, hi)| (lo.min(c), hi.max(c))))
+            }),
+            p50_us: of(&|s| s.latency.map(|l| l.p50_us)),
+            p99_us: of(&|s| s.latency.map(|l| l.p99_us)),
+            net_ttft_p50_us: of(&|s| s.net_ttft.map(|l| l.p50_us)),
+            net_ttft_p99_us: of(&|s| s.net_ttft.map(|l| l.p99_us)),
+            gap_p50_us: of(&|s| s.gap.map(|l| l.p50_us)),
+            gap_p99_us: of(&|s| s.gap.map(|l| l.p99_us)),
+        }
+    }
+
+    /// Checks issue 22's targets against the medians.
+    pub fn compute_verdicts(&mut self) {
+        let m = |t: &str, s| self.medians(t, s);
+        let mut v = Vec::new();
+        let us = |x: f64| format!("{x:.1} us");
+        for scenario in [FloorScenario::C16, FloorScenario::C64] {
+            let (k, n) = (m(KEYPOOL, scenario), m(NGINX, scenario));
+            let both = k.cpu_us.zip(n.cpu_us);
+            v.push(Verdict {
+                goal: format!("CPU per request at {} <= nginx's", scenario.label()),
+                measured: both.map_or_else(
+                    || "n/a (nginx or keypool not measured)".into(),
+                    |(k, n)| {
+                        format!(
+                            "keypool {} vs nginx {} ({:+.0} %)",
+                            us(k),
+                            us(n),
+                            (k / n - 1.0) * 100.0
+                        )
+                    },
+                ),
+                met: both.map(|(k, n)| k <= n),
+            });
+        }
+        for scenario in [FloorScenario::C16, FloorScenario::C64] {
+            let (k, n) = (m(KEYPOOL, scenario), m(NGINX, scenario));
+            let both = k.req_per_s.zip(n.req_per_s);
+            v.push(Verdict {
+                goal: format!("req/s at {} >= nginx's", scenario.label()),
+                measured: both.map_or_else(
+                    || "n/a (nginx or keypool not measured)".into(),
+                    |(k, n)| {
+                        format!(
+                            "keypool {k:.0} vs nginx {n:.0} ({:+.0} %)",
+                            (k / n - 1.0) * 100.0
+                        )
+                    },
+                ),
+                met: both.map(|(k, n)| k >= n),
+            });
+        }
+        for scenario in [FloorScenario::C64, FloorScenario::C64Busy] {
+            let (k, n) = (m(KEYPOOL, scenario), m(NGINX, scenario));
+            let both = k.p99_us.zip(n.p99_us);
+            v.push(Verdict {
+                goal: format!("p99 at {} <= 1.5 x nginx's", scenario.label()),
+                measured: both.map_or_else(
+                    || "n/a (nginx or keypool not measured)".into(),
+                    |(k, n)| format!("keypool {} vs nginx {} ({:.2} x)", us(k), us(n), k / n),
+                ),
+                met: both.map(|(k, n)| k <= 1.5 * n),
+            });
+        }
+        let (ks, ds) = (
+            m(KEYPOOL, FloorScenario::Stream),
+            m(DIRECT, FloorScenario::Stream),
+        );
+        let ttft = ks
+            .net_ttft_p99_us
+            .zip(ds.net_ttft_p99_us)
+            .map(|(k, d)| k - d);
+        v.push(Verdict {
+            goal: "added streaming TTFT p99 <= 150 us net of the simulator's wait".into(),
+            measured: ttft.map_or_else(
+                || "n/a".into(),
+                |a| {
+                    format!(
+                        "{a:+.1} us (net TTFT p99 keypool {} vs simulator alone {})",
+                        us(ks.net_ttft_p99_us.unwrap_or(0.0)),
+                        us(ds.net_ttft_p99_us.unwrap_or(0.0))
+                    )
+                },
+            ),
+            met: ttft.map(|a| a <= 150.0),
+        });
+        let gap = ks
+            .gap_p50_us
+            .zip(ds.gap_p50_us)
+            .zip(ks.gap_p99_us.zip(ds.gap_p99_us))
+            .map(|((k50, d50), (k99, d99))| (k50 - d50, k99 - d99));
+        v.push(Verdict {
+            goal: "no added inter-chunk gap (added p50 <= 100 us, added p99 <= 1 ms)".into(),
+            measured: gap.map_or_else(
+                || "n/a".into(),
+                |(a50, a99)| format!("p50 {a50:+.1} us, p99 {a99:+.1} us"),
+            ),
+            met: gap.map(|(a50, a99)| a50 <= 100.0 && a99 <= 1000.0),
+        });
+        let (big, small) = (
+            m(KEYPOOL_1000, FloorScenario::C16),
+            m(KEYPOOL, FloorScenario::C16),
+        );
+        let ratio = big.cpu_us.zip(small.cpu_us).map(|(b, s)| b / s - 1.0);
+        v.push(Verdict {
+            goal: "1,000-account pool within 5 % of 8 accounts in CPU per request (c16)".into(),
+            measured: ratio.map_or_else(
+                || "n/a".into(),
+                |r| {
+                    format!(
+                        "{} vs {} ({:+.1} %)",
+                        us(big.cpu_us.unwrap_or(0.0)),
+                        us(small.cpu_us.unwrap_or(0.0)),
+                        r * 100.0
+                    )
+                },
+            ),
+            met: ratio.map(|r| r <= 0.05),
+        });
+        let warn = m(KEYPOOL_WARN, FloorScenario::C16);
+        let line = small.cpu_us.zip(warn.cpu_us).map(|(i, w)| (i, w, i - w));
+        v.push(Verdict {
+            goal:
+                "cost of one info-level request log line stated (CPU per request, info - warn, c16)"
+                    .into(),
+            measured: line.map_or_else(
+                || "n/a".into(),
+                |(i, w, d)| format!("{d:+.1} us ({} at info, {} at warn)", us(i), us(w)),
+            ),
+            // A statement, not a bound: "met" once both were measured.
+            met: line.map(|_| true),
+        });
+        self.verdicts = v;
+    }
+
+    /// The table: medians per scenario and target, then the verdicts.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let cell = |v: Option<f64>, digits: usize| {
+            v.map_or_else(|| "-".into(), |v| format!("{v:.digits$}"))
+        };
+        let _ = writeln!(
+            out,
+            "Floor comparison (issue 22): medians of interleaved rounds; CPU = CPU time of the target's process group per request"
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "| scenario | target | rounds | err | req/s | p50 µs | p99 µs | CPU µs/req | CPU range |"
+        );
+        let _ = writeln!(out, "|---|---|--:|--:|--:|--:|--:|--:|--:|");
+        for scenario in [
+            FloorScenario::C16,
+            FloorScenario::C64,
+            FloorScenario::C64Busy,
+        ] {
+            for target in scenario.targets() {
+                let md = self.medians(target, scenario);
+                if md.rounds == 0 {
+                    continue;
+                }
+                let _ = writeln!(
+                    out,
+                    "| {} | {target} | {} | {} | {} | {} | {} | {} | {} |",
+                    scenario.label(),
+                    md.rounds,
+                    md.errors,
+                    cell(md.req_per_s, 0),
+                    cell(md.p50_us, 1),
+                    cell(md.p99_us, 1),
+                    cell(md.cpu_us, 1),
+                    md.cpu_us_range
+                        .map_or_else(|| "-".into(), |(lo, hi)| format!("{lo:.1}–{hi:.1}")),
+                );
+            }
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "| stream c16 | rounds | err | net TTFT p50 µs | net TTFT p99 µs | added net TTFT p99 | gap p50 µs | gap p99 µs | CPU µs/stream |"
+        );
+        let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|");
+        let direct = self.medians(DIRECT, FloorScenario::Stream);
+        for target in FloorScenario::Stream.targets() {
+            let md = self.medians(target, FloorScenario::Stream);
+            if md.rounds == 0 {
+                continue;
+            }
+            let added = match (
+                *target == DIRECT,
+                md.net_ttft_p99_us,
+                direct.net_ttft_p99_us,
+            ) {
+                (false, Some(t), Some(d)) => format!("{:+.1}", t - d),
+                _ => "-".into(),
+            };
+            let _ = writeln!(
+                out,
+                "| {target} | {} | {} | {} | {} | {added} | {} | {} | {} |",
+                md.rounds,
+                md.errors,
+                cell(md.net_ttft_p50_us, 1),
+                cell(md.net_ttft_p99_us, 1),
+                cell(md.gap_p50_us, 1),
+                cell(md.gap_p99_us, 1),
+                cell(md.cpu_us, 1),
+            );
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(out, "| target | setup |");
+        let _ = writeln!(out, "|---|---|");
+        for t in &self.targets {
+            let what = match &t.skipped {
+                Some(reason) => format!("SKIPPED: {reason}"),
+                None => t.description.clone(),
+            };
+            let _ = writeln!(out, "| {} | {what} |", t.name);
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(out, "| issue 22 target | measured | met |");
+        let _ = writeln!(out, "|---|---|---|");
+        for v in &self.verdicts {
+            let met = match v.met {
+                Some(true) if v.goal.starts_with("cost of") => "stated",
+                Some(true) => "met",
+                Some(false) => "MISSED",
+                None => "n/a",
+            };
+            let _ = writeln!(out, "| {} | {} | {met} |", v.goal, v.measured);
+        }
+        out
+    }
+}
+
+/// nginx's configuration: `PEER_WORKERS` worker processes, access log off, one
+/// upstream per simulator with 64 idle keep-alive connections per worker, HTTP/1.1 to
+/// the upstream with `x-api-key` set to `secret`; `/fast/…` and `/slow/…` lose their
+/// prefix, the slow (streaming) location is not buffered. Everything it writes stays
+/// under `prefix`.
+pub fn nginx_config(
+    prefix: &Path,
+    listen: std::net::SocketAddr,
+    fast: &str,
+    slow: &str,
+    secret: &str,
+) -> String {
+    let p = prefix.display();
+    let upstream = |name: &str, base: &str| {
+        format!(
+            "    upstream {name} {{\n        server {};\n        keepalive 64;\n    }}\n",
+            base.trim_start_matches("http://")
+        )
+    };
+    let location = |prefix: &str, name: &str, buffering: bool| {
+        format!(
+            "        location {prefix}/ {{\n            proxy_pass http://{name}/;\n            proxy_http_version 1.1;\n            \
+             proxy_set_header Connection \"\";\n            proxy_set_header x-api-key \"{secret}\";\n            \
+             proxy_buffering {};\n        }}\n",
+            if buffering { "on" } else { "off" }
+        )
+    };
+    format!(
+        "# Generated by `cargo xtask bench`; rewritten on every run.\n\
+         worker_processes {PEER_WORKERS};\ndaemon off;\nmaster_process on;\npid {p}/nginx.pid;\nerror_log {p}/error.log warn;\n\
+         events {{\n    worker_connections 4096;\n}}\n\
+         http {{\n    access_log off;\n    client_body_temp_path {p}/body;\n    proxy_temp_path {p}/proxy;\n    \
+         fastcgi_temp_path {p}/fastcgi;\n    uwsgi_temp_path {p}/uwsgi;\n    scgi_temp_path {p}/scgi;\n    \
+         keepalive_requests 1000000;\n{}{}    server {{\n        listen {listen};\n{}{}    }}\n}}\n",
+        upstream("fast", fast),
+        upstream("slow", slow),
+        location(FAST_PREFIX, "fast", true),
+        location(SLOW_PREFIX, "slow", false),
+    )
+}
+
+/// HAProxy's configuration: `PEER_WORKERS` threads, HTTP mode, `http-reuse always`,
+/// `option http-no-delay` (without it HAProxy sends with `MSG_MORE` and holds a stream's
+/// first frames for ~200 ms), `x-api-key` set to `secret`; `/slow/…` goes to the slow simulator, the rest to the
+/// fast one, the prefix removed.
+pub fn haproxy_config(
+    listen: std::net::SocketAddr,
+    fast: &str,
+    slow: &str,
+    secret: &str,
+) -> String {
+    let backend = |name: &str, prefix: &str, base: &str| {
+        format!(
+            "backend {name}\n    http-request set-header x-api-key \"{secret}\"\n    \
+             http-request replace-path ^{prefix}(/.*) \\1\n    server sim {}\n\n",
+            base.trim_start_matches("http://")
+        )
+    };
+    format!(
+        "# Generated by `cargo xtask bench`; rewritten on every run.\n\
+         global\n    nbthread {PEER_WORKERS}\n    maxconn 4096\n\n\
+         defaults\n    mode http\n    timeout connect 5s\n    timeout client 60s\n    timeout server 60s\n    \
+         http-reuse always\n    option http-no-delay\n\n\
+         frontend bench\n    bind {listen}\n    use_backend slow if {{ path_beg {SLOW_PREFIX}/ }}\n    default_backend fast\n\n{}{}",
+        backend("fast", FAST_PREFIX, fast),
+        backend("slow", SLOW_PREFIX, slow),
+    )
+}
+
+/// A Debian program: its path when it is installed (`/usr/sbin` is searched too, it is
+/// not on every `PATH`), else after `apt-get install -y package`; `Err` is the reason
+/// to report the target skipped.
+pub fn ensure_debian_program(program: &str, package: &str) -> Result<PathBuf, String> {
+    let find = || {
+        std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    };
+    if let Some(path) = find() {
+        return Ok(path);
+    }
+    eprintln!("bench: installing {package} with apt-get (once)");
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends", package])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !install() {
+        let _ = Command::new("apt-get")
+            .arg("update")
+            .stdout(std::process::Stdio::null())
+            .status();
+        install();
+    }
+    find().ok_or_else(|| {
+        format!("{program} is not installed and `apt-get install -y {package}` did not install it")
+    })
+}
+
+/// The first line of a program's version output (nginx writes it to stderr).
+fn version_line(program: &Path, arg: &str) -> String {
+    Command::new(program)
+        .arg(arg)
+        .output()
+        .ok()
+        .and_then(|o| {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stderr),
+                String::from_utf8_lossy(&o.stdout)
+            );
+            text.lines().next().map(|l| l.trim().to_owned())
+        })
+        .unwrap_or_else(|| "?".into())
+}
+
+/// A proxy of the comparison, started.
+pub struct Peer {
+    /// Its process (group).
+    pub proc: Proc,
+    /// Its address.
+    pub addr: std::net::SocketAddr,
+    /// What it is, for the table.
+    pub description: String,
+}
+
+/// Starts nginx with [`nginx_config`] under `dir/nginx`.
+pub async fn start_nginx(
+    client: &HttpClient,
+    dir: &Path,
+    fast: &str,
+    slow: &str,
+) -> Result<Peer, String> {
+    let program = ensure_debian_program("nginx", "nginx")?;
+    let prefix = dir.join("nginx");
+    std::fs::create_dir_all(&prefix)
+        .map_err(|e| format!("cannot create {}: {e}", prefix.display()))?;
+    let addr = procs::free_addr().map_err(|e| e.to_string())?;
+    let conf = prefix.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        nginx_config(&prefix, addr, fast, slow, super::setup::UPSTREAM_SECRET),
+    )
+    .map_err(|e| format!("cannot write {}: {e}", conf.display()))?;
+    let mut cmd = Command::new(&program);
+    cmd.arg("-p")
+        .arg(&prefix)
+        .arg("-c")
+        .arg(&conf)
+        .arg("-e")
+        .arg(prefix.join("error.log"));
+    let proc = Proc::spawn("nginx", cmd, &dir.join("nginx.log")).map_err(|e| e.to_string())?;
+    let description = format!(
+        "{}, {PEER_WORKERS} worker processes, upstream keepalive 64, proxy_http_version 1.1, sets x-api-key; stream location unbuffered",
+        version_line(&program, "-v")
+    );
+    ready(client, proc, addr, description).await
+}
+
+/// Starts HAProxy with [`haproxy_config`].
+pub async fn start_haproxy(
+    client: &HttpClient,
+    dir: &Path,
+    fast: &str,
+    slow: &str,
+) -> Result<Peer, String> {
+    let program = ensure_debian_program("haproxy", "haproxy")?;
+    let addr = procs::free_addr().map_err(|e| e.to_string())?;
+    let conf = dir.join("haproxy.cfg");
+    std::fs::write(
+        &conf,
+        haproxy_config(addr, fast, slow, super::setup::UPSTREAM_SECRET),
+    )
+    .map_err(|e| format!("cannot write {}: {e}", conf.display()))?;
+    let mut cmd = Command::new(&program);
+    cmd.arg("-db").arg("-f").arg(&conf);
+    let proc = Proc::spawn("haproxy", cmd, &dir.join("haproxy.log")).map_err(|e| e.to_string())?;
+    let version = version_line(&program, "-v");
+    let version = version.split(" - ").next().unwrap_or(&version).to_owned();
+    let description = format!(
+        "{version}, nbthread {PEER_WORKERS}, http-reuse always, option http-no-delay, sets x-api-key"
+    );
+    ready(client, proc, addr, description).await
+}
+
+async fn ready(
+    client: &HttpClient,
+    mut proc: Proc,
+    addr: std::net::SocketAddr,
+    description: String,
+) -> Result<Peer, String> {
+    let up = super::uri(addr, "/").map_err(|e| e.to_string())?;
+    super::wait_http(client, &mut proc, &up, Duration::from_secs(20))
+        .await
+        .map_err(|e| format!("did not start: {e:#}"))?;
+    Ok(Peer {
+        proc,
+        addr,
+        description,
+    })
+}
+
+/// A target of the comparison: where its requests go and whose CPU counts.
+pub struct FloorTarget {
+    /// Name ([`NGINX`], [`KEYPOOL`], …).
+    pub name: &'static str,
+    /// Process group during the closed loops (fast simulator)…
+    pub pgid: u32,
+    /// …and during the streams.
+    pub pgid_stream: u32,
+    /// Small message.
+    pub small: Endpoint,
+    /// Stream (slow simulator), when the target is measured streaming.
+    pub stream: Option<Endpoint>,
+}
+
+/// Two busy loops, each its own process group (killed when dropped).
+fn busy_loops(dir: &Path) -> anyhow::Result<Vec<Proc>> {
+    (0..2)
+        .map(|i| {
+            let mut c = Command::new("sh");
+            c.args(["-c", "while :; do :; done"]);
+            Proc::spawn(
+                &format!("busy loop {i}"),
+                c,
+                &dir.join(format!("busy-{i}.log")),
+            )
+        })
+        .collect()
+}
+
+/// Runs the rounds over `targets` (a scenario's target that is not among them, e.g. a
+/// skipped peer, is left out).
+pub async fn run(
+    client: &HttpClient,
+    targets: &[FloorTarget],
+    plan: FloorPlan,
+    dir: &Path,
+    ticks: u64,
+) -> anyhow::Result<Vec<FloorSample>> {
+    // Warm-up: connections at the highest concurrency, caches.
+    for t in targets {
+        let warm = Bounds {
+            requests: Some(2_000),
+            duration: Duration::from_secs(5),
+            pause: Duration::ZERO,
+        };
+        driver::closed_loop(client, &t.small, 64, warm).await;
+    }
+    let mut samples = Vec::new();
+    for round in 1..=plan.rounds {
+        for scenario in FloorScenario::ALL {
+            for name in round_order(scenario.targets(), round) {
+                let Some(t) = targets.iter().find(|t| t.name == name) else {
+                    continue;
+                };
+                let (ep, pgid, seconds) = match scenario {
+                    FloorScenario::Stream => match &t.stream {
+                        Some(ep) => (ep, t.pgid_stream, plan.stream_seconds),
+                        None => continue,
+                    },
+                    _ => (&t.small, t.pgid, plan.seconds),
+                };
+                let busy = if scenario == FloorScenario::C64Busy {
+                    let b = busy_loops(dir)?;
+                    // Let them reach the run queue before the measurement starts.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    b
+                } else {
+                    Vec::new()
+                };
+                let bounds = Bounds {
+                    requests: None,
+                    duration: seconds,
+                    pause: Duration::ZERO,
+                };
+                let before = procs::group_usage(pgid).cpu_ticks;
+                let out = driver::closed_loop(client, ep, scenario.concurrency(), bounds).await;
+                let after = procs::group_usage(pgid).cpu_ticks;
+                drop(busy);
+                let cpu_us =
+                    super::stats::cpu_seconds_per_1k(after.saturating_sub(before), ticks, out.ok)
+                        .map(|s| s * 1000.0);
+                let sample = FloorSample {
+                    target: name.to_owned(),
+                    scenario,
+                    round,
+                    requests: out.ok,
+                    errors: out.errors,
+                    req_per_s: super::stats::rate(out.ok, out.elapsed),
+                    cpu_us,
+                    latency: out.latency.summary(),
+                    net_ttft: out.net_ttft.summary(),
+                    gap: out.gap.summary(),
+                };
+                eprintln!(
+                    "bench: floor round {round} {:<19} {:<17} {:>7.0} req/s p99 {:>8.1} µs CPU {:>6.1} µs/req{}",
+                    scenario.label(),
+                    name,
+                    sample.req_per_s,
+                    sample.latency.map_or(0.0, |l| l.p99_us),
+                    cpu_us.unwrap_or(f64::NAN),
+                    out.first_errors
+                        .first()
+                        .map_or_else(String::new, |e| format!(
+                            "  ({} errors, first: {e})",
+                            out.errors
+                        )),
+                );
+                samples.push(sample);
+            }
+        }
+    }
+    Ok(samples)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pct(p50: f64, p99: f64) -> Percentiles {
+        Percentiles {
+            p50_us: p50,
+            p90_us: p99,
+            p99_us: p99,
+            max_us: p99,
+            samples: 100,
+        }
+    }
+
+    fn sample(
+        target: &str,
+        scenario: FloorScenario,
+        round: u32,
+        rps: f64,
+        cpu: f64,
+        p99: f64,
+    ) -> FloorSample {
+        FloorSample {
+            target: target.into(),
+            scenario,
+            round,
+            requests: 1000,
+            errors: 0,
+            req_per_s: rps,
+            cpu_us: Some(cpu),
+            latency: Some(pct(p99 / 3.0, p99)),
+            net_ttft: None,
+            gap: None,
+        }
+    }
+
+    fn stream(target: &str, round: u32, ttft99: f64, gap50: f64, gap99: f64) -> FloorSample {
+        FloorSample {
+            net_ttft: Some(pct(ttft99 / 2.0, ttft99)),
+            gap: Some(pct(gap50, gap99)),
+            ..sample(
+                target,
+                FloorScenario::Stream,
+                round,
+                10.0,
+                500.0,
+                1_300_000.0,
+            )
+        }
+    }
+
+    /// keypool at 40 µs against nginx's 35 at c16, level with nginx at c64.
+    fn report() -> FloorReport {
+        let mut s = Vec::new();
+        for round in 1..=3 {
+            let r = f64::from(round);
+            s.push(sample(
+                NGINX,
+                FloorScenario::C16,
+                round,
+                22_000.0 + r,
+                35.0 + r,
+                2_000.0,
+            ));
+            s.push(sample(
+                KEYPOOL,
+                FloorScenario::C16,
+                round,
+                20_000.0 + r,
+                40.0 + r,
+                2_500.0,
+            ));
+            s.push(sample(
+                KEYPOOL_WARN,
+                FloorScenario::C16,
+                round,
+                21_000.0,
+                37.0 + r,
+                2_400.0,
+            ));
+            s.push(sample(
+                KEYPOOL_1000,
+                FloorScenario::C16,
+                round,
+                19_900.0,
+                41.0 + r,
+                2_600.0,
+            ));
+            s.push(sample(
+                NGINX,
+                FloorScenario::C64,
+                round,
+                25_000.0,
+                30.0,
+                6_000.0,
+            ));
+            s.push(sample(
+                KEYPOOL,
+                FloorScenario::C64,
+                round,
+                26_000.0,
+                30.0,
+                8_000.0,
+            ));
+            s.push(sample(
+                NGINX,
+                FloorScenario::C64Busy,
+                round,
+                15_000.0,
+                32.0,
+                6_500.0,
+            ));
+            s.push(sample(
+                KEYPOOL,
+                FloorScenario::C64Busy,
+                round,
+                14_000.0,
+                33.0,
+                40_000.0,
+            ));
+            s.push(stream(DIRECT, round, 300.0, 20_050.0, 20_300.0));
+            s.push(stream(KEYPOOL, round, 400.0 + r, 20_060.0, 20_500.0));
+        }
+        let mut r = FloorReport {
+            targets: vec![TargetInfo {
+                name: HAPROXY.into(),
+                description: "HAProxy".into(),
+                skipped: Some("apt-get failed".into()),
+                peak_rss_mib: None,
+            }],
+            samples: s,
+            verdicts: Vec::new(),
+        };
+        r.compute_verdicts();
+        r
+    }
+
+    #[test]
+    fn medians_are_taken_over_the_rounds() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(vec![f64::NAN]), None);
+        let r = report();
+        let k = r.medians(KEYPOOL, FloorScenario::C16);
+        assert_eq!(k.rounds, 3);
+        assert_eq!(k.cpu_us, Some(42.0));
+        assert_eq!(k.cpu_us_range, Some((41.0, 43.0)));
+        assert_eq!(k.req_per_s, Some(20_002.0));
+        assert_eq!(k.p99_us, Some(2_500.0));
+        assert_eq!(r.medians(HAPROXY, FloorScenario::C16).rounds, 0);
+        assert_eq!(
+            r.medians(KEYPOOL, FloorScenario::Stream).net_ttft_p99_us,
+            Some(402.0)
+        );
+    }
+
+    #[test]
+    fn verdicts_check_each_issue_target() {
+        let r = report();
+        let met: Vec<Option<bool>> = r.verdicts.iter().map(|v| v.met).collect();
+        assert_eq!(
+            met,
+            [
+                Some(false), // CPU c16: 42 > 37
+                Some(true),  // CPU c64: 30 <= 30
+                Some(false), // req/s c16
+                Some(true),  // req/s c64
+                Some(true),  // p99 c64: 8.0 <= 9.0 ms
+                Some(false), // p99 c64 busy: 40 > 9.75 ms
+                Some(true),  // TTFT: 402 - 300 = +102 <= 150
+                Some(true),  // gap: +10 / +200
+                Some(true),  // 1,000 accounts: 43 / 42 = +2.4 %
+                Some(true),  // the log line stated
+            ]
+        );
+        assert_eq!(
+            r.verdicts[0].measured,
+            "keypool 42.0 us vs nginx 37.0 us (+14 %)"
+        );
+        assert_eq!(
+            r.verdicts[5].measured,
+            "keypool 40000.0 us vs nginx 6500.0 us (6.15 x)"
+        );
+        assert_eq!(
+            r.verdicts[9].measured,
+            "+3.0 us (42.0 us at info, 39.0 us at warn)"
+        );
+        assert_eq!(r.verdicts[8].measured, "43.0 us vs 42.0 us (+2.4 %)");
+        assert!(
+            r.verdicts[6].measured.starts_with("+102.0 us"),
+            "{}",
+            r.verdicts[6].measured
+        );
+    }
+
+    #[test]
+    fn verdicts_without_nginx_are_not_applicable() {
+        let mut r = report();
+        r.samples.retain(|s| s.target != NGINX);
+        r.compute_verdicts();
+        assert!(r.verdicts[..6].iter().all(|v| v.met.is_none()));
+        assert!(r.verdicts[0].measured.starts_with("n/a"));
+        // The keypool-only targets are still judged.
+        assert_eq!(r.verdicts[8].met, Some(true));
+    }
+
+    #[test]
+    fn table_shows_medians_skips_and_verdicts() {
+        let t = report().table();
+        assert!(
+            t.contains("| c16 | keypool-rr8 | 3 | 0 | 20002 | 833.3 | 2500.0 | 42.0 | 41.0–43.0 |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| keypool-rr8 | 3 | 0 | 201.0 | 402.0 | +102.0 |"),
+            "{t}"
+        );
+        assert!(t.contains("| haproxy | SKIPPED: apt-get failed |"), "{t}");
+        assert!(t.contains("| CPU per request at c16 <= nginx's | keypool 42.0 us vs nginx 37.0 us (+14 %) | MISSED |"), "{t}");
+        assert!(t.contains("| stated |"), "{t}");
+        assert!(!t.contains("| c64 | haproxy"), "{t}");
+    }
+
+    #[test]
+    fn rounds_rotate_the_order() {
+        let t = [NGINX, HAPROXY, KEYPOOL];
+        assert_eq!(round_order(&t, 1), [NGINX, HAPROXY, KEYPOOL]);
+        assert_eq!(round_order(&t, 2), [HAPROXY, KEYPOOL, NGINX]);
+        assert_eq!(round_order(&t, 4), [NGINX, HAPROXY, KEYPOOL]);
+        assert!(round_order(&[], 3).is_empty());
+        assert!(FloorPlan::new(false).rounds >= 3 && FloorPlan::new(true).rounds >= 3);
+    }
+
+    #[test]
+    fn nginx_config_keeps_upstream_connections_and_sets_the_key() {
+        let text = nginx_config(
+            Path::new("/tmp/b/nginx"),
+            "127.0.0.1:9000".parse().unwrap(),
+            "http://127.0.0.1:9001",
+            "http://127.0.0.1:9002",
+            "sk-x",
+        );
+        assert!(text.contains("worker_processes 2;"), "{text}");
+        assert!(
+            text.contains("upstream fast {\n        server 127.0.0.1:9001;\n        keepalive 64;"),
+            "{text}"
+        );
+        assert!(text.contains("server 127.0.0.1:9002;"), "{text}");
+        assert!(text.contains("listen 127.0.0.1:9000;"), "{text}");
+        assert_eq!(
+            text.matches("proxy_set_header x-api-key \"sk-x\";").count(),
+            2
+        );
+        assert_eq!(text.matches("proxy_set_header Connection \"\";").count(), 2);
+        assert!(
+            text.contains("location /fast/ {\n            proxy_pass http://fast/;"),
+            "{text}"
+        );
+        let slow = &text[text.find("location /slow/").unwrap()..];
+        assert!(slow.contains("proxy_buffering off;"), "{text}");
+        assert!(text.contains("pid /tmp/b/nginx/nginx.pid;") && text.contains("access_log off;"));
+        assert_eq!(text.matches('{').count(), text.matches('}').count());
+    }
+
+    #[test]
+    fn haproxy_config_reuses_connections_and_sets_the_key() {
+        let text = haproxy_config(
+            "127.0.0.1:9000".parse().unwrap(),
+            "http://127.0.0.1:9001",
+            "http://127.0.0.1:9002",
+            "sk-x",
+        );
+        assert!(text.contains("nbthread 2\n"), "{text}");
+        assert!(text.contains("http-reuse always\n"), "{text}");
+        assert!(text.contains("option http-no-delay\n"), "{text}");
+        assert!(text.contains("bind 127.0.0.1:9000\n"), "{text}");
+        assert!(
+            text.contains("use_backend slow if { path_beg /slow/ }"),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("http-request set-header x-api-key \"sk-x\"")
+                .count(),
+            2
+        );
+        assert!(text.contains("backend fast\n    http-request set-header x-api-key \"sk-x\"\n    http-request replace-path ^/fast(/.*) \\1\n    server sim 127.0.0.1:9001\n"), "{text}");
+        assert!(text.contains("server sim 127.0.0.1:9002"), "{text}");
+    }
+}
