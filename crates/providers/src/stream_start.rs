@@ -91,6 +91,7 @@ pub struct CommitGate {
     bytes: usize,
     started: bool,
     done: Option<Verdict>,
+    wire: crate::StreamWire,
 }
 
 impl CommitGate {
@@ -109,7 +110,16 @@ impl CommitGate {
             bytes: 0,
             started: false,
             done: None,
+            wire: crate::StreamWire::Messages,
         }
+    }
+
+    /// The same gate for a stream in `wire` format. For an OpenAI stream the valid
+    /// first frame is any `chat.completion.chunk`, and chunks without content or usage
+    /// (the role chunk) are held as `ping` is; an error chunk fails the attempt.
+    pub fn with_wire(mut self, wire: crate::StreamWire) -> Self {
+        self.wire = wire;
+        self
     }
 
     /// Whether a valid `message_start` has been seen.
@@ -173,6 +183,9 @@ impl CommitGate {
         if frame.is_comment_only() {
             return Verdict::Hold;
         }
+        if self.wire == crate::StreamWire::OpenAiChat {
+            return self.decide_chat(frame);
+        }
         if let Some(error) = stream_error(frame) {
             return Verdict::Fail(StartFailure::ErrorFrame(error));
         }
@@ -194,6 +207,32 @@ impl CommitGate {
             Verdict::Hold
         } else {
             Verdict::Commit
+        }
+    }
+
+    /// [`CommitGate::decide`] for an OpenAI chunk stream.
+    fn decide_chat(&mut self, frame: &Frame) -> Verdict {
+        use crate::openai::{ChatFrame, classify_chat_frame};
+        let chunk = classify_chat_frame(frame);
+        if let ChatFrame::Error(error) = chunk {
+            return Verdict::Fail(StartFailure::ErrorFrame(error));
+        }
+        let ChatFrame::Chunk { content, usage } = chunk else {
+            // `[DONE]` with nothing before it, or a frame that is no chunk.
+            return if self.started && chunk == ChatFrame::Done {
+                Verdict::Commit
+            } else if self.started {
+                Verdict::Hold
+            } else {
+                Verdict::Fail(StartFailure::InvalidFirstFrame { event: None })
+            };
+        };
+        let first = !self.started;
+        self.started = true;
+        match (self.mode, content || usage.is_some()) {
+            (StreamCommit::FirstFrame, _) if first => Verdict::Commit,
+            (_, true) => Verdict::Commit,
+            (_, false) => Verdict::Hold,
         }
     }
 }

@@ -376,7 +376,7 @@ fn unknown_strategy_provider_auth_and_kind_are_reported() {
         .replace("strategy = \"weighted\"", "strategy = \"fastest\"")
         .replace("auth = \"oauth\"", "auth = \"password\"")
         .replace("kind = \"user\"", "kind = \"robot\"")
-        .replacen("provider = \"anthropic\"", "provider = \"openai\"", 1);
+        .replacen("provider = \"anthropic\"", "provider = \"gemini\"", 1);
     let errs = errors(&text);
     assert_eq!(
         locations(&errs),
