@@ -348,7 +348,6 @@ async fn an_openai_accounts_exhausted_budget_cools_it() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(h.requests_per_account(&["o", "p"]), [1, 2]);
-    let _ = Behaviour::status(500);
     h.finish().await;
 }
 
@@ -388,5 +387,33 @@ async fn chat_route_errors_are_openai_shaped() {
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["object"], "list");
     assert_eq!(h.sim().total_stats().requests, 0);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn a_translated_stream_that_breaks_ends_with_the_openai_error_frame() {
+    let h = Harness::with_accounts([(
+        "a",
+        Script::new(Behaviour::cut_after(4, keypool_sim::Cut::Reset)),
+    )])
+    .await;
+    let r = h
+        .client()
+        .post(chat_url(&h))
+        .bearer(&h.key("alice"))
+        .json(&chat_body(true))
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = r.text();
+    assert!(text.starts_with("data: {"), "OpenAI chunks: {text}");
+    assert!(!text.contains("event:"), "no Anthropic event leaks: {text}");
+    assert!(
+        text.ends_with(
+            "data: {\"error\":{\"message\":\"Overloaded\",\"type\":\"server_error\",\"param\":null,\"code\":\"overloaded\"}}\n\n"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("[DONE]"));
     h.finish().await;
 }
