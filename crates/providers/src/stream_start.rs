@@ -426,6 +426,51 @@ mod tests {
         ]
     }
 
+    fn chat(data: &str) -> Frame {
+        decode_all(format!("data: {data}\n\n").as_bytes())
+            .unwrap()
+            .remove(0)
+    }
+
+    /// An OpenAI chunk stream: the role chunk is held, the first content commits; an
+    /// error chunk fails; a stream that is not chunks fails at its first frame.
+    #[test]
+    fn chat_streams_commit_at_their_first_content() {
+        let wire = crate::StreamWire::OpenAiChat;
+        let role = r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
+        let text = r#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#;
+        let mut gate = CommitGate::new(StreamCommit::FirstContent).with_wire(wire);
+        assert_eq!(gate.observe(&keepalive()), Verdict::Hold);
+        assert_eq!(gate.observe(&chat(role)), Verdict::Hold);
+        assert!(gate.started());
+        assert_eq!(gate.observe(&chat(text)), Verdict::Commit);
+
+        let mut gate = CommitGate::new(StreamCommit::FirstContent).with_wire(wire);
+        assert_eq!(gate.observe(&chat(role)), Verdict::Hold);
+        let error = r#"{"error":{"type":"server_error","message":"boom"}}"#;
+        assert!(matches!(
+            gate.observe(&chat(error)),
+            Verdict::Fail(StartFailure::ErrorFrame(_))
+        ));
+
+        let mut gate = CommitGate::new(StreamCommit::FirstContent).with_wire(wire);
+        assert!(matches!(
+            gate.observe(&chat("not json")),
+            Verdict::Fail(StartFailure::InvalidFirstFrame { .. })
+        ));
+        let mut gate = CommitGate::new(StreamCommit::FirstContent).with_wire(wire);
+        assert!(matches!(
+            gate.observe(&chat("[DONE]")),
+            Verdict::Fail(StartFailure::InvalidFirstFrame { .. })
+        ));
+        // `first_frame`: the first chunk commits; `[DONE]` after a start commits too.
+        let mut gate = CommitGate::new(StreamCommit::FirstFrame).with_wire(wire);
+        assert_eq!(gate.observe(&chat(role)), Verdict::Commit);
+        let mut gate = CommitGate::new(StreamCommit::FirstContent).with_wire(wire);
+        assert_eq!(gate.observe(&chat(role)), Verdict::Hold);
+        assert_eq!(gate.observe(&chat("[DONE]")), Verdict::Commit);
+    }
+
     proptest! {
         #[test]
         fn the_gate_follows_the_commit_rule(

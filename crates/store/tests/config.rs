@@ -391,6 +391,24 @@ fn unknown_strategy_provider_auth_and_kind_are_reported() {
     assert!(errs.issues()[2].message.contains("`round_robin`"), "{errs}");
 }
 
+/// Issue 23: `provider = "openai"` takes `api_key` and needs a `base_url`.
+#[test]
+fn openai_accounts_need_an_api_key_and_a_base_url() {
+    let openai = BASE.replacen(
+        "provider = \"anthropic\"\nauth = \"api_key\"\nsecret = \"sk-ant-SECRET-VALUE-1\"",
+        "provider = \"openai\"\nauth = \"api_key\"\nsecret = \"sk-SECRET-VALUE-1\"\nbase_url = \"https://api.openai.com\"",
+        1,
+    );
+    let c = parse(&openai).unwrap();
+    assert_eq!(c.account("a1").unwrap().provider(), Provider::OpenAi);
+    let no_base = openai.replace("base_url = \"https://api.openai.com\"\n", "");
+    let errs = errors(&no_base);
+    assert_eq!(locations(&errs), ["accounts[0].base_url"], "{errs}");
+    assert!(errs.to_string().contains("OpenAI Chat Completions"), "{errs}");
+    let oauth = openai.replacen("auth = \"api_key\"", "auth = \"oauth\"", 1);
+    assert_eq!(locations(&errors(&oauth)), ["accounts[0].auth"]);
+}
+
 #[test]
 fn unsupported_provider_auth_combination_is_reported() {
     let errs = errors(&BASE.replace("auth = \"oauth\"", "auth = \"bearer\""));
