@@ -205,8 +205,14 @@ async fn a_429_on_the_chat_route_fails_over() {
     assert!(h.cooldown("a").is_some(), "the 429 cooled a");
     // Both accounts 429: the pass-through, in the OpenAI shape.
     let h2 = Harness::with_accounts([
-        ("a", Script::new(ErrorReply::rate_limited().retry_after_secs(7))),
-        ("b", Script::new(ErrorReply::rate_limited().retry_after_secs(7))),
+        (
+            "a",
+            Script::new(ErrorReply::rate_limited().retry_after_secs(7)),
+        ),
+        (
+            "b",
+            Script::new(ErrorReply::rate_limited().retry_after_secs(7)),
+        ),
     ])
     .await;
     let r = h2

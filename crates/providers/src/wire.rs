@@ -104,7 +104,10 @@ mod tests {
         );
         assert_eq!(role(o, "data: [DONE]\n\n"), FrameRole::End);
         assert_eq!(
-            role(o, "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n"),
+            role(
+                o,
+                "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n"
+            ),
             FrameRole::Content
         );
         assert_eq!(role(o, ": keep-alive\n\n"), FrameRole::Other);

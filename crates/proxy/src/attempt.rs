@@ -288,12 +288,12 @@ impl<'b> Leg<'b> {
     /// What a committed stream of this attempt writes to the client.
     fn output(&self, call: &Call<'_>) -> StreamOutput {
         match self.translate {
-            Some(include_usage) => StreamOutput::Chat(Box::new(ChatStream::new(
-                ChatStreamOptions {
+            Some(include_usage) => {
+                StreamOutput::Chat(Box::new(ChatStream::new(ChatStreamOptions {
                     created: now_ms() / 1000,
                     include_usage,
-                },
-            ))),
+                })))
+            }
             None => StreamOutput::Raw {
                 openai: call.endpoint.is_openai(),
             },

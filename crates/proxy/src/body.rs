@@ -201,7 +201,9 @@ impl StreamOutput {
                     // A framing error ends the translation with its error frame.
                     let _ = chat.push_bytes(raw, &mut out);
                 }
-                std::iter::once(out.freeze()).filter(|b| !b.is_empty()).collect()
+                std::iter::once(out.freeze())
+                    .filter(|b| !b.is_empty())
+                    .collect()
             }
         }
     }

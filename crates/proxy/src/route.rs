@@ -85,9 +85,7 @@ pub fn match_path(path: &str) -> RouteMatch<'_> {
         [url, "v1", "messages"] => api(None, *url, Endpoint::Messages),
         [url, "v1", "messages", "count_tokens"] => api(None, *url, Endpoint::CountTokens),
         // The OpenAI-format front (issue 23).
-        [org, url, "v1", "chat", "completions"] => {
-            api(Some(*org), *url, Endpoint::ChatCompletions)
-        }
+        [org, url, "v1", "chat", "completions"] => api(Some(*org), *url, Endpoint::ChatCompletions),
         [org, url, "v1", "models"] => api(Some(*org), *url, Endpoint::Models),
         [url, "v1", "chat", "completions"] => api(None, *url, Endpoint::ChatCompletions),
         [url, "v1", "models"] => api(None, *url, Endpoint::Models),

@@ -404,7 +404,10 @@ fn openai_accounts_need_an_api_key_and_a_base_url() {
     let no_base = openai.replace("base_url = \"https://api.openai.com\"\n", "");
     let errs = errors(&no_base);
     assert_eq!(locations(&errs), ["accounts[0].base_url"], "{errs}");
-    assert!(errs.to_string().contains("OpenAI Chat Completions"), "{errs}");
+    assert!(
+        errs.to_string().contains("OpenAI Chat Completions"),
+        "{errs}"
+    );
     let oauth = openai.replacen("auth = \"api_key\"", "auth = \"oauth\"", 1);
     assert_eq!(locations(&errors(&oauth)), ["accounts[0].auth"]);
 }

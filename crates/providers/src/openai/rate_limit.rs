@@ -293,7 +293,11 @@ mod tests {
         OpenAiRateLimits::from_headers(&fresh).apply_to(&mut info, 0);
         assert_eq!(info.requests_remaining, Some(5));
         assert_eq!(info.requests_reset, Some(1_000));
-        assert_eq!(info.retry_after_ms, Some(7), "the upstream's own retry-after wins");
+        assert_eq!(
+            info.retry_after_ms,
+            Some(7),
+            "the upstream's own retry-after wins"
+        );
     }
 
     proptest! {
