@@ -8,7 +8,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -336,4 +336,52 @@ impl Drop for WebDriver {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Runs headless Chromium on `url` with `mode` (`--dump-dom` or `--screenshot=…`) and a
+/// fresh `profile` folder; returns what it printed (the DOM for `--dump-dom`).
+///
+/// # Panics
+/// When Chromium fails.
+pub fn headless(url: &str, mode: &str, profile: &Path) -> String {
+    let out = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--hide-scrollbars",
+            "--window-size=1360,560",
+            "--virtual-time-budget=4000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(mode)
+        .arg(url)
+        .output()
+        .expect("chromium runs");
+    assert!(
+        out.status.success(),
+        "chromium failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("chromium prints UTF-8")
+}
+
+/// The status page's `<tr>` of account `id` in a dumped DOM.
+///
+/// # Panics
+/// When the page has no row for it.
+pub fn row<'a>(dom: &'a str, id: &str) -> &'a str {
+    let start = dom
+        .find(&format!("data-account=\"{id}\""))
+        .unwrap_or_else(|| panic!("no row for {id} in the page:\n{dom}"));
+    let end = dom[start..].find("</tr>").expect("the row ends") + start;
+    &dom[start..end]
 }

@@ -7,13 +7,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use keypool_core::Window;
 use keypool_sim::{Behaviour, Delay, ErrorReply, OkSpec, Script, UnifiedHeaders};
-use keypool_tests::browser::chromium;
+use keypool_tests::browser::{headless, row};
 use keypool_tests::{AccountSpec, Harness, Reply, admin_account};
 use serde_json::Value;
 
@@ -377,47 +375,6 @@ async fn metrics_show_per_account_gauges() {
         assert!(text.contains(line), "no {line:?} in:\n{text}");
     }
     h.finish().await;
-}
-
-/// Runs headless Chromium on `url` with `mode` (`--dump-dom` or `--screenshot=…`).
-fn headless(url: &str, mode: &str, profile: &Path) -> String {
-    let out = Command::new(chromium())
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--disable-extensions",
-            "--no-first-run",
-            "--no-default-browser-check",
-            "--hide-scrollbars",
-            "--window-size=1360,560",
-            "--virtual-time-budget=4000",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(mode)
-        .arg(url)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "chromium failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// The `<tr>` of `id` in the dumped DOM.
-fn row<'a>(dom: &'a str, id: &str) -> &'a str {
-    let start = dom
-        .find(&format!("data-account=\"{id}\""))
-        .unwrap_or_else(|| panic!("no row for {id} in the page:\n{dom}"));
-    let end = dom[start..].find("</tr>").unwrap() + start;
-    &dom[start..end]
 }
 
 /// The `<tr>` of `key` in the usage card `card` (`today-caller`, `month-account`, …).

@@ -398,7 +398,7 @@ mod tests {
                         if failures == 0 || now > set_at {
                             failures += 1;
                             set_at = now;
-                            let own = now + (10 * MIN << (failures - 1).min(20)).min(360 * MIN);
+                            let own = now + ((10 * MIN) << (failures - 1).min(20)).min(360 * MIN);
                             until = until.max(own);
                         }
                         prop_assert_eq!(got, until);

@@ -21,7 +21,8 @@ pub(crate) struct RateWatch {
     warmup_ms: u64,
     window_ms: u64,
     slot_ms: u64,
-    slots: [u64; SLOTS],
+    /// Boxed: the watch travels inside every held stream's state, which stays small.
+    slots: Box<[u64; SLOTS]>,
     /// The absolute slot (since the warm-up ended) of the newest count.
     head: u64,
 }
@@ -46,7 +47,7 @@ impl RateWatch {
             warmup_ms,
             window_ms,
             slot_ms: (window_ms / SLOTS as u64).max(1),
-            slots: [0; SLOTS],
+            slots: Box::new([0; SLOTS]),
             head: 0,
         }
     }

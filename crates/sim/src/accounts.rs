@@ -104,6 +104,7 @@ struct ScriptState {
     default: Behaviour,
     sequence: VecDeque<Behaviour>,
     headers: AlwaysHeaders,
+    by_model: Vec<(String, Behaviour)>,
 }
 
 impl From<Script> for ScriptState {
@@ -112,6 +113,7 @@ impl From<Script> for ScriptState {
             default: s.default,
             sequence: s.sequence,
             headers: s.headers.into(),
+            by_model: s.by_model,
         }
     }
 }
@@ -139,10 +141,18 @@ impl Account {
         self.script.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The behaviour for the next request, and the headers to attach.
-    pub(crate) fn next(&self) -> (Behaviour, AlwaysHeaders) {
+    /// The behaviour for the next request (of `model`), and the headers to attach.
+    pub(crate) fn next(&self, model: Option<&str>) -> (Behaviour, AlwaysHeaders) {
         let mut s = self.script();
-        let behaviour = s.sequence.pop_front().unwrap_or_else(|| s.default.clone());
+        let by_model = model.and_then(|m| {
+            s.by_model
+                .iter()
+                .find(|(text, _)| m.contains(text.as_str()))
+                .map(|(_, b)| b.clone())
+        });
+        let behaviour = by_model
+            .or_else(|| s.sequence.pop_front())
+            .unwrap_or_else(|| s.default.clone());
         (behaviour, s.headers.clone())
     }
 }
@@ -317,14 +327,14 @@ mod tests {
         )
         .unwrap();
         let a = accounts.identify(Some("key-a")).unwrap();
-        assert_eq!(a.next().0, Behaviour::status(429));
-        assert_eq!(a.next().0, Behaviour::Reset);
-        assert_eq!(a.next().0, Behaviour::ok());
-        assert_eq!(a.next().0, Behaviour::ok());
+        assert_eq!(a.next(None).0, Behaviour::status(429));
+        assert_eq!(a.next(None).0, Behaviour::Reset);
+        assert_eq!(a.next(None).0, Behaviour::ok());
+        assert_eq!(a.next(None).0, Behaviour::ok());
         accounts.push("a", [Behaviour::status(500)]).unwrap();
         accounts.set_default("a", Behaviour::status(401)).unwrap();
-        assert_eq!(a.next().0, Behaviour::status(500));
-        assert_eq!(a.next().0, Behaviour::status(401));
+        assert_eq!(a.next(None).0, Behaviour::status(500));
+        assert_eq!(a.next(None).0, Behaviour::status(401));
     }
 
     #[test]

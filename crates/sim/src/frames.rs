@@ -42,6 +42,8 @@ pub(crate) struct StreamFrames {
     deltas: Deltas,
     tail: Vec<Bytes>,
     error_frame: Bytes,
+    /// The first delta is paced too ([`crate::OkSpec::pace_first_delta`]).
+    pace_first: bool,
 }
 
 impl StreamFrames {
@@ -58,7 +60,14 @@ impl StreamFrames {
             deltas,
             tail,
             error_frame,
+            pace_first: false,
         }
+    }
+
+    /// Paces the first delta as well (`pace_first`).
+    pub(crate) fn pacing_first(mut self, pace_first: bool) -> Self {
+        self.pace_first = pace_first;
+        self
     }
 
     /// Number of frames of the complete stream.
@@ -68,7 +77,9 @@ impl StreamFrames {
 
     /// Whether frame `i` is a delta other than the first (paced frames).
     pub(crate) fn is_paced(&self, i: usize) -> bool {
-        i > self.head.len() && i < self.head.len() + self.deltas.len()
+        let first = self.head.len();
+        // a slow start waits after the stream's first frame (`message_start`)
+        (self.pace_first && i == 1 && first > 1) || (i > first && i < first + self.deltas.len())
     }
 
     /// The in-band error frame of this stream's wire format.

@@ -109,6 +109,10 @@ pub struct OkSpec {
     pub chunks: u32,
     /// Pause before every `content_block_delta` after the first.
     pub chunk_interval: Delay,
+    /// Pause `chunk_interval` after `message_start` too, before the rest of the head
+    /// and the content: a stream that starts and then makes the client wait (a slow
+    /// start, SPEC 16's watchdog).
+    pub pace_first_delta: bool,
     /// The text of each delta; the JSON answer's text is it repeated `chunks` times.
     pub text: Arc<str>,
     /// Reported usage.
@@ -133,6 +137,7 @@ impl Default for OkSpec {
             ttft: Delay::ZERO,
             chunks: 4,
             chunk_interval: Delay::ZERO,
+            pace_first_delta: false,
             text: Arc::from("Hello"),
             usage: Usage::default(),
             stop_reason: Cow::Borrowed("end_turn"),
@@ -158,6 +163,12 @@ impl OkSpec {
         self.chunks = chunks;
         self
     }
+    /// Sets [`OkSpec::pace_first_delta`]: the first delta waits `chunk_interval` too.
+    pub fn pace_first_delta(mut self) -> Self {
+        self.pace_first_delta = true;
+        self
+    }
+
     /// Sets [`OkSpec::chunk_interval`].
     pub fn chunk_interval(mut self, interval: Delay) -> Self {
         self.chunk_interval = interval;
@@ -280,6 +291,19 @@ pub struct WindowReading {
     pub status: Cow<'static, str>,
 }
 
+/// One model family's weekly window in the unified headers (`-7d_<family>-*`, SPEC 16).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FamilyReading {
+    /// `opus`, `sonnet` or `haiku`.
+    pub family: keypool_core::ModelFamily,
+    /// Utilisation fraction 0–1.
+    pub utilization: f64,
+    /// Reset time, unix seconds.
+    pub reset: u64,
+    /// `allowed`, `allowed_warning` or `rejected`.
+    pub status: Cow<'static, str>,
+}
+
 /// The `anthropic-ratelimit-unified-*` headers of a subscription account.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct UnifiedHeaders {
@@ -291,6 +315,8 @@ pub struct UnifiedHeaders {
     pub representative_claim: Option<Cow<'static, str>>,
     /// Per-window readings (`-5h-*`, `-7d-*`).
     pub windows: Vec<WindowReading>,
+    /// Per-family weekly readings (`-7d_opus-*`, …).
+    pub families: Vec<FamilyReading>,
 }
 
 impl UnifiedHeaders {
@@ -302,7 +328,38 @@ impl UnifiedHeaders {
             reset: Some(reset_unix_s),
             representative_claim: Some(Cow::Borrowed("five_hour")),
             windows: Vec::new(),
+            families: Vec::new(),
         }
+    }
+
+    /// The 429 of an exhausted family weekly window: `-status: rejected`, `-reset`,
+    /// `-representative-claim: seven_day_<family>` and the family's own reading.
+    pub fn family_rejected(family: keypool_core::ModelFamily, reset_unix_s: u64) -> Self {
+        Self {
+            status: Some(Cow::Borrowed("rejected")),
+            reset: Some(reset_unix_s),
+            representative_claim: Some(Cow::Owned(format!("seven_day_{family}"))),
+            windows: Vec::new(),
+            families: Vec::new(),
+        }
+        .family(family, 1.0, reset_unix_s, "rejected")
+    }
+
+    /// Adds a family's weekly reading.
+    pub fn family(
+        mut self,
+        family: keypool_core::ModelFamily,
+        utilization: f64,
+        reset_unix_s: u64,
+        status: &'static str,
+    ) -> Self {
+        self.families.push(FamilyReading {
+            family,
+            utilization,
+            reset: reset_unix_s,
+            status: Cow::Borrowed(status),
+        });
+        self
     }
 
     /// `-status: allowed` with no reading yet.
@@ -364,6 +421,21 @@ impl UnifiedHeaders {
             out.push(header_pair(util, &w.utilization.to_string()));
             out.push(header_pair(reset, &w.reset.to_string()));
             out.push(header_pair(status, &w.status));
+        }
+        for f in &self.families {
+            let name = |part: &str| format!("anthropic-ratelimit-unified-7d_{}-{part}", f.family);
+            for (part, value) in [
+                ("utilization", f.utilization.to_string()),
+                ("reset", f.reset.to_string()),
+                ("status", f.status.to_string()),
+            ] {
+                if let (Ok(n), Ok(v)) = (
+                    HeaderName::try_from(name(part)),
+                    HeaderValue::try_from(value),
+                ) {
+                    out.push((n, v));
+                }
+            }
         }
         out
     }
@@ -473,6 +545,10 @@ pub struct Script {
     pub sequence: VecDeque<Behaviour>,
     /// Headers attached to every response of the account.
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Behaviours for requests whose `model` contains a text, checked first (the
+    /// sequence is not consumed by them): an account that serves one model family and
+    /// refuses another.
+    pub by_model: Vec<(String, Behaviour)>,
 }
 
 impl Script {
@@ -482,6 +558,7 @@ impl Script {
             default: default.into(),
             sequence: VecDeque::new(),
             headers: Vec::new(),
+            by_model: Vec::new(),
         }
     }
 
@@ -515,6 +592,12 @@ impl Script {
     /// response.
     pub fn openai_rate_limits(mut self, limits: &OpenAiRateLimitHeaders) -> Self {
         self.headers.extend(limits.to_headers());
+        self
+    }
+
+    /// Requests whose `model` contains `text` get `behaviour` (every time).
+    pub fn for_model(mut self, text: &str, behaviour: impl Into<Behaviour>) -> Self {
+        self.by_model.push((text.to_owned(), behaviour.into()));
         self
     }
 }

@@ -570,7 +570,10 @@ async fn handle(req: Request<Incoming>, shared: Arc<Shared>, reset: ResetFlag) -
     if endpoint == Endpoint::Models {
         return Ok(json(reply, StatusCode::OK, openai::models_json(unix_now())));
     }
-    let (behaviour, headers) = account.next();
+    let model = serde_json::from_slice::<Probe<'_>>(&body)
+        .ok()
+        .and_then(|p| p.model.map(Cow::into_owned));
+    let (behaviour, headers) = account.next(model.as_deref());
     if !headers.is_empty() {
         reply.headers = Some(headers);
     }
@@ -761,6 +764,7 @@ impl Scripted {
             }
             _ => StreamFrames::new(id, &self.model, spec, self.tool.as_ref()),
         }
+        .pacing_first(spec.pace_first_delta)
     }
 
     /// A stream with an in-band `overloaded_error` after `after_frames` frames (a

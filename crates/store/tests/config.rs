@@ -1175,3 +1175,72 @@ fn alerts_webhooks_have_defaults_and_their_url_is_a_secret() {
     assert!(!debug.contains("/services/T/B/tok") && !debug.contains("127.0.0.1:9"));
     assert!(parse(BASE).unwrap().alerts().webhooks.is_empty());
 }
+
+/// SPEC 16: `[[restate]]` rules are validated element by element with located errors;
+/// a valid rule is kept with its markers in lower case. `[cooldown]`'s SPEC 16 settings
+/// and the watchdog's `[server]` settings are checked too.
+#[test]
+fn restate_rules_and_account_state_settings_are_validated_with_locations() {
+    let good = format!(
+        "{BASE}\n[[restate]]\nbase_url = \"https://gw.example.com*\"\nfrom_statuses = [403]\nmarkers = [\"Quota Exceeded\"]\nto_status = 429\nretry_after_ms = 60000\n"
+    );
+    let c = parse(&good).unwrap();
+    let rule = &c.restate_rules()[0];
+    assert_eq!(
+        (rule.to_status, rule.markers[0].as_str()),
+        (429, "quota exceeded")
+    );
+
+    let bad = format!(
+        "{BASE}
+[[restate]]
+from_statuses = []
+to_status = 200
+
+[[restate]]
+account = \"gw *\"
+from_statuses = [403, 99]
+markers = [\" \"]
+to_status = 429
+retry_after_ms = 0
+
+[[restate]]
+account = \"gw\"
+from_statuses = [403]
+to_status = 429
+colour = \"red\"
+"
+    );
+    let errs = errors(&bad);
+    assert_eq!(
+        locations(&errs),
+        [
+            "restate[2].colour",
+            "restate[0].base_url",
+            "restate[0].from_statuses",
+            "restate[0].to_status",
+            "restate[1].account",
+            "restate[1].from_statuses",
+            "restate[1].retry_after_ms",
+            "restate[1].markers",
+        ],
+        "{errs}"
+    );
+    let text = errs.to_string();
+    assert!(text.contains("set `base_url` or `account`"), "{text}");
+    assert!(text.contains("99 is not an error status"), "{text}");
+
+    let settings = format!(
+        "{BASE}\n[cooldown]\nban_after_forbidden = 0\nmodel_lockout_ms = 100\nmodel_lockout_max_ms = 10\n"
+    );
+    assert_eq!(locations(&errors(&settings)), ["cooldown"]);
+    let watchdog =
+        format!("[server]\nstream_min_bytes_per_sec = -1\nstream_watchdog_window_ms = 0\n{BASE}");
+    assert_eq!(
+        locations(&errors(&watchdog)),
+        [
+            "server.stream_min_bytes_per_sec",
+            "server.stream_watchdog_window_ms"
+        ]
+    );
+}

@@ -627,3 +627,73 @@ async fn a_redis_answering_garbage_is_not_asked_by_requests_once_known_unhealthy
 async fn a_redis_answering_err_to_everything_is_not_asked_by_requests_once_known_unhealthy() {
     unhealthy_redis_is_left_to_the_background_probe(Some(FakeReply::Error), "err").await;
 }
+
+/// SPEC 16 through Redis: a model lockout and a terminal state (`banned`) set on one
+/// replica are seen by the other within a second and by a store opened later; clearing
+/// the lockout on one clears it everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockouts_and_terminal_states_are_shared_through_redis() {
+    use keypool_cooldown::{Classification, FailureClass, Terminal, Trigger};
+    let Some(redis) = RedisServer::start_or_skip("redis_lockouts_and_bans") else {
+        return;
+    };
+    let one = Store::open(redis_config(&redis, 2)).await.unwrap();
+    let two = Store::open(redis_config(&redis, 2)).await.unwrap();
+    let (a0, a1) = (AccountId::from("a0"), AccountId::from("a1"));
+    let now = now_ms();
+    let not_found = Classification {
+        class: FailureClass::Transient,
+        trigger: Trigger::ModelNotFound,
+    };
+    let locked = one.record_failure(&attempt(&a0, now), &not_found, now);
+    let until = locked
+        .locked_until
+        .expect("a 404 not_found_error locks the model");
+    let banned = Classification {
+        class: FailureClass::KeyError,
+        trigger: Trigger::Banned { status: 403 },
+    };
+    assert_eq!(
+        one.record_failure(&attempt(&a1, now), &banned, now)
+            .terminal,
+        Some(Terminal::Banned)
+    );
+    let seen = eventually(Duration::from_secs(1), || {
+        two.health()
+            .lockouts
+            .locked_until(&a0, "claude-sonnet-4-5", now_ms())
+            == Some(until)
+            && two
+                .health()
+                .disabled
+                .get(&a1)
+                .is_some_and(|d| d.state == Terminal::Banned)
+    })
+    .await;
+    assert!(
+        seen.is_some(),
+        "the other replica did not see the lockout and the ban"
+    );
+    let three = Store::open(redis_config(&redis, 2)).await.unwrap();
+    assert_eq!(
+        three
+            .health()
+            .lockouts
+            .locked_until(&a0, "claude-sonnet-4-5", now_ms()),
+        Some(until)
+    );
+    assert_eq!(
+        three.health().disabled.get(&a1).unwrap().state,
+        Terminal::Banned
+    );
+
+    assert_eq!(one.clear_lockouts(&a0, None, now_ms()), 1);
+    let gone = eventually(Duration::from_secs(1), || {
+        two.health().lockouts.is_empty()
+            && redis
+                .command("HLEN keypool:lockouts")
+                .is_ok_and(|r| r.trim() == ":0")
+    })
+    .await;
+    assert!(gone.is_some(), "the lockout is still held elsewhere");
+}

@@ -80,6 +80,9 @@ const MGET_KEYS: usize = 512;
 const WRITE_QUEUE: usize = 4096;
 
 /// One change of shared state, as mirrored and published.
+// A window state (with its per-family readings) is the large variant; events are sent
+// only when an account's state changes, so their size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum StateEvent {
