@@ -417,7 +417,7 @@ impl App {
         };
         let chat = match crate::openai::translate_request(endpoint, &mut body.bytes) {
             Ok(chat) => chat,
-            Err(refused) => return refused,
+            Err(e) => return crate::openai::refused(&e),
         };
         let info = match inspect_request(&body.bytes) {
             Ok(info) => info,

@@ -35,27 +35,25 @@ pub(crate) struct ChatCall {
 
 /// For a chat completion, replaces `body` by its Messages translation and returns the
 /// original; other endpoints are left alone (`None`). A body that cannot be translated
-/// is the OpenAI-shaped `400` to answer (with the offending `param`).
+/// is a client error: answer it with [`refused`].
 pub(crate) fn translate_request(
     endpoint: Endpoint,
     body: &mut Bytes,
-) -> Result<Option<ChatCall>, Response<ProxyBody>> {
+) -> Result<Option<ChatCall>, ProvidersError> {
     if endpoint != Endpoint::ChatCompletions {
         return Ok(None);
     }
-    match chat_to_messages(body) {
-        Ok(chat) => {
-            let original = std::mem::replace(body, chat.body);
-            Ok(Some(ChatCall {
-                original,
-                include_usage: chat.include_usage,
-            }))
-        }
-        Err(e) => Err(refused(&e)),
-    }
+    let chat = chat_to_messages(body)?;
+    let original = std::mem::replace(body, chat.body);
+    Ok(Some(ChatCall {
+        original,
+        include_usage: chat.include_usage,
+    }))
 }
 
-fn refused(error: &ProvidersError) -> Response<ProxyBody> {
+/// The OpenAI-shaped `400` of a chat completion that cannot be translated (with the
+/// offending `param`).
+pub(crate) fn refused(error: &ProvidersError) -> Response<ProxyBody> {
     json_error(StatusCode::BAD_REQUEST, invalid_request_body(error), None)
 }
 
@@ -169,7 +167,7 @@ mod tests {
                 .is_none()
         );
         let mut bad = Bytes::from_static(br#"{"model":"m","n":2,"messages":[]}"#);
-        let refused = translate_request(Endpoint::ChatCompletions, &mut bad).unwrap_err();
+        let refused = refused(&translate_request(Endpoint::ChatCompletions, &mut bad).unwrap_err());
         assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
         let body: serde_json::Value =
             serde_json::from_slice(refused.body().full_bytes().unwrap()).unwrap();
