@@ -77,4 +77,4 @@ pub use stream_start::{CommitGate, StartFailure, Verdict, is_valid_first_frame};
 pub use upstream::{
     Endpoint, UpstreamAccount, UpstreamHead, build_upstream_head, validate_account,
 };
-pub use wire::{FrameRole, StreamWire};
+pub use wire::{FrameRole, StreamWire, generic_error_frame, upstream_request_id};

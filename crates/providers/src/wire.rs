@@ -45,6 +45,32 @@ pub enum FrameRole {
     Other,
 }
 
+/// The one generic error frame a committed stream of the client's `endpoint` ends
+/// with when the upstream fails after the head (SPEC 3.8): Anthropic's
+/// `event: error` `overloaded_error`, or its OpenAI-shaped equivalent on the OpenAI
+/// routes.
+pub fn generic_error_frame(endpoint: Endpoint) -> bytes::Bytes {
+    if endpoint.is_openai() {
+        crate::openai::overloaded_error_frame()
+    } else {
+        keypool_sse::overloaded_error_frame()
+    }
+}
+
+/// The upstream's own request id, for the log line: Anthropic's `request-id`, an
+/// OpenAI-compatible server's `x-request-id`.
+pub fn upstream_request_id(
+    provider: keypool_core::Provider,
+    headers: &http::HeaderMap,
+) -> Option<&str> {
+    let name = if provider.speaks_messages() {
+        "request-id"
+    } else {
+        "x-request-id"
+    };
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
 impl StreamWire {
     /// The wire format of an upstream `endpoint`'s streams.
     pub const fn of(endpoint: Endpoint) -> Self {
@@ -113,5 +139,23 @@ mod tests {
         assert_eq!(role(o, ": keep-alive\n\n"), FrameRole::Other);
         assert_eq!(StreamWire::of(Endpoint::Messages), m);
         assert_eq!(StreamWire::of(Endpoint::ChatCompletions), o);
+    }
+
+    #[test]
+    fn error_frames_and_request_ids_by_format() {
+        assert!(generic_error_frame(Endpoint::Messages).starts_with(b"event: error\n"));
+        assert!(generic_error_frame(Endpoint::ChatCompletions).starts_with(b"data: {\"error\""));
+        let mut headers = http::HeaderMap::new();
+        headers.insert("request-id", http::HeaderValue::from_static("req_a"));
+        headers.insert("x-request-id", http::HeaderValue::from_static("req_o"));
+        use keypool_core::Provider;
+        assert_eq!(
+            upstream_request_id(Provider::Anthropic, &headers),
+            Some("req_a")
+        );
+        assert_eq!(
+            upstream_request_id(Provider::OpenAi, &headers),
+            Some("req_o")
+        );
     }
 }

@@ -22,7 +22,7 @@ use keypool_providers::openai::{ChatStream, ChatStreamOptions, message_to_chat_c
 use keypool_providers::{
     AnswerProblem, CommitGate, Endpoint, FrameRole, StreamUsage, StreamWire, UpstreamAccount,
     Usage, Verdict, build_upstream_head, check_answer_body, check_answer_head, override_model,
-    rate_limits_of,
+    rate_limits_of, upstream_request_id,
 };
 use keypool_sse::Decoder;
 use keypool_store::config::{Account, Config};
@@ -68,7 +68,7 @@ pub(crate) struct Ready {
     /// Time to first token, ms: first valid frame, or response headers when not
     /// streaming.
     pub ttft_ms: u64,
-    /// The upstream's `request-id`, for the log line only.
+    /// The upstream's own request id, for the log line only.
     pub upstream_request_id: Option<String>,
     pub kind: ReadyKind,
 }
@@ -222,11 +222,8 @@ pub(crate) async fn attempt(
             received_at,
         });
     }
-    let upstream_request_id = parts
-        .headers
-        .get("request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let upstream_request_id =
+        upstream_request_id(account.provider(), &parts.headers).map(str::to_owned);
     if !call.stream {
         return full_answer(call, &leg, &account, started, parts, body, &first_chunk)
             .await
@@ -295,7 +292,7 @@ impl<'b> Leg<'b> {
                 })))
             }
             None => StreamOutput::Raw {
-                openai: call.endpoint.is_openai(),
+                client: call.endpoint,
             },
         }
     }

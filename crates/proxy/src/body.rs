@@ -12,7 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use keypool_cooldown::TransportFailure;
 use keypool_providers::openai::ChatStream;
-use keypool_providers::{FrameRole, StreamUsage, StreamWire, Usage};
+use keypool_providers::{Endpoint, FrameRole, StreamUsage, StreamWire, Usage, generic_error_frame};
 use keypool_sse::Decoder;
 
 use crate::body_budget::Reservation;
@@ -161,9 +161,9 @@ const AFTER_STOP_GRACE: Duration = Duration::from_secs(1);
 /// What a committed stream writes to the client.
 #[derive(Debug)]
 pub(crate) enum StreamOutput {
-    /// Each upstream frame's original bytes; `openai`: the client speaks the OpenAI
-    /// format (the generic error frame takes its shape).
-    Raw { openai: bool },
+    /// Each upstream frame's original bytes; `client` is the client's endpoint (the
+    /// generic error frame takes its format).
+    Raw { client: Endpoint },
     /// Messages frames translated to OpenAI chunks, for an OpenAI client.
     Chat(Box<ChatStream>),
 }
@@ -172,8 +172,8 @@ impl StreamOutput {
     /// The one generic error frame of a stream that fails after its head (SPEC 3.8).
     fn failure_frame(&self) -> Bytes {
         match self {
-            Self::Raw { openai: false } => keypool_sse::overloaded_error_frame(),
-            _ => keypool_providers::openai::overloaded_error_frame(),
+            Self::Raw { client } => generic_error_frame(*client),
+            Self::Chat(_) => generic_error_frame(Endpoint::ChatCompletions),
         }
     }
 
