@@ -393,6 +393,17 @@ async fn chat_route_errors_are_openai_shaped() {
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["object"], "list");
     assert_eq!(h.sim().total_stats().requests, 0);
+    // The legacy form works too, with the deprecation headers of every legacy route.
+    let r = h
+        .client()
+        .post(h.url("/team/v1/chat/completions"))
+        .bearer(&h.key("alice"))
+        .json(&chat_body(false))
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["object"], "chat.completion");
+    assert_eq!(r.header("deprecation"), Some("true"));
     h.finish().await;
 }
 
