@@ -212,6 +212,9 @@ named_enum! {
         Anthropic = "anthropic",
         /// A third party that exposes the Anthropic Messages API at its own `base_url`.
         AnthropicCompatible = "anthropic_compatible",
+        /// An OpenAI-compatible Chat Completions API at its own `base_url` (issue 23):
+        /// serves only chat completions, passed through natively.
+        OpenAi = "openai",
     }
 }
 
@@ -229,14 +232,23 @@ named_enum! {
 
 impl Provider {
     /// The auth types this provider's adapter serves (SPEC 8): `anthropic` takes
-    /// `api_key` and `oauth`, `anthropic_compatible` `api_key` and `bearer`. The one
+    /// `api_key` and `oauth`, `anthropic_compatible` `api_key` and `bearer`, `openai`
+    /// `api_key` (sent as `Authorization: Bearer`). The one
     /// place this rule is written: the configuration loader checks accounts with it and
     /// the provider adapter picks its credential header by it.
     pub const fn auth_types(self) -> &'static [AuthType] {
         match self {
             Self::Anthropic => &[AuthType::ApiKey, AuthType::OAuth],
             Self::AnthropicCompatible => &[AuthType::ApiKey, AuthType::Bearer],
+            Self::OpenAi => &[AuthType::ApiKey],
         }
+    }
+
+    /// Whether this provider speaks the Anthropic Messages API (`anthropic`,
+    /// `anthropic_compatible`); `openai` speaks only OpenAI Chat Completions. A
+    /// Messages request is never sent to an account that does not.
+    pub const fn speaks_messages(self) -> bool {
+        !matches!(self, Self::OpenAi)
     }
 
     /// Whether this provider serves accounts of `auth` type.

@@ -44,8 +44,8 @@ pub enum ProvidersError {
         /// The account's auth type.
         auth: AuthType,
     },
-    /// An `anthropic_compatible` account has no `base_url`.
-    #[error("provider anthropic_compatible needs a base_url: set the account's base_url")]
+    /// An `anthropic_compatible` or `openai` account has no `base_url`.
+    #[error("providers other than anthropic need a base_url: set the account's base_url")]
     MissingBaseUrl,
     /// The account's `base_url` is not an absolute `http`/`https` URL without query.
     #[error(

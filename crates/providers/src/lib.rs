@@ -50,6 +50,8 @@
 //! - [`stream_start`]: [`is_valid_first_frame`] and the [`CommitGate`] of SPEC 3.8.
 //! - [`sanitise`]: keypool's Anthropic-shaped error bodies and the 429/402 pass-through.
 //! - [`openai`]: the Chat Completions ↔ Messages translation, `x-ratelimit-*` headers.
+//! - [`wire`]: [`StreamWire`], what a stream frame means in each wire format (error,
+//!   end, content), so the proxy names no provider's events.
 //! - [`error`]: [`ProvidersError`], the crate's one error type.
 
 pub mod error;
@@ -59,6 +61,7 @@ pub mod response;
 pub mod sanitise;
 pub mod stream_start;
 pub mod upstream;
+pub mod wire;
 
 pub use error::ProvidersError;
 pub use keypool_cooldown::headers::RateLimitInfo;
@@ -66,11 +69,12 @@ pub use keypool_core::StreamCommit;
 pub use request_body::{RequestInfo, inspect_request, override_model};
 pub use response::{
     AnswerProblem, ResponseMeta, StreamUsage, UpstreamError, Usage, UsageUpdate, check_answer_body,
-    check_answer_head, rate_limits, response_meta, stream_error, upstream_error, usage_from_frame,
-    usage_from_json_body,
+    check_answer_head, rate_limits, rate_limits_of, response_meta, stream_error, upstream_error,
+    usage_from_frame, usage_from_json_body,
 };
 pub use sanitise::{ErrorType, error_body, overloaded_body, passthrough_body};
 pub use stream_start::{CommitGate, StartFailure, Verdict, is_valid_first_frame};
 pub use upstream::{
     Endpoint, UpstreamAccount, UpstreamHead, build_upstream_head, validate_account,
 };
+pub use wire::{FrameRole, StreamWire, generic_error_frame, upstream_request_id};

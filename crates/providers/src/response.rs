@@ -58,6 +58,21 @@ pub fn rate_limits(headers: &HeaderMap, now: UnixMs) -> RateLimitInfo {
     RateLimitInfo::from_headers(headers, now)
 }
 
+/// [`rate_limits`] for an account of `provider`: an `openai` account's
+/// `x-ratelimit-*` headers are added in the same neutral form
+/// ([`crate::openai::OpenAiRateLimits::apply_to`]).
+pub fn rate_limits_of(
+    provider: keypool_core::Provider,
+    headers: &HeaderMap,
+    now: UnixMs,
+) -> RateLimitInfo {
+    let mut info = rate_limits(headers, now);
+    if !provider.speaks_messages() {
+        crate::openai::OpenAiRateLimits::from_headers(headers).apply_to(&mut info, now);
+    }
+    info
+}
+
 #[derive(Deserialize)]
 struct BodyUsage {
     usage: Option<UsageUpdate>,
@@ -144,12 +159,15 @@ struct Answer {
     kind: Option<String>,
     usage: Option<UsageUpdate>,
     input_tokens: Option<u64>,
+    /// A `chat.completion`'s choices (not read, only required).
+    choices: Option<serde::de::IgnoredAny>,
 }
 
 /// Checks the body of a non-streaming 2xx answer of `endpoint` and reads its usage, in
 /// one parse: a Messages answer is a JSON object with `"type":"message"` (its `usage`,
 /// when present, is returned); a `count_tokens` answer has a numeric top-level
-/// `input_tokens`.
+/// `input_tokens`; a native chat completion (an `openai` account) has `choices` (its
+/// usage read by [`crate::openai::usage_from_chat_json`]).
 ///
 /// # Errors
 /// [`AnswerProblem::NotJson`] or [`AnswerProblem::NotAnAnswer`].
@@ -181,6 +199,14 @@ pub fn check_answer_body(
                 ..UsageUpdate::default()
             })
         }
+        // A native OpenAI answer: a `chat.completion` object with its `choices`.
+        crate::Endpoint::ChatCompletions => {
+            if answer.choices.is_none() {
+                return Err(AnswerProblem::NotAnAnswer);
+            }
+            return Ok(crate::openai::usage_from_chat_json(body));
+        }
+        crate::Endpoint::Models => return Err(AnswerProblem::NotAnAnswer),
     };
     Ok(update.map(|update| {
         let mut usage = Usage::default();
@@ -227,11 +253,33 @@ pub fn usage_from_frame(frame: &Frame) -> Option<UsageUpdate> {
 pub struct StreamUsage {
     usage: Usage,
     seen: bool,
+    wire: crate::StreamWire,
 }
 
 impl StreamUsage {
-    /// Looks at one frame; returns whether it carried usage.
+    /// Usage of a stream in `wire` format (the default: Messages).
+    pub fn for_wire(wire: crate::StreamWire) -> Self {
+        Self {
+            wire,
+            ..Self::default()
+        }
+    }
+
+    /// Looks at one frame; returns whether it carried usage. An OpenAI stream's usage
+    /// chunk carries the whole usage.
     pub fn observe(&mut self, frame: &Frame) -> bool {
+        if self.wire == crate::StreamWire::OpenAiChat {
+            return match crate::openai::classify_chat_frame(frame) {
+                crate::openai::ChatFrame::Chunk {
+                    usage: Some(usage), ..
+                } => {
+                    self.usage = usage;
+                    self.seen = true;
+                    true
+                }
+                _ => false,
+            };
+        }
         match usage_from_frame(frame) {
             Some(update) => {
                 update.apply_to(&mut self.usage);

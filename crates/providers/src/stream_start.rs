@@ -91,6 +91,7 @@ pub struct CommitGate {
     bytes: usize,
     started: bool,
     done: Option<Verdict>,
+    wire: crate::StreamWire,
 }
 
 impl CommitGate {
@@ -109,7 +110,16 @@ impl CommitGate {
             bytes: 0,
             started: false,
             done: None,
+            wire: crate::StreamWire::Messages,
         }
+    }
+
+    /// The same gate for a stream in `wire` format. For an OpenAI stream the valid
+    /// first frame is any `chat.completion.chunk`, and chunks without content or usage
+    /// (the role chunk) are held as `ping` is; an error chunk fails the attempt.
+    pub fn with_wire(mut self, wire: crate::StreamWire) -> Self {
+        self.wire = wire;
+        self
     }
 
     /// Whether a valid `message_start` has been seen.
@@ -173,6 +183,9 @@ impl CommitGate {
         if frame.is_comment_only() {
             return Verdict::Hold;
         }
+        if self.wire == crate::StreamWire::OpenAiChat {
+            return self.decide_chat(frame);
+        }
         if let Some(error) = stream_error(frame) {
             return Verdict::Fail(StartFailure::ErrorFrame(error));
         }
@@ -194,6 +207,32 @@ impl CommitGate {
             Verdict::Hold
         } else {
             Verdict::Commit
+        }
+    }
+
+    /// [`CommitGate::decide`] for an OpenAI chunk stream.
+    fn decide_chat(&mut self, frame: &Frame) -> Verdict {
+        use crate::openai::{ChatFrame, classify_chat_frame};
+        let chunk = classify_chat_frame(frame);
+        if let ChatFrame::Error(error) = chunk {
+            return Verdict::Fail(StartFailure::ErrorFrame(error));
+        }
+        let ChatFrame::Chunk { content, usage } = chunk else {
+            // `[DONE]` with nothing before it, or a frame that is no chunk.
+            return if self.started && chunk == ChatFrame::Done {
+                Verdict::Commit
+            } else if self.started {
+                Verdict::Hold
+            } else {
+                Verdict::Fail(StartFailure::InvalidFirstFrame { event: None })
+            };
+        };
+        let first = !self.started;
+        self.started = true;
+        match (self.mode, content || usage.is_some()) {
+            (StreamCommit::FirstFrame, _) if first => Verdict::Commit,
+            (_, true) => Verdict::Commit,
+            (_, false) => Verdict::Hold,
         }
     }
 }
@@ -385,6 +424,51 @@ mod tests {
             Just(Kind::Error),
             Just(Kind::Other),
         ]
+    }
+
+    fn chat(data: &str) -> Frame {
+        decode_all(format!("data: {data}\n\n").as_bytes())
+            .unwrap()
+            .remove(0)
+    }
+
+    /// An OpenAI chunk stream: the role chunk is held, the first content commits; an
+    /// error chunk fails; a stream that is not chunks fails at its first frame.
+    #[test]
+    fn chat_streams_commit_at_their_first_content() {
+        let wire = crate::StreamWire::OpenAiChat;
+        let role = r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
+        let text = r#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#;
+        let mut gate = CommitGate::new(StreamCommit::FirstContent).with_wire(wire);
+        assert_eq!(gate.observe(&keepalive()), Verdict::Hold);
+        assert_eq!(gate.observe(&chat(role)), Verdict::Hold);
+        assert!(gate.started());
+        assert_eq!(gate.observe(&chat(text)), Verdict::Commit);
+
+        let mut gate = CommitGate::new(StreamCommit::FirstContent).with_wire(wire);
+        assert_eq!(gate.observe(&chat(role)), Verdict::Hold);
+        let error = r#"{"error":{"type":"server_error","message":"boom"}}"#;
+        assert!(matches!(
+            gate.observe(&chat(error)),
+            Verdict::Fail(StartFailure::ErrorFrame(_))
+        ));
+
+        let mut gate = CommitGate::new(StreamCommit::FirstContent).with_wire(wire);
+        assert!(matches!(
+            gate.observe(&chat("not json")),
+            Verdict::Fail(StartFailure::InvalidFirstFrame { .. })
+        ));
+        let mut gate = CommitGate::new(StreamCommit::FirstContent).with_wire(wire);
+        assert!(matches!(
+            gate.observe(&chat("[DONE]")),
+            Verdict::Fail(StartFailure::InvalidFirstFrame { .. })
+        ));
+        // `first_frame`: the first chunk commits; `[DONE]` after a start commits too.
+        let mut gate = CommitGate::new(StreamCommit::FirstFrame).with_wire(wire);
+        assert_eq!(gate.observe(&chat(role)), Verdict::Commit);
+        let mut gate = CommitGate::new(StreamCommit::FirstContent).with_wire(wire);
+        assert_eq!(gate.observe(&chat(role)), Verdict::Hold);
+        assert_eq!(gate.observe(&chat("[DONE]")), Verdict::Commit);
     }
 
     proptest! {

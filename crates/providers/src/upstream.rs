@@ -33,13 +33,19 @@ pub const FORWARDED_HEADERS: [HeaderName; 5] = [
     USER_AGENT,
 ];
 
-/// Which Messages API route a request is for.
+/// Which API route a request is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Endpoint {
     /// `POST /v1/messages`.
     Messages,
     /// `POST /v1/messages/count_tokens`.
     CountTokens,
+    /// `POST /v1/chat/completions` (OpenAI Chat Completions, issue 23): translated to
+    /// [`Endpoint::Messages`] for accounts that speak Messages, passed through to
+    /// `openai` accounts.
+    ChatCompletions,
+    /// `GET /v1/models` (OpenAI format): answered by keypool itself, never upstream.
+    Models,
 }
 
 impl Endpoint {
@@ -48,6 +54,27 @@ impl Endpoint {
         match self {
             Self::Messages => "/v1/messages",
             Self::CountTokens => "/v1/messages/count_tokens",
+            Self::ChatCompletions => "/v1/chat/completions",
+            Self::Models => "/v1/models",
+        }
+    }
+
+    /// Whether the client of this route speaks the OpenAI format (its errors are
+    /// OpenAI-shaped).
+    pub const fn is_openai(self) -> bool {
+        matches!(self, Self::ChatCompletions | Self::Models)
+    }
+
+    /// The endpoint an attempt of this route calls on an account of `provider`: chat
+    /// completions go to the Messages API of a provider that speaks it (translated),
+    /// natively to `openai`; `None` when the provider cannot serve the route (a
+    /// Messages or `count_tokens` request to an `openai` account).
+    pub const fn upstream_for(self, provider: Provider) -> Option<Endpoint> {
+        match (self, provider.speaks_messages()) {
+            (Self::ChatCompletions, true) => Some(Self::Messages),
+            (Self::ChatCompletions, false) => Some(Self::ChatCompletions),
+            (Self::Messages | Self::CountTokens, true) => Some(self),
+            _ => None,
         }
     }
 }
@@ -93,6 +120,8 @@ fn credential(provider: Provider, auth: AuthType) -> Result<Credential, Provider
         return Err(ProvidersError::UnsupportedAuth { provider, auth });
     }
     Ok(match auth {
+        // OpenAI-compatible servers take their API key as a bearer token.
+        AuthType::ApiKey if !provider.speaks_messages() => Credential::Bearer { oauth_beta: false },
         AuthType::ApiKey => Credential::ApiKey,
         AuthType::OAuth => Credential::Bearer { oauth_beta: true },
         AuthType::Bearer => Credential::Bearer { oauth_beta: false },
@@ -181,7 +210,10 @@ pub fn build_upstream_head(
             }
         }
     }
-    if !headers.contains_key(&ANTHROPIC_VERSION) {
+    if !account.provider.speaks_messages() {
+        headers.remove(&ANTHROPIC_VERSION);
+        headers.remove(&ANTHROPIC_BETA);
+    } else if !headers.contains_key(&ANTHROPIC_VERSION) {
         headers.insert(
             ANTHROPIC_VERSION,
             HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION),

@@ -270,7 +270,13 @@ impl App {
             RouteMatch::Admin(rest) => admin::handle(self, &parts, body, rest, &ctx.id).await,
             RouteMatch::Api { org, url, endpoint } => {
                 let legacy = route.is_legacy();
-                let mut response = if parts.method == Method::POST {
+                let mut response = if endpoint == Endpoint::Models {
+                    if get {
+                        self.messages(ctx, &parts, body, org, url, endpoint).await
+                    } else {
+                        Reject::method_not_allowed().respond(&ctx.id)
+                    }
+                } else if parts.method == Method::POST {
                     ctx.open_log();
                     if let Some(log) = ctx.log_mut() {
                         log.client = info.map(|i| i.peer);
@@ -284,6 +290,9 @@ impl App {
                 } else {
                     Reject::method_not_allowed().respond(&ctx.id)
                 };
+                if endpoint.is_openai() {
+                    response = crate::openai::reshape_error(response);
+                }
                 if legacy {
                     let sunset = self.store().config().server().legacy_routes_until_unix_secs;
                     add_legacy_headers(response.headers_mut(), sunset);
@@ -347,7 +356,9 @@ impl App {
         )
     }
 
-    /// SPEC 3 for a Messages route: steps 1–4 here, 5–8 in [`failover::serve`].
+    /// SPEC 3 for an API route: steps 1–4 here, 5–8 in [`failover::serve`]. A chat
+    /// completion is translated to a Messages request right after its body is read,
+    /// and follows the same path; `GET …/v1/models` ends after step 3.
     async fn messages<B>(
         &self,
         ctx: &mut RequestContext<'_>,
@@ -401,11 +412,18 @@ impl App {
         };
         ctx.resolved(&route, endpoint);
         ctx.authenticated(key.caller(), self);
+        if endpoint == Endpoint::Models {
+            return crate::openai::models(&config, &route);
+        }
         // 4. The key is stripped by the upstream head builder's allowlist; read the body
-        // (step 1's limits) and parse it.
-        let body = match self.read_body(parts, body).await {
+        // (step 1's limits) and parse it (a chat completion: translated first).
+        let mut body = match self.read_body(parts, body).await {
             Ok(body) => body,
             Err(reject) => return reject.respond(&ctx.id),
+        };
+        let chat = match crate::openai::translate_request(endpoint, &mut body.bytes) {
+            Ok(chat) => chat,
+            Err(e) => return crate::openai::refused(&e),
         };
         let info = match inspect_request(&body.bytes) {
             Ok(info) => info,
@@ -435,6 +453,7 @@ impl App {
             body: body.bytes,
             _body_held: body.reservation,
             endpoint,
+            chat,
             stream: info.stream,
             user_id: info.user_id.as_deref(),
             model: &info.model,

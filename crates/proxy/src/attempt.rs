@@ -18,9 +18,11 @@ use hyper::body::Incoming;
 use keypool_cooldown::TransportFailure;
 use keypool_cooldown::headers::RateLimitInfo;
 use keypool_core::UnixMs;
+use keypool_providers::openai::{ChatStream, ChatStreamOptions, message_to_chat_completion};
 use keypool_providers::{
-    AnswerProblem, CommitGate, Endpoint, StreamUsage, UpstreamAccount, Usage, Verdict,
-    build_upstream_head, check_answer_body, check_answer_head, override_model, rate_limits,
+    AnswerProblem, CommitGate, Endpoint, FrameRole, StreamUsage, StreamWire, UpstreamAccount,
+    Usage, Verdict, build_upstream_head, check_answer_body, check_answer_head, override_model,
+    rate_limits_of, upstream_request_id,
 };
 use keypool_sse::Decoder;
 use keypool_store::config::{Account, Config};
@@ -28,7 +30,7 @@ use keypool_store::now_ms;
 use tokio::time::Instant;
 
 use crate::App;
-use crate::body::{Collected, HeldStream};
+use crate::body::{Collected, HeldStream, StreamOutput};
 use crate::body_budget::Reservation;
 use crate::watchdog::RateWatch;
 
@@ -45,7 +47,11 @@ pub(crate) struct Call<'a> {
     pub body: Bytes,
     /// The body's share of the process-wide body budget, held for the whole request.
     pub _body_held: crate::body_budget::Reservation,
+    /// The client's endpoint (`ChatCompletions` for the OpenAI front).
     pub endpoint: Endpoint,
+    /// A chat completion's original body (what `openai` accounts get), when `body`
+    /// is its Messages translation.
+    pub chat: Option<crate::openai::ChatCall>,
     pub stream: bool,
     /// The body's `metadata.user_id`, for session affinity.
     pub user_id: Option<&'a str>,
@@ -62,7 +68,7 @@ pub(crate) struct Ready {
     /// Time to first token, ms: first valid frame, or response headers when not
     /// streaming.
     pub ttft_ms: u64,
-    /// The upstream's `request-id`, for the log line only.
+    /// The upstream's own request id, for the log line only.
     pub upstream_request_id: Option<String>,
     pub kind: ReadyKind,
 }
@@ -159,15 +165,16 @@ pub(crate) async fn attempt(
 ) -> Result<Ready, Failure> {
     let started = Instant::now();
     let settings = call.config.server();
+    let leg = Leg::of(call, &account)?;
     let body = match account.model() {
-        Some(model) => override_model(&call.body, model).unwrap_or_else(|_| call.body.clone()),
-        None => call.body.clone(),
+        Some(model) => override_model(leg.body, model).unwrap_or_else(|_| leg.body.clone()),
+        None => leg.body.clone(),
     };
     let token = crate::oauth::access_token(call.app, &account);
     let head = build_upstream_head(
         call.uri,
         call.headers,
-        call.endpoint,
+        leg.endpoint,
         &upstream_account(&account, token.as_deref()),
     )
     .map_err(|e| {
@@ -192,7 +199,7 @@ pub(crate) async fn attempt(
     };
     let (parts, mut body) = response.into_parts();
     let received_at = now_ms();
-    let rate_limit = rate_limits(&parts.headers, received_at);
+    let rate_limit = rate_limits_of(account.provider(), &parts.headers, received_at);
     if !rate_limit.is_empty() {
         call.app
             .store()
@@ -215,13 +222,10 @@ pub(crate) async fn attempt(
             received_at,
         });
     }
-    let upstream_request_id = parts
-        .headers
-        .get("request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let upstream_request_id =
+        upstream_request_id(account.provider(), &parts.headers).map(str::to_owned);
     if !call.stream {
-        return full_answer(call, &account, started, parts, body, &first_chunk)
+        return full_answer(call, &leg, &account, started, parts, body, &first_chunk)
             .await
             .map(|(ttft_ms, kind)| Ready {
                 account,
@@ -230,7 +234,7 @@ pub(crate) async fn attempt(
                 kind,
             });
     }
-    hold_stream(call.config, body, started, &first_chunk)
+    hold_stream(call, &leg, body, started, &first_chunk)
         .await
         .map(|(ttft_ms, kind)| Ready {
             account,
@@ -238,6 +242,60 @@ pub(crate) async fn attempt(
             upstream_request_id,
             kind,
         })
+}
+
+/// What one attempt sends and how its answer reaches the client, by the account's
+/// provider: a chat completion goes translated to an account that speaks Messages
+/// (and its answer is translated back), natively to an `openai` account.
+struct Leg<'b> {
+    /// The upstream endpoint.
+    endpoint: Endpoint,
+    /// The body to send (before the account's model override).
+    body: &'b Bytes,
+    /// A chat completion answered by the Messages API: `include_usage`.
+    translate: Option<bool>,
+}
+
+impl<'b> Leg<'b> {
+    fn of(call: &'b Call<'_>, account: &Account) -> Result<Self, Failure> {
+        // The walk never starts an attempt the provider cannot serve: this is a guard.
+        let endpoint = call
+            .endpoint
+            .upstream_for(account.provider())
+            .ok_or(Failure::Transport(TransportFailure::Connect))?;
+        Ok(match (&call.chat, endpoint) {
+            (Some(chat), Endpoint::ChatCompletions) => Self {
+                endpoint,
+                body: &chat.original,
+                translate: None,
+            },
+            (Some(chat), _) => Self {
+                endpoint,
+                body: &call.body,
+                translate: Some(chat.include_usage),
+            },
+            (None, _) => Self {
+                endpoint,
+                body: &call.body,
+                translate: None,
+            },
+        })
+    }
+
+    /// What a committed stream of this attempt writes to the client.
+    fn output(&self, call: &Call<'_>) -> StreamOutput {
+        match self.translate {
+            Some(include_usage) => {
+                StreamOutput::Chat(Box::new(ChatStream::new(ChatStreamOptions {
+                    created: now_ms() / 1000,
+                    include_usage,
+                })))
+            }
+            None => StreamOutput::Raw {
+                client: call.endpoint,
+            },
+        }
+    }
 }
 
 /// SPEC 16's status restatement: the first `[[restate]]` rule that applies to this
@@ -275,6 +333,7 @@ fn restated(
 /// body holds its bytes in the process-wide body budget until it has been written.
 async fn full_answer(
     call: &Call<'_>,
+    leg: &Leg<'_>,
     account: &Account,
     started: Instant,
     parts: http::response::Parts,
@@ -302,7 +361,12 @@ async fn full_answer(
     };
     let budget = (&mut held, settings.max_body_bytes_in_flight);
     let bytes = read_body(&mut body, limits, Some(budget)).await?;
-    let usage = check_answer_body(call.endpoint, &bytes).map_err(invalid)?;
+    let usage = check_answer_body(leg.endpoint, &bytes).map_err(invalid)?;
+    let bytes = match leg.translate {
+        Some(_) => message_to_chat_completion(&bytes, now_ms() / 1000)
+            .map_err(|_| invalid(AnswerProblem::NotAnAnswer))?,
+        None => bytes,
+    };
     Ok((
         ttft_ms,
         ReadyKind::Full {
@@ -333,22 +397,25 @@ pub(crate) fn upstream_account<'a>(
 /// The streaming hold (SPEC 3.8): reads frames into memory until the commit gate says
 /// commit (the stream goes to the client) or fail (its frames are dropped).
 async fn hold_stream(
-    config: &Config,
+    call: &Call<'_>,
+    leg: &Leg<'_>,
     mut body: Incoming,
     started: Instant,
     first_chunk: &AtomicBool,
 ) -> Result<(u64, ReadyKind), Failure> {
-    let settings = config.server();
+    let settings = call.config.server();
+    let wire = StreamWire::of(leg.endpoint);
     let mut gate = CommitGate::with_limits(
         settings.stream_commit,
         settings.commit_hold_max_frames as usize,
         usize::try_from(settings.commit_hold_max_bytes).unwrap_or(usize::MAX),
-    );
+    )
+    .with_wire(wire);
     let mut decoder = Decoder::with_max_frame_bytes(
         usize::try_from(settings.max_frame_bytes).unwrap_or(usize::MAX),
     );
     let mut held = Vec::new();
-    let mut usage = StreamUsage::default();
+    let mut usage = StreamUsage::for_wire(wire);
     let mut saw_stop = false;
     let mut ttft_ms = None;
     let mut watch = RateWatch::from_settings(settings);
@@ -370,9 +437,10 @@ async fn hold_stream(
                 Verdict::Fail(_) => return Err(invalid()),
                 Verdict::Hold | Verdict::Commit => {
                     usage.observe(&frame);
-                    saw_stop |= frame.is_event("message_stop");
+                    let role = wire.role(&frame);
+                    saw_stop |= role == FrameRole::End;
                     if let Some(w) = watch.as_mut() {
-                        observe_content(w, started, &frame);
+                        observe_content(w, started, role, &frame);
                     }
                     held.push(frame.into_raw());
                 }
@@ -425,15 +493,23 @@ async fn hold_stream(
                 usage,
                 saw_stop,
                 watch: watch.map(|w| (w, started)),
+                wire,
+                output: leg.output(call),
             },
             started,
         },
     ))
 }
 
-/// Counts a content frame's bytes for the slow-stream watchdog (SPEC 16).
-pub(crate) fn observe_content(watch: &mut RateWatch, started: Instant, frame: &keypool_sse::Frame) {
-    if frame.is_event("content_block_delta") {
+/// Counts a content frame's bytes (its [`FrameRole`] is `role`) for the slow-stream
+/// watchdog (SPEC 16).
+pub(crate) fn observe_content(
+    watch: &mut RateWatch,
+    started: Instant,
+    role: FrameRole,
+    frame: &keypool_sse::Frame,
+) {
+    if role == FrameRole::Content {
         watch.observe(started.elapsed().as_millis() as u64, frame.raw().len());
     }
 }

@@ -11,8 +11,9 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use keypool_cooldown::TransportFailure;
-use keypool_providers::{StreamUsage, Usage, stream_error};
-use keypool_sse::{Decoder, overloaded_error_frame};
+use keypool_providers::openai::ChatStream;
+use keypool_providers::{Endpoint, FrameRole, StreamUsage, StreamWire, Usage, generic_error_frame};
+use keypool_sse::Decoder;
 
 use crate::body_budget::Reservation;
 use crate::watchdog::RateWatch;
@@ -90,6 +91,14 @@ impl ProxyBody {
         }
     }
 
+    /// The bytes of a one-buffer body (`None` for an empty or streaming one).
+    pub(crate) fn full_bytes(&self) -> Option<&Bytes> {
+        match &self.kind {
+            Kind::Full(bytes, _) => bytes.as_ref(),
+            _ => None,
+        }
+    }
+
     pub(crate) fn stream(stream: StreamBody) -> Self {
         Self {
             kind: Kind::Stream(Box::new(stream)),
@@ -149,6 +158,57 @@ pub enum StreamEnd {
 /// end before it ends the client's stream anyway.
 const AFTER_STOP_GRACE: Duration = Duration::from_secs(1);
 
+/// What a committed stream writes to the client.
+#[derive(Debug)]
+pub(crate) enum StreamOutput {
+    /// Each upstream frame's original bytes; `client` is the client's endpoint (the
+    /// generic error frame takes its format).
+    Raw { client: Endpoint },
+    /// Messages frames translated to OpenAI chunks, for an OpenAI client.
+    Chat(Box<ChatStream>),
+}
+
+impl StreamOutput {
+    /// The one generic error frame of a stream that fails after its head (SPEC 3.8).
+    fn failure_frame(&self) -> Bytes {
+        match self {
+            Self::Raw { client } => generic_error_frame(*client),
+            Self::Chat(_) => generic_error_frame(Endpoint::ChatCompletions),
+        }
+    }
+
+    /// Appends what the client gets of `frame` to `pending`.
+    fn emit(&mut self, frame: keypool_sse::Frame, pending: &mut VecDeque<Bytes>) {
+        match self {
+            Self::Raw { .. } => pending.push_back(frame.into_raw()),
+            Self::Chat(chat) => {
+                let mut out = BytesMut::new();
+                chat.on_frame(&frame, &mut out);
+                if !out.is_empty() {
+                    pending.push_back(out.freeze());
+                }
+            }
+        }
+    }
+
+    /// What the client gets of the frames held before the commit point.
+    fn held(&mut self, held: Vec<Bytes>) -> VecDeque<Bytes> {
+        match self {
+            Self::Raw { .. } => held.into(),
+            Self::Chat(chat) => {
+                let mut out = BytesMut::new();
+                for raw in &held {
+                    // A framing error ends the translation with its error frame.
+                    let _ = chat.push_bytes(raw, &mut out);
+                }
+                std::iter::once(out.freeze())
+                    .filter(|b| !b.is_empty())
+                    .collect()
+            }
+        }
+    }
+}
+
 /// Called exactly once when a committed stream ends, however it ends.
 pub(crate) trait StreamFinish: Send + Sync + 'static {
     /// `usage` is what the stream's frames reported so far.
@@ -167,6 +227,8 @@ pub(crate) struct StreamBody {
     sleep: Pin<Box<Sleep>>,
     usage: StreamUsage,
     saw_stop: bool,
+    wire: StreamWire,
+    output: StreamOutput,
     /// The slow-stream watchdog, its next look, and the attempt's start (SPEC 16).
     watch: Option<Watch>,
     /// `message_stop` was forwarded and the grace for the body's end has started.
@@ -195,8 +257,13 @@ pub(crate) struct HeldStream {
     pub body: Incoming,
     /// The usage the held frames reported.
     pub usage: StreamUsage,
-    /// Whether `message_stop` was among the held frames.
+    /// Whether the end of the answer (Anthropic's `message_stop`) was among the held
+    /// frames.
     pub saw_stop: bool,
+    /// The upstream's wire format.
+    pub wire: StreamWire,
+    /// What the client gets.
+    pub output: StreamOutput,
     /// The slow-stream watchdog (when on) and when the attempt started.
     pub watch: Option<(RateWatch, Instant)>,
 }
@@ -212,16 +279,20 @@ impl StreamBody {
             usage,
             saw_stop,
             watch,
+            wire,
+            mut output,
         } = stream;
         let watch = watch.map(|(rate, started)| Watch::new(rate, started));
         Self {
-            pending: held.into(),
+            pending: output.held(held),
             decoder,
             upstream: Some(body),
             idle,
             sleep: Box::pin(tokio::time::sleep(idle)),
             usage,
             saw_stop,
+            wire,
+            output,
             watch,
             stopping: false,
             done: false,
@@ -231,7 +302,8 @@ impl StreamBody {
 
     fn end(&mut self, end: StreamEnd) {
         if end != StreamEnd::Completed && end != StreamEnd::ClientGone {
-            self.pending.push_back(overloaded_error_frame());
+            let frame = self.output.failure_frame();
+            self.pending.push_back(frame);
         }
         self.done = true;
         // Dropping the upstream body closes the upstream connection.
@@ -252,16 +324,17 @@ impl StreamBody {
             };
             match next {
                 Ok(Some(frame)) => {
-                    if stream_error(&frame).is_some() {
+                    let role = self.wire.role(&frame);
+                    if role == FrameRole::Error {
                         self.end(StreamEnd::Failed(TransportFailure::Reset));
                         return;
                     }
                     self.usage.observe(&frame);
                     if let Some(w) = self.watch.as_mut() {
-                        crate::attempt::observe_content(&mut w.rate, w.started, &frame);
+                        crate::attempt::observe_content(&mut w.rate, w.started, role, &frame);
                     }
-                    let stop = frame.is_event("message_stop");
-                    self.pending.push_back(frame.into_raw());
+                    let stop = role == FrameRole::End;
+                    self.output.emit(frame, &mut self.pending);
                     if stop {
                         // The answer is complete: nothing after it is forwarded.
                         self.saw_stop = true;

@@ -37,6 +37,8 @@
 //! - `app`: [`App`], steps 1–4 of SPEC 3 (limits, resolution, key, body), the fixed
 //!   routes (`HEAD`, `/healthz`, `/readyz`, `/metrics`).
 //! - [`route`]: path matching ([`route::match_path`]).
+//! - `openai`: the OpenAI-format front (issue 23): chat completions translated to the
+//!   Messages path before planning, `GET …/v1/models`, OpenAI-shaped errors.
 //! - `failover`: steps 5–8 and SPEC 4: plan (with the session's bound account
 //!   preferred), the attempt walker with hedge/race, per-account concurrency slots and
 //!   the queue for them, crediting outcomes, the generic 503 and the 429/402
@@ -48,7 +50,8 @@
 //! - [`body_budget`]: [`body_budget::BodyBudget`], the body bytes the whole process
 //!   holds (`max_body_bytes_in_flight`).
 //! - [`body`]: [`body::ProxyBody`], including the committed stream that forwards frames
-//!   unchanged and ends with one generic error frame when the upstream fails.
+//!   unchanged (or translated, for an OpenAI client on a Messages upstream) and ends
+//!   with one generic error frame when the upstream fails.
 //! - [`availability`]: the selector's `Availability` over the store's books.
 //! - [`headers`]: the response header allowlist, `x-request-id`, legacy headers.
 //! - [`reject`]: [`reject::Reject`] and [`reject::Reject::respond`], the one function
@@ -84,6 +87,7 @@ mod limits;
 pub mod log;
 pub mod metrics;
 pub mod oauth;
+mod openai;
 pub mod reject;
 pub mod route;
 pub mod server;

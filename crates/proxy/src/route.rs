@@ -15,13 +15,15 @@ pub enum RouteMatch<'a> {
     /// `/admin` and everything below it (the admin API, issue 8). Holds the path after
     /// `/admin` (empty or starting with `/`).
     Admin(&'a str),
-    /// A Messages API route, org-scoped (`org` is `Some`) or legacy (`None`).
+    /// An API route (Messages, or the OpenAI-format chat completions and models),
+    /// org-scoped (`org` is `Some`) or legacy (`None`).
     Api {
         /// The org slug of `/{org}/{url}/…`; `None` for the legacy `/{url}/…`.
         org: Option<&'a str>,
         /// The custom URL.
         url: &'a str,
-        /// `v1/messages` or `v1/messages/count_tokens`.
+        /// `v1/messages`, `v1/messages/count_tokens`, `v1/chat/completions` or
+        /// `v1/models`.
         endpoint: Endpoint,
     },
     /// Anything else.
@@ -82,6 +84,11 @@ pub fn match_path(path: &str) -> RouteMatch<'_> {
         }
         [url, "v1", "messages"] => api(None, *url, Endpoint::Messages),
         [url, "v1", "messages", "count_tokens"] => api(None, *url, Endpoint::CountTokens),
+        // The OpenAI-format front (issue 23).
+        [org, url, "v1", "chat", "completions"] => api(Some(*org), *url, Endpoint::ChatCompletions),
+        [org, url, "v1", "models"] => api(Some(*org), *url, Endpoint::Models),
+        [url, "v1", "chat", "completions"] => api(None, *url, Endpoint::ChatCompletions),
+        [url, "v1", "models"] => api(None, *url, Endpoint::Models),
         _ => RouteMatch::NotFound,
     }
 }
@@ -141,6 +148,22 @@ mod tests {
             legacy("v1", Endpoint::Messages)
         );
         assert!(match_path("/v1/v1/messages").is_legacy());
+        assert_eq!(
+            match_path("/acme/team/v1/chat/completions"),
+            org("acme", "team", Endpoint::ChatCompletions)
+        );
+        assert_eq!(
+            match_path("/team/v1/chat/completions"),
+            legacy("team", Endpoint::ChatCompletions)
+        );
+        assert_eq!(
+            match_path("/acme/team/v1/models"),
+            org("acme", "team", Endpoint::Models)
+        );
+        assert_eq!(
+            match_path("/team/v1/models"),
+            legacy("team", Endpoint::Models)
+        );
         assert!(!match_path("/a/b/v1/messages").is_legacy());
     }
 
@@ -158,6 +181,9 @@ mod tests {
             "/acme/team/v1/messages/count_tokens/x",
             "/a/b/c/v1/messages",
             "/acme/team/v1/Messages",
+            "/v1/chat/completions",
+            "/acme/team/v1/chat",
+            "/acme/team/v1/chat/completions/x",
             "acme/team/v1/messages",
         ] {
             assert_eq!(match_path(path), RouteMatch::NotFound, "{path:?}");

@@ -376,7 +376,7 @@ fn unknown_strategy_provider_auth_and_kind_are_reported() {
         .replace("strategy = \"weighted\"", "strategy = \"fastest\"")
         .replace("auth = \"oauth\"", "auth = \"password\"")
         .replace("kind = \"user\"", "kind = \"robot\"")
-        .replacen("provider = \"anthropic\"", "provider = \"openai\"", 1);
+        .replacen("provider = \"anthropic\"", "provider = \"gemini\"", 1);
     let errs = errors(&text);
     assert_eq!(
         locations(&errs),
@@ -389,6 +389,27 @@ fn unknown_strategy_provider_auth_and_kind_are_reported() {
         "{errs}"
     );
     assert!(errs.issues()[2].message.contains("`round_robin`"), "{errs}");
+}
+
+/// Issue 23: `provider = "openai"` takes `api_key` and needs a `base_url`.
+#[test]
+fn openai_accounts_need_an_api_key_and_a_base_url() {
+    let openai = BASE.replacen(
+        "provider = \"anthropic\"\nauth = \"api_key\"\nsecret = \"sk-ant-SECRET-VALUE-1\"",
+        "provider = \"openai\"\nauth = \"api_key\"\nsecret = \"sk-SECRET-VALUE-1\"\nbase_url = \"https://api.openai.com\"",
+        1,
+    );
+    let c = parse(&openai).unwrap();
+    assert_eq!(c.account("a1").unwrap().provider(), Provider::OpenAi);
+    let no_base = openai.replace("base_url = \"https://api.openai.com\"\n", "");
+    let errs = errors(&no_base);
+    assert_eq!(locations(&errs), ["accounts[0].base_url"], "{errs}");
+    assert!(
+        errs.to_string().contains("OpenAI Chat Completions"),
+        "{errs}"
+    );
+    let oauth = openai.replacen("auth = \"api_key\"", "auth = \"oauth\"", 1);
+    assert_eq!(locations(&errors(&oauth)), ["accounts[0].auth"]);
 }
 
 #[test]

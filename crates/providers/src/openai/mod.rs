@@ -65,7 +65,7 @@ pub use errors::{
     error_body, error_frame, error_from_anthropic, invalid_request_body, openai_error_kind,
     overloaded_error_frame,
 };
-pub use models::models_body;
+pub use models::{CLAUDE_MODEL_IDS, models_body};
 pub use native::{ChatFrame, classify_chat_frame, usage_from_chat_json};
 pub use rate_limit::{LimitReading, OpenAiRateLimits, parse_duration_ms};
 pub use request::{ChatRequest, DEFAULT_MAX_TOKENS, chat_to_messages};

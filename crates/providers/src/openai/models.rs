@@ -3,6 +3,20 @@
 use bytes::Bytes;
 use serde::Serialize;
 
+/// The Claude model ids `GET /v1/models` lists for every pool (besides the accounts'
+/// own `model` overrides): the current models and their aliases. A request may name
+/// any other id; this list is what OpenAI clients are shown to choose from.
+pub const CLAUDE_MODEL_IDS: [&str; 8] = [
+    "claude-opus-4-5",
+    "claude-sonnet-4-5",
+    "claude-haiku-4-5",
+    "claude-opus-4-1",
+    "claude-opus-4-0",
+    "claude-sonnet-4-0",
+    "claude-3-7-sonnet-latest",
+    "claude-3-5-haiku-latest",
+];
+
 #[derive(Serialize)]
 struct ModelList<'a> {
     object: &'static str,

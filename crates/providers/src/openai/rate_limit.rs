@@ -9,6 +9,8 @@
 //! nothing: turning a fact into a cooldown is another crate's policy.
 
 use http::HeaderMap;
+use keypool_cooldown::headers::RateLimitInfo;
+use keypool_core::UnixMs;
 use serde::Serialize;
 
 /// One budget's reading (requests or tokens); absent or unreadable headers are `None`.
@@ -62,6 +64,33 @@ impl OpenAiRateLimits {
             .filter(|r| r.is_exhausted())
             .filter_map(|r| r.reset_after_ms)
             .max()
+    }
+}
+
+impl OpenAiRateLimits {
+    /// Adds these facts to `info`, the neutral form `keypool-cooldown` reads (so that
+    /// an `openai` account cools like an Anthropic one): the request budget becomes
+    /// `requests_remaining` / `requests_reset`, and an exhausted token budget counts as
+    /// no request left until it is whole again (the later reset of the exhausted
+    /// ones); without a `retry-after` of its own, an exhausted budget's reset is the
+    /// wait. `now` is when the response arrived (unix ms); headers already in `info`
+    /// win.
+    pub fn apply_to(&self, info: &mut RateLimitInfo, now: UnixMs) {
+        let exhausted = self.exhausted_reset_after_ms();
+        if info.requests_remaining.is_none() {
+            info.requests_remaining = match exhausted {
+                Some(_) => Some(0),
+                None => self.requests.remaining,
+            };
+        }
+        if info.requests_reset.is_none() {
+            info.requests_reset = exhausted
+                .or(self.requests.reset_after_ms)
+                .map(|ms| now.saturating_add(ms));
+        }
+        if info.retry_after_ms.is_none() {
+            info.retry_after_ms = exhausted;
+        }
     }
 }
 
@@ -230,6 +259,44 @@ mod tests {
         assert_eq!(
             OpenAiRateLimits::from_headers(&HeaderMap::new()),
             OpenAiRateLimits::default()
+        );
+    }
+
+    #[test]
+    fn exhausted_budgets_become_neutral_cooldown_facts() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("x-ratelimit-remaining-requests", "12"),
+            ("x-ratelimit-reset-requests", "2s"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+        ] {
+            headers.insert(name, HeaderValue::from_static(value));
+        }
+        let mut info = RateLimitInfo::default();
+        OpenAiRateLimits::from_headers(&headers).apply_to(&mut info, 1_000);
+        assert_eq!(info.requests_remaining, Some(0));
+        assert_eq!(info.requests_reset, Some(361_000));
+        assert_eq!(info.retry_after_ms, Some(360_000));
+
+        // Nothing exhausted: the request budget as it is, no wait.
+        let mut fresh = HeaderMap::new();
+        fresh.insert(
+            "x-ratelimit-remaining-requests",
+            HeaderValue::from_static("5"),
+        );
+        fresh.insert("x-ratelimit-reset-requests", HeaderValue::from_static("1s"));
+        let mut info = RateLimitInfo {
+            retry_after_ms: Some(7),
+            ..RateLimitInfo::default()
+        };
+        OpenAiRateLimits::from_headers(&fresh).apply_to(&mut info, 0);
+        assert_eq!(info.requests_remaining, Some(5));
+        assert_eq!(info.requests_reset, Some(1_000));
+        assert_eq!(
+            info.retry_after_ms,
+            Some(7),
+            "the upstream's own retry-after wins"
         );
     }
 

@@ -130,10 +130,17 @@ impl<'c> Walker<'c> {
         self.ceiling.started()
     }
 
+    /// The account at `position` of the plan; `None` when it is gone, or when its
+    /// provider cannot serve this request's endpoint (a Messages request never goes to
+    /// an `openai` account): the walk skips it.
     fn account_at(&self, position: usize) -> Option<Arc<Account>> {
         let index = *self.planned.plan.attempts.get(position)?;
         let id = &self.planned.snapshot[index].id;
-        self.call.config.account(id.as_str()).cloned()
+        let account = self.call.config.account(id.as_str())?;
+        self.call
+            .endpoint
+            .upstream_for(account.provider())
+            .map(|_| account.clone())
     }
 
     fn start(

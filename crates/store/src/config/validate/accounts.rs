@@ -278,7 +278,15 @@ fn provider_and_auth(
             *ok = false;
         }
         if !pr.has_default_base_url() && a.base_url.is_none() {
-            issues.push(format!("{p}.base_url"), "provider `anthropic_compatible` needs a base_url (where the third party serves the Messages API)");
+            let serves = if pr.speaks_messages() {
+                "the Messages API"
+            } else {
+                "the OpenAI Chat Completions API, e.g. https://api.openai.com"
+            };
+            issues.push(
+                format!("{p}.base_url"),
+                format!("provider `{pr}` needs a base_url (where the third party serves {serves})"),
+            );
             *ok = false;
         }
     }
