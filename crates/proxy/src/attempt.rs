@@ -404,101 +404,135 @@ async fn hold_stream(
     first_chunk: &AtomicBool,
 ) -> Result<(u64, ReadyKind), Failure> {
     let settings = call.config.server();
-    let wire = StreamWire::of(leg.endpoint);
-    let mut gate = CommitGate::with_limits(
-        settings.stream_commit,
-        settings.commit_hold_max_frames as usize,
-        usize::try_from(settings.commit_hold_max_bytes).unwrap_or(usize::MAX),
-    )
-    .with_wire(wire);
-    let mut decoder = Decoder::with_max_frame_bytes(
-        usize::try_from(settings.max_frame_bytes).unwrap_or(usize::MAX),
-    );
-    let mut held = Vec::new();
-    let mut usage = StreamUsage::for_wire(wire);
-    let mut saw_stop = false;
-    let mut ttft_ms = None;
-    let mut watch = RateWatch::from_settings(settings);
+    let mut hold = Hold::new(settings, StreamWire::of(leg.endpoint));
     let deadline = Instant::now() + Duration::from_millis(settings.first_frame_timeout_ms);
     let invalid = || Failure::Transport(TransportFailure::InvalidStreamStart);
-    'hold: loop {
-        loop {
-            let frame = match decoder.next_frame() {
-                Ok(Some(frame)) => frame,
-                Ok(None) => break,
-                Err(_) => return Err(invalid()),
-            };
-            let verdict = gate.observe(&frame);
-            if ttft_ms.is_none() && gate.started() {
-                ttft_ms = Some(started.elapsed().as_millis() as u64);
-                first_chunk.store(true, Ordering::Release);
-            }
-            match verdict {
-                Verdict::Fail(_) => return Err(invalid()),
-                Verdict::Hold | Verdict::Commit => {
-                    usage.observe(&frame);
-                    let role = wire.role(&frame);
-                    saw_stop |= role == FrameRole::End;
-                    if let Some(w) = watch.as_mut() {
-                        observe_content(w, started, role, &frame);
-                    }
-                    held.push(frame.into_raw());
-                }
-            }
-            if verdict == Verdict::Commit {
-                break 'hold;
-            }
+    loop {
+        if hold.take_frames(started, first_chunk)? {
+            break;
         }
         // The watchdog looks between frames, at its own times, before the deadline.
-        let wake = watch.as_ref().map_or(deadline, |w| {
-            let elapsed = started.elapsed().as_millis() as u64;
-            deadline.min(started + Duration::from_millis(w.next_check(elapsed)))
+        let wake = hold.watch.as_ref().map_or(deadline, |w| {
+            deadline.min(started + Duration::from_millis(w.next_check(elapsed_ms(started))))
         });
         match tokio::time::timeout_at(wake, body.frame()).await {
             Err(_) if wake < deadline => {
-                let elapsed = started.elapsed().as_millis() as u64;
-                if watch.as_mut().is_some_and(|w| w.too_slow(elapsed)) {
+                if hold
+                    .watch
+                    .as_mut()
+                    .is_some_and(|w| w.too_slow(elapsed_ms(started)))
+                {
                     return Err(Failure::Transport(TransportFailure::SlowStream));
                 }
             }
-            Err(_) => {
-                if gate.timeout() == Verdict::Commit {
-                    break 'hold;
-                }
-                return Err(invalid());
-            }
+            Err(_) if hold.gate.timeout() == Verdict::Commit => break,
+            Err(_) => return Err(invalid()),
             Ok(None) => {
                 // Every complete frame was already read: the stream ended before its
                 // commit point.
-                let _ = gate.end_of_stream();
+                let _ = hold.gate.end_of_stream();
                 return Err(invalid());
             }
             Ok(Some(Err(_))) => return Err(Failure::Transport(TransportFailure::Reset)),
             Ok(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
-                    decoder.push(&data);
+                    hold.decoder.push(&data);
                 }
             }
         }
     }
     // Committed: at a content frame, or at the timeout after a valid first frame.
-    let ttft = ttft_ms.unwrap_or_else(|| started.elapsed().as_millis() as u64);
-    Ok((
-        ttft,
-        ReadyKind::Stream {
-            stream: HeldStream {
-                held,
-                decoder,
-                body,
-                usage,
-                saw_stop,
-                watch: watch.map(|w| (w, started)),
-                wire,
-                output: leg.output(call),
-            },
-            started,
-        },
-    ))
+    let ttft = hold.ttft_ms.unwrap_or_else(|| elapsed_ms(started));
+    let Hold {
+        wire,
+        decoder,
+        held,
+        usage,
+        saw_stop,
+        watch,
+        ..
+    } = hold;
+    let stream = HeldStream {
+        held,
+        decoder,
+        body,
+        usage,
+        saw_stop,
+        watch: watch.map(|w| (w, started)),
+        wire,
+        output: leg.output(call),
+    };
+    Ok((ttft, ReadyKind::Stream { stream, started }))
+}
+
+fn elapsed_ms(started: Instant) -> u64 {
+    started.elapsed().as_millis() as u64
+}
+
+/// What a stream's hold has read so far.
+struct Hold {
+    wire: StreamWire,
+    gate: CommitGate,
+    decoder: Decoder,
+    held: Vec<Bytes>,
+    usage: StreamUsage,
+    saw_stop: bool,
+    ttft_ms: Option<u64>,
+    watch: Option<RateWatch>,
+}
+
+impl Hold {
+    fn new(settings: &keypool_store::config::ServerSettings, wire: StreamWire) -> Self {
+        let gate = CommitGate::with_limits(
+            settings.stream_commit,
+            settings.commit_hold_max_frames as usize,
+            usize::try_from(settings.commit_hold_max_bytes).unwrap_or(usize::MAX),
+        )
+        .with_wire(wire);
+        Self {
+            wire,
+            gate,
+            decoder: Decoder::with_max_frame_bytes(
+                usize::try_from(settings.max_frame_bytes).unwrap_or(usize::MAX),
+            ),
+            held: Vec::new(),
+            usage: StreamUsage::for_wire(wire),
+            saw_stop: false,
+            ttft_ms: None,
+            watch: RateWatch::from_settings(settings),
+        }
+    }
+
+    /// Takes every complete frame out of the decoder through the commit gate: `true`
+    /// once it says commit, an error once it says fail.
+    fn take_frames(&mut self, started: Instant, first_chunk: &AtomicBool) -> Result<bool, Failure> {
+        let invalid = || Failure::Transport(TransportFailure::InvalidStreamStart);
+        loop {
+            let frame = match self.decoder.next_frame() {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return Ok(false),
+                Err(_) => return Err(invalid()),
+            };
+            let verdict = self.gate.observe(&frame);
+            if self.ttft_ms.is_none() && self.gate.started() {
+                self.ttft_ms = Some(elapsed_ms(started));
+                first_chunk.store(true, Ordering::Release);
+            }
+            if let Verdict::Fail(_) = verdict {
+                return Err(invalid());
+            }
+            self.usage.observe(&frame);
+            let role = self.wire.role(&frame);
+            self.saw_stop |= role == FrameRole::End;
+            if let Some(w) = self.watch.as_mut() {
+                observe_content(w, started, role, &frame);
+            }
+            self.held.push(frame.into_raw());
+            if verdict == Verdict::Commit {
+                return Ok(true);
+            }
+        }
+    }
 }
 
 /// Counts a content frame's bytes (its [`FrameRole`] is `role`) for the slow-stream
