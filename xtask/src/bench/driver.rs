@@ -467,7 +467,9 @@ data: {"type":"message_start","message":{"id":"msg_sim00000000000000000007_think
         assert_eq!(out.net_ttft.len(), 4);
         let (ttft, net) = (out.ttft.summary().unwrap(), out.net_ttft.summary().unwrap());
         assert!(ttft.p50_us >= 10_000.0, "{ttft:?}");
-        assert!(net.max_us < ttft.p50_us - 9_000.0, "{net:?} vs {ttft:?}");
+        // Each net TTFT is its TTFT less a think time of at least 10 ms (whatever the
+        // machine's load, which moves both alike).
+        assert!(net.max_us <= ttft.max_us - 9_000.0, "{net:?} vs {ttft:?}");
         // 4 gaps per stream unless the network merged two writes.
         assert!((8..=16).contains(&out.gap.len()), "{}", out.gap.len());
         let gap = out.gap.summary().unwrap();
