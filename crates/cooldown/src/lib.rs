@@ -82,7 +82,7 @@ pub use config::{
 pub use cooldown::{CooldownBook, CooldownCorrection, CooldownEntry, CooldownRecord};
 pub use disabled::{DisabledAccount, DisabledBook, DisabledRecord, Terminal, disable_reason};
 pub use error::CooldownError;
-pub use lockout::{Lockout, LockoutBook, LockoutRecord};
+pub use lockout::{Lockout, LockoutBook, LockoutRecord, MAX_MODELS_PER_ACCOUNT};
 pub use restate::{RestateRule, Restatement, restate};
 pub use signal::{CooldownSignal, WindowSignal};
 pub use state::{Attempt, ClearedWindows, FailureEffect, HealthExport, ImportCounts, PoolHealth};

@@ -33,6 +33,10 @@ use serde::{Deserialize, Serialize};
 use crate::config::CooldownConfig;
 use crate::signal::{CooldownSignal, Signals};
 
+/// Most models one account keeps lockouts for (the model is the caller's text, so the
+/// book stays bounded whatever callers send).
+pub const MAX_MODELS_PER_ACCOUNT: usize = 64;
+
 /// One (account, model) lockout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lockout {
@@ -110,6 +114,13 @@ impl LockoutBook {
         let at = match models.iter().position(|(m, _)| &**m == model) {
             Some(i) => i,
             None => {
+                // The model is the caller's text: an account keeps at most
+                // MAX_MODELS_PER_ACCOUNT of them, the one that ends first making room.
+                if models.len() >= MAX_MODELS_PER_ACCOUNT
+                    && let Some(i) = (0..models.len()).min_by_key(|&i| models[i].1.until)
+                {
+                    models.swap_remove(i);
+                }
                 models.push((model.into(), Lockout::default_at(now)));
                 models.len() - 1
             }
@@ -382,6 +393,19 @@ mod tests {
             ),
             1
         );
+    }
+
+    #[test]
+    fn an_account_keeps_a_bounded_number_of_models() {
+        let book = LockoutBook::default();
+        for i in 0..(MAX_MODELS_PER_ACCOUNT as u64 + 10) {
+            book.lock(&a(), &format!("made-up-{i}"), NOW + i, NOW + i);
+        }
+        let held = book.of_account(&a(), NOW);
+        assert_eq!(held.len(), MAX_MODELS_PER_ACCOUNT);
+        // the ones that end first made room: the newest are all there
+        assert!(book.locked_until(&a(), "made-up-73", NOW).is_some());
+        assert!(book.locked_until(&a(), "made-up-0", NOW).is_none());
     }
 
     proptest! {

@@ -32,13 +32,26 @@ pub(super) async fn plan_routed<'c>(
         return (plan_request(call, route).await, false);
     };
     let asked = call.model;
+    // Metric labels come from the config only (an alias and its chain, or a rule's
+    // pattern), never from the caller's text.
+    let (rule, first_choice) = match alias {
+        Some(alias) => (alias, order[0]),
+        None => {
+            let pattern = routes.fallback_pattern(asked).unwrap_or("fallback");
+            (pattern, pattern)
+        }
+    };
+    let labels = Labels { rule, first_choice };
     let body = call.body.clone();
     let mut first = None;
     for (position, model) in order.iter().enumerate() {
         use_model(call, &body, asked, model);
         match plan_request(call, route).await {
             Ok(planned) if !planned.plan.last_resort => {
-                return (Ok(planned), chosen(call, ctx, alias, &order, position));
+                return (
+                    Ok(planned),
+                    chosen(call, ctx, alias, &labels, &order, position),
+                );
             }
             other if first.is_none() => first = Some((position, other)),
             _ => {}
@@ -49,7 +62,7 @@ pub(super) async fn plan_routed<'c>(
         return (plan_request(call, route).await, false);
     };
     use_model(call, &body, asked, order[position]);
-    let fallback = result.is_ok() && chosen(call, ctx, alias, &order, position);
+    let fallback = result.is_ok() && chosen(call, ctx, alias, &labels, &order, position);
     (result, fallback)
 }
 
@@ -63,11 +76,18 @@ fn use_model<'c>(call: &mut Call<'c>, body: &bytes::Bytes, asked: &'c str, model
     };
 }
 
+/// The fallback metric's labels of one rule.
+struct Labels<'a> {
+    rule: &'a str,
+    first_choice: &'a str,
+}
+
 /// Records the choice on the request's log line and metrics; `true` for a fallback.
 fn chosen(
     call: &Call<'_>,
     ctx: &mut RequestContext<'_>,
     alias: Option<&str>,
+    labels: &Labels<'_>,
     order: &[&str],
     position: usize,
 ) -> bool {
@@ -79,10 +99,9 @@ fn chosen(
     }
     let fallback = position > 0;
     if fallback {
-        let rule = alias.unwrap_or(order[0]);
         call.app
             .metrics()
-            .model_fallback(rule, order[0], order[position]);
+            .model_fallback(labels.rule, labels.first_choice, order[position]);
     }
     fallback
 }

@@ -788,6 +788,16 @@ impl ModelRoutes {
         Some((None, order))
     }
 
+    /// The pattern of the `model` rule whose fallback a request for `model` takes (its
+    /// label in metrics: the requested model itself is the caller's text, so it never
+    /// labels a series).
+    pub fn fallback_pattern(&self, model: &str) -> Option<&str> {
+        self.fallbacks
+            .iter()
+            .find(|(g, _)| g.matches(model))
+            .map(|(g, _)| g.as_str())
+    }
+
     /// Whether no rule is configured (the request path skips routing).
     pub fn is_empty(&self) -> bool {
         self.aliases.is_empty() && self.fallbacks.is_empty()
