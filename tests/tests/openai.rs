@@ -182,6 +182,17 @@ fn chat_url(h: &Harness) -> String {
     format!("{}/v1/chat/completions", h.pool_base_url())
 }
 
+/// `POST …/v1/chat/completions` with `body`, authenticated as alice by `Authorization:
+/// Bearer` (how the OpenAI SDK sends its key).
+async fn send_chat(h: &Harness, body: &serde_json::Value) -> keypool_tests::Reply {
+    h.client()
+        .post(chat_url(h))
+        .bearer(&h.key("alice"))
+        .json(body)
+        .send()
+        .await
+}
+
 #[tokio::test]
 async fn a_429_on_the_chat_route_fails_over() {
     let h = Harness::with_accounts([
@@ -192,13 +203,7 @@ async fn a_429_on_the_chat_route_fails_over() {
         ("b", Script::ok()),
     ])
     .await;
-    let r = h
-        .client()
-        .post(chat_url(&h))
-        .bearer(&h.key("alice"))
-        .json(&chat_body(false))
-        .send()
-        .await;
+    let r = send_chat(&h, &chat_body(false)).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["object"], "chat.completion");
     assert_eq!(h.requests_per_account(&["a", "b"]), [1, 1]);
@@ -290,13 +295,7 @@ async fn a_mixed_pool_sends_each_format_where_it_is_spoken() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["type"], "message");
     // A chat completion goes to it natively.
-    let r = h
-        .client()
-        .post(chat_url(&h))
-        .bearer(&h.key("alice"))
-        .json(&chat_body(false))
-        .send()
-        .await;
+    let r = send_chat(&h, &chat_body(false)).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let paths = |id| {
         h.sim()
@@ -333,25 +332,13 @@ async fn an_openai_accounts_exhausted_budget_cools_it() {
         )
         .start()
         .await;
-    let r = h
-        .client()
-        .post(chat_url(&h))
-        .bearer(&h.key("alice"))
-        .json(&chat_body(true))
-        .send()
-        .await;
+    let r = send_chat(&h, &chat_body(true)).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.text().ends_with("data: [DONE]\n\n"));
     let cooldown = h.cooldown("o").expect("o is cooling");
     eprintln!("{cooldown:?}");
     // The next request goes straight to p.
-    let r = h
-        .client()
-        .post(chat_url(&h))
-        .bearer(&h.key("alice"))
-        .json(&chat_body(false))
-        .send()
-        .await;
+    let r = send_chat(&h, &chat_body(false)).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(h.requests_per_account(&["o", "p"]), [1, 2]);
     h.finish().await;
@@ -361,13 +348,7 @@ async fn an_openai_accounts_exhausted_budget_cools_it() {
 async fn chat_route_errors_are_openai_shaped() {
     let h = Harness::with_accounts([("a", Script::ok())]).await;
     // An untranslatable request: 400 naming the field, no upstream call.
-    let r = h
-        .client()
-        .post(chat_url(&h))
-        .bearer(&h.key("alice"))
-        .json(&json!({"model": MODEL, "n": 3, "messages": []}))
-        .send()
-        .await;
+    let r = send_chat(&h, &json!({"model": MODEL, "n": 3, "messages": []})).await;
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["type"], "invalid_request_error");
     assert_eq!(r.json()["error"]["param"], "n");
@@ -414,13 +395,7 @@ async fn a_translated_stream_that_breaks_ends_with_the_openai_error_frame() {
         Script::new(Behaviour::cut_after(4, keypool_sim::Cut::Reset)),
     )])
     .await;
-    let r = h
-        .client()
-        .post(chat_url(&h))
-        .bearer(&h.key("alice"))
-        .json(&chat_body(true))
-        .send()
-        .await;
+    let r = send_chat(&h, &chat_body(true)).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let text = r.text();
     assert!(text.starts_with("data: {"), "OpenAI chunks: {text}");
