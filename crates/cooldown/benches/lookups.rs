@@ -1,39 +1,36 @@
 //! The per-request cost of this crate: the availability lookups the filter makes for
-//! every account of a snapshot, recording a failure, and parsing a response's headers.
+//! every account of a snapshot, recording a failure, and observing a response's facts
+//! (reading them from headers is `keypool-providers`' bench).
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use http::{HeaderMap, StatusCode};
-use keypool_cooldown::headers::RateLimitInfo;
+use http::StatusCode;
+use keypool_cooldown::facts::{RateLimitInfo, UnifiedStatus, WindowUsage};
 use keypool_cooldown::{AttemptFailure, PoolHealth, classify};
 use keypool_core::AccountId;
 
 const NOW: u64 = 1_700_000_000_000;
 const ACCOUNTS: usize = 400;
 
-fn anthropic_headers() -> HeaderMap {
-    let mut h = HeaderMap::new();
-    for (k, v) in [
-        ("retry-after", "17"),
-        ("anthropic-ratelimit-unified-status", "allowed_warning"),
-        ("anthropic-ratelimit-unified-reset", "1700018000"),
-        (
-            "anthropic-ratelimit-unified-representative-claim",
-            "five_hour",
-        ),
-        ("anthropic-ratelimit-unified-5h-utilization", "0.91"),
-        ("anthropic-ratelimit-unified-5h-reset", "1700018000"),
-        ("anthropic-ratelimit-unified-5h-status", "allowed_warning"),
-        ("anthropic-ratelimit-unified-7d-utilization", "0.4"),
-        ("anthropic-ratelimit-unified-7d-reset", "1700500000"),
-        ("anthropic-ratelimit-unified-7d-status", "allowed"),
-        ("anthropic-ratelimit-requests-remaining", "42"),
-        ("anthropic-ratelimit-requests-reset", "2023-11-14T22:14:20Z"),
-    ] {
-        h.insert(k, v.parse().expect("valid header value"));
+/// The facts of a typical Anthropic answer (what the adapter reads from its headers).
+fn anthropic_facts() -> RateLimitInfo {
+    let window = |utilization, reset, status| WindowUsage {
+        utilization: Some(utilization),
+        reset: Some(reset),
+        status: Some(status),
+    };
+    RateLimitInfo {
+        retry_after_ms: Some(17_000),
+        unified_status: Some(UnifiedStatus::AllowedWarning),
+        unified_reset: Some(1_700_018_000_000),
+        representative_claim: Some("five_hour".into()),
+        five_hour: window(0.91, 1_700_018_000_000, UnifiedStatus::AllowedWarning),
+        seven_day: window(0.4, 1_700_500_000_000, UnifiedStatus::Allowed),
+        requests_remaining: Some(42),
+        requests_reset: Some(1_700_000_060_000),
+        ..RateLimitInfo::default()
     }
-    h
 }
 
 fn bench(c: &mut Criterion) {
@@ -41,8 +38,7 @@ fn bench(c: &mut Criterion) {
         .map(|i| AccountId::from(format!("acct-{i}")))
         .collect();
     let health = PoolHealth::default();
-    let headers = anthropic_headers();
-    let info = RateLimitInfo::from_headers(&headers, NOW);
+    let info = anthropic_facts();
     let c429 = classify(
         &AttemptFailure::Status {
             status: StatusCode::TOO_MANY_REQUESTS,
@@ -61,9 +57,6 @@ fn bench(c: &mut Criterion) {
         }
     }
 
-    c.bench_function("from_headers_anthropic_response", |b| {
-        b.iter(|| RateLimitInfo::from_headers(black_box(&headers), NOW))
-    });
     c.bench_function("filter_lookups_400_accounts", |b| {
         b.iter(|| {
             ids.iter()

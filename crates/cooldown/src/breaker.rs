@@ -346,7 +346,7 @@ mod tests {
     #[test]
     fn outcome_of_classification() {
         use crate::classify::{AttemptFailure, TransportFailure, classify};
-        use crate::headers::RateLimitInfo;
+        use crate::facts::RateLimitInfo;
         let info = RateLimitInfo::default();
         let st = |code| {
             let status = http::StatusCode::from_u16(code).unwrap();

@@ -7,7 +7,7 @@
 //!
 //! ```
 //! use http::StatusCode;
-//! use keypool_cooldown::headers::RateLimitInfo;
+//! use keypool_cooldown::facts::RateLimitInfo;
 //! use keypool_cooldown::{classify, AttemptFailure, FailureClass, Trigger};
 //!
 //! let info = RateLimitInfo { retry_after_ms: Some(20_000), ..Default::default() };
@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use keypool_core::ModelFamily;
 
-use crate::headers::{RateLimitInfo, UnifiedStatus};
+use crate::facts::{RateLimitInfo, UnifiedStatus};
 
 /// The class of a failed attempt (SPEC 6, first table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -337,7 +337,7 @@ fn window_exhausted_reset(info: &RateLimitInfo) -> Option<UnixMs> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::headers::WindowUsage;
+    use crate::facts::WindowUsage;
 
     const NOW: UnixMs = 1_700_000_000_000;
 

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::classify::{BodyMarks, Trigger};
 use crate::error::CooldownError;
-use crate::headers::ResetKind;
+use crate::facts::ResetKind;
 
 /// Cooldown, backoff, window and breaker settings as written in configuration.
 /// `Default` is the SPEC default for every field.

@@ -341,7 +341,7 @@ mod tests {
     use super::*;
     use crate::classify::{AttemptFailure, TransportFailure, classify};
     use crate::config::CooldownSettings;
-    use crate::headers::{RateLimitInfo, UnifiedStatus};
+    use crate::facts::{RateLimitInfo, UnifiedStatus};
     use http::StatusCode;
     use proptest::prelude::*;
 

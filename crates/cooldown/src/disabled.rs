@@ -230,7 +230,7 @@ mod tests {
     use super::*;
     use crate::classify::{AttemptFailure, TransportFailure, classify};
     use crate::config::CooldownSettings;
-    use crate::headers::RateLimitInfo;
+    use crate::facts::RateLimitInfo;
     use http::StatusCode;
 
     fn status(code: u16) -> Classification {

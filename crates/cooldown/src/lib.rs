@@ -12,18 +12,17 @@
 //! offers [`PoolHealth::export`] / [`PoolHealth::import`] with absolute expiries.
 //!
 //! ```
-//! use http::{HeaderMap, StatusCode};
+//! use http::StatusCode;
 //! use keypool_core::AccountId;
-//! use keypool_cooldown::headers::RateLimitInfo;
+//! use keypool_cooldown::facts::RateLimitInfo;
 //! use keypool_cooldown::{classify, AttemptFailure, FailureClass, PoolHealth};
 //!
 //! let health = PoolHealth::default();
 //! let account = AccountId::from("acct-1");
 //! let (started, now) = (1_700_000_000_000, 1_700_000_000_350);
 //!
-//! let mut headers = HeaderMap::new();
-//! headers.insert("retry-after", "20".parse().unwrap());
-//! let info = RateLimitInfo::from_headers(&headers, now);
+//! // What a provider adapter read from a 429 (`retry-after: 20`).
+//! let info = RateLimitInfo { retry_after_ms: Some(20_000), ..RateLimitInfo::default() };
 //! health.windows.observe(&account, &info, now);
 //!
 //! let failure = AttemptFailure::Status { status: StatusCode::TOO_MANY_REQUESTS, rate_limit: &info, marks: Default::default() };
@@ -35,9 +34,9 @@
 //! ```
 //!
 //! # Layout
-//! - [`headers`]: parsers for `retry-after`, `retry-after-ms` and the Anthropic
-//!   rate-limit headers, gathered into [`headers::RateLimitInfo`], and the bound of
-//!   every reset ([`headers::ResetKind::bound`]).
+//! - [`facts`]: [`facts::RateLimitInfo`], the rate-limit facts of one response in a
+//!   form that names no provider (the adapters of `keypool-providers` read the
+//!   headers), and the bound of every reset ([`facts::ResetKind::bound`]).
 //! - `classify`: [`classify`] maps a failed attempt to a [`Classification`]
 //!   ([`FailureClass`] + [`Trigger`]), the SPEC 6 tables.
 //! - `config`: [`CooldownSettings`] (every number, SPEC defaults) validated into
@@ -63,7 +62,8 @@ mod config;
 mod cooldown;
 mod disabled;
 mod error;
-pub mod headers;
+pub mod facts;
+
 mod lockout;
 mod restate;
 mod signal;

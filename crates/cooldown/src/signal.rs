@@ -22,7 +22,7 @@
 //! the book writes to.
 //!
 //! ```
-//! use keypool_cooldown::headers::{RateLimitInfo, WindowUsage};
+//! use keypool_cooldown::facts::{RateLimitInfo, WindowUsage};
 //! use keypool_cooldown::WindowBook;
 //! use keypool_core::AccountId;
 //!
@@ -190,7 +190,7 @@ mod tests {
     use crate::classify::{AttemptFailure, classify};
     use crate::config::{CooldownConfig, CooldownSettings};
     use crate::cooldown::CooldownRecord;
-    use crate::headers::{RateLimitInfo, UnifiedStatus, WindowUsage};
+    use crate::facts::{RateLimitInfo, UnifiedStatus, WindowUsage};
     use crate::window::WindowRecord;
     use crate::{CooldownBook, WindowBook};
     use http::StatusCode;

@@ -32,7 +32,7 @@ use crate::config::CooldownConfig;
 use crate::cooldown::{CooldownBook, CooldownCorrection, CooldownEntry, CooldownRecord};
 use crate::disabled::disable_reason;
 use crate::disabled::{DisabledBook, DisabledRecord, Terminal};
-use crate::headers::ResetCorrection;
+use crate::facts::ResetCorrection;
 use crate::lockout::{LockoutBook, LockoutRecord};
 use crate::window::{WindowBook, WindowRecord, WindowState};
 
@@ -287,7 +287,7 @@ mod tests {
     use super::*;
     use crate::classify::{AttemptFailure, TransportFailure, classify};
     use crate::config::CooldownSettings;
-    use crate::headers::{RateLimitInfo, UnifiedStatus, WindowUsage};
+    use crate::facts::{RateLimitInfo, UnifiedStatus, WindowUsage};
     use crate::window::UsageLimit;
     use http::StatusCode;
     use keypool_core::Window;

@@ -6,8 +6,8 @@
 //!    when it cannot), and [`override_model`] splices an account's model into it;
 //! 2. [`build_upstream_head`] turns the client's head into the upstream one through an
 //!    allowlist, adding the account's credential;
-//! 3. [`rate_limits`] / [`response_meta`] read every response's rate-limit headers
-//!    (with `keypool-cooldown`'s parser), usage and error; [`StreamUsage`] reads usage
+//! 3. [`rate_limits_of`] / [`response_meta`] read every response's rate-limit headers
+//!    (into `keypool-cooldown`'s neutral [`RateLimitInfo`]), usage and error; [`StreamUsage`] reads usage
 //!    from stream frames;
 //! 4. [`CommitGate`] decides frame by frame when a stream may be committed;
 //! 5. [`sanitise`] writes keypool's own Anthropic-shaped error bodies.
@@ -44,6 +44,8 @@
 //! ```
 //!
 //! # Layout
+//! - [`anthropic`]: the `anthropic-ratelimit-*`, `retry-after` and `retry-after-ms`
+//!   headers read into [`RateLimitInfo`], every reset bounded.
 //! - [`upstream`]: the upstream request head (allowlist, auth, beta merge, URI).
 //! - [`request_body`]: [`inspect_request`] and the splicing [`override_model`].
 //! - [`response`]: rate limits, usage (JSON bodies and SSE frames), upstream errors.
@@ -54,6 +56,7 @@
 //!   end, content), so the proxy names no provider's events.
 //! - [`error`]: [`ProvidersError`], the crate's one error type.
 
+pub mod anthropic;
 pub mod error;
 pub mod openai;
 pub mod request_body;
@@ -64,7 +67,7 @@ pub mod upstream;
 pub mod wire;
 
 pub use error::ProvidersError;
-pub use keypool_cooldown::headers::RateLimitInfo;
+pub use keypool_cooldown::facts::RateLimitInfo;
 pub use keypool_core::StreamCommit;
 pub use request_body::{RequestInfo, inspect_request, override_model};
 pub use response::{

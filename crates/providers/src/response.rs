@@ -1,11 +1,11 @@
 //! What keypool reads from upstream responses (SPEC 8): rate-limit headers, usage from
 //! JSON bodies and SSE frames, and the upstream's error type and message.
 //!
-//! The rate-limit headers are parsed by `keypool-cooldown` ([`RateLimitInfo`]); this
-//! module only calls that parser, so there is one parser for both crates.
+//! The rate-limit headers are read by each provider's adapter ([`crate::anthropic`],
+//! [`crate::openai`]) into the neutral [`RateLimitInfo`] that `keypool-cooldown` reads.
 
 use http::{HeaderMap, StatusCode};
-use keypool_cooldown::headers::RateLimitInfo;
+use keypool_cooldown::facts::RateLimitInfo;
 use keypool_core::UnixMs;
 use keypool_sse::Frame;
 use serde::{Deserialize, Serialize};
@@ -51,11 +51,11 @@ impl UsageUpdate {
     }
 }
 
-/// Parses the rate-limit and window headers of any upstream response (success or
-/// failure) with `keypool-cooldown`'s parser. `now` turns an HTTP-date `retry-after`
-/// into a delay.
+/// Reads the rate-limit and window headers of any upstream response (success or
+/// failure) of an Anthropic-speaking account ([`crate::anthropic::rate_limit_facts`]).
+/// `now` turns an HTTP-date `retry-after` into a delay.
 pub fn rate_limits(headers: &HeaderMap, now: UnixMs) -> RateLimitInfo {
-    RateLimitInfo::from_headers(headers, now)
+    crate::anthropic::rate_limit_facts(headers, now)
 }
 
 /// [`rate_limits`] for an account of `provider`: an `openai` account's

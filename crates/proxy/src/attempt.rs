@@ -16,7 +16,7 @@ use http::{HeaderMap, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use keypool_cooldown::TransportFailure;
-use keypool_cooldown::headers::RateLimitInfo;
+use keypool_cooldown::facts::RateLimitInfo;
 use keypool_core::UnixMs;
 use keypool_providers::openai::{ChatStream, ChatStreamOptions, message_to_chat_completion};
 use keypool_providers::{

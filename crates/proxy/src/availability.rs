@@ -155,7 +155,7 @@ impl Availability for HealthAvailability<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keypool_cooldown::headers::{RateLimitInfo, UnifiedStatus, WindowUsage};
+    use keypool_cooldown::facts::{RateLimitInfo, UnifiedStatus, WindowUsage};
     use keypool_cooldown::{AttemptFailure, classify};
     use keypool_core::Window;
 
@@ -259,7 +259,7 @@ mod tests {
     /// snapshot's signals say "look" and the books answer exactly.
     #[test]
     fn family_windows_and_lockouts_are_scoped_to_the_request() {
-        use keypool_cooldown::headers::FamilyWeekly;
+        use keypool_cooldown::facts::FamilyWeekly;
         let config = config();
         let health = PoolHealth::new(config.cooldown().clone());
         let (strict, plain) = (AccountId::from("strict"), AccountId::from("plain"));

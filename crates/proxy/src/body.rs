@@ -145,7 +145,7 @@ impl Body for ProxyBody {
 /// How a committed stream ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamEnd {
-    /// The upstream sent `message_stop` and ended the body.
+    /// The upstream sent the end of the answer ([`FrameRole::End`]) and ended the body.
     Completed,
     /// The upstream failed after the head was written (error frame, cut, reset, idle
     /// timeout); the client got the generic error frame.
@@ -154,8 +154,8 @@ pub enum StreamEnd {
     ClientGone,
 }
 
-/// How long a committed stream waits, after its `message_stop`, for the upstream body to
-/// end before it ends the client's stream anyway.
+/// How long a committed stream waits, after the end of its answer ([`FrameRole::End`]),
+/// for the upstream body to end before it ends the client's stream anyway.
 const AFTER_STOP_GRACE: Duration = Duration::from_secs(1);
 
 /// What a committed stream writes to the client.
@@ -231,7 +231,7 @@ pub(crate) struct StreamBody {
     output: StreamOutput,
     /// The slow-stream watchdog, its next look, and the attempt's start (SPEC 16).
     watch: Option<Watch>,
-    /// `message_stop` was forwarded and the grace for the body's end has started.
+    /// The end of the answer ([`FrameRole::End`]) was forwarded and the grace for the body's end has started.
     stopping: bool,
     done: bool,
     finish: Option<Box<dyn StreamFinish>>,
@@ -257,7 +257,7 @@ pub(crate) struct HeldStream {
     pub body: Incoming,
     /// The usage the held frames reported.
     pub usage: StreamUsage,
-    /// Whether the end of the answer (Anthropic's `message_stop`) was among the held
+    /// Whether the end of the answer ([`FrameRole::End`]: Anthropic's `message_stop`, OpenAI's `[DONE]`) was among the held
     /// frames.
     pub saw_stop: bool,
     /// The upstream's wire format.
@@ -369,7 +369,7 @@ impl StreamBody {
                 continue;
             };
             if self.saw_stop {
-                // `message_stop` was forwarded: the answer is complete, whatever the
+                // the end of the answer was forwarded: the answer is complete, whatever the
                 // upstream does next. Wait briefly for the end of its body (so that its
                 // connection can be reused), ignoring anything more it sends; a reset,
                 // a body shorter than its `content-length` or silence ends it as well.

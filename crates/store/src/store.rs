@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
-use keypool_cooldown::headers::{RateLimitInfo, ResetCorrection};
+use keypool_cooldown::facts::{RateLimitInfo, ResetCorrection};
 use keypool_cooldown::{
     Attempt, Classification, ClearedWindows, CooldownCorrection, CooldownRecord, DisabledAccount,
     DisabledRecord, FailureEffect, ImportCounts, OutOfWindow, PoolHealth, Terminal, WindowRecord,
@@ -1133,12 +1133,12 @@ async fn reconcile(
     Ok(())
 }
 
-/// Logs a reset the parser or an import bounded: the account, the header and both
+/// Logs a reset an adapter or an import bounded: the account, which reset and both
 /// values (no secret: upstream header values are numbers here).
 fn log_reset_correction(account: &AccountId, c: &ResetCorrection, source: &str) {
     tracing::warn!(
         account = %account,
-        header = c.kind.header(),
+        reset = c.kind.name(),
         received_ms = c.received,
         recorded_ms = c.recorded,
         read_as_ms = c.read_as_ms,

@@ -9,7 +9,7 @@
 //! nothing: turning a fact into a cooldown is another crate's policy.
 
 use http::HeaderMap;
-use keypool_cooldown::headers::RateLimitInfo;
+use keypool_cooldown::facts::RateLimitInfo;
 use keypool_core::UnixMs;
 use serde::Serialize;
 

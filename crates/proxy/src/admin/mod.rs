@@ -40,7 +40,7 @@ use http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method, Response, StatusCode};
 use keypool_cooldown::OutOfWindow;
-use keypool_cooldown::headers::WindowUsage;
+use keypool_cooldown::facts::WindowUsage;
 use keypool_core::{AccountId, Strategy, UnixMs};
 use keypool_providers::ErrorType;
 use keypool_selector::Candidate;

@@ -4,7 +4,7 @@
 //! routes (`GET /admin/lockouts`, `POST /admin/accounts/{id}/clear-lockouts[?model=]`).
 
 use http::{Response, StatusCode};
-use keypool_cooldown::headers::WindowUsage;
+use keypool_cooldown::facts::WindowUsage;
 use keypool_cooldown::{CooldownEntry, OutOfWindow, UsageLimit};
 use keypool_core::{AccountId, ModelFamily, UnixMs};
 use keypool_store::Store;

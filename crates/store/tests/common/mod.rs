@@ -66,9 +66,9 @@ pub fn attempt<'a>(account: &'a AccountId, started_at: UnixMs) -> Attempt<'a> {
 pub const HOUR_MS: u64 = 3_600_000;
 
 /// Headers of a response that put the 5-hour window at `utilization`, resetting at `reset`.
-pub fn five_hour_at(utilization: f64, reset: UnixMs) -> keypool_cooldown::headers::RateLimitInfo {
-    keypool_cooldown::headers::RateLimitInfo {
-        five_hour: keypool_cooldown::headers::WindowUsage {
+pub fn five_hour_at(utilization: f64, reset: UnixMs) -> keypool_cooldown::facts::RateLimitInfo {
+    keypool_cooldown::facts::RateLimitInfo {
+        five_hour: keypool_cooldown::facts::WindowUsage {
             utilization: Some(utilization),
             reset: Some(reset),
             status: None,
@@ -99,9 +99,9 @@ pub fn far_future_cooldown_json(account: &str, now: UnixMs) -> String {
 }
 
 /// Headers of a 429 with `-status: rejected` until `reset` for the 5-hour window.
-pub fn rejected_until(reset: UnixMs) -> keypool_cooldown::headers::RateLimitInfo {
-    keypool_cooldown::headers::RateLimitInfo {
-        unified_status: Some(keypool_cooldown::headers::UnifiedStatus::Rejected),
+pub fn rejected_until(reset: UnixMs) -> keypool_cooldown::facts::RateLimitInfo {
+    keypool_cooldown::facts::RateLimitInfo {
+        unified_status: Some(keypool_cooldown::facts::UnifiedStatus::Rejected),
         unified_reset: Some(reset),
         representative_claim: Some("five_hour".into()),
         ..Default::default()

@@ -1,27 +1,18 @@
-//! Parsers for the rate-limit headers of an upstream response (SPEC 5, 6 and 8).
+//! The Anthropic adapter's reading of rate-limit headers (SPEC 5, 6 and 8): the
+//! `anthropic-ratelimit-*` family, `retry-after` and `retry-after-ms`, read into the
+//! neutral [`RateLimitInfo`] of `keypool-cooldown`, which never sees a header.
 //!
 //! Every function here is pure: it reads an [`http::HeaderMap`] or one
 //! [`http::HeaderValue`] and, where a header is relative to "now" (`retry-after` as an
 //! HTTP date), takes `now` as an argument. A value that does not parse is ignored
 //! (`None`), never an error and never a panic: upstream headers are untrusted input.
-//!
-//! [`RateLimitInfo::from_headers`] gathers everything keypool reads from one response.
-//! The provider adapters call it once per response and hand the result to the
-//! classifier ([`crate::classify`]) and to the [`crate::WindowBook`].
-//!
-//! **Resets are bounded.** A reset is the upstream's claim about the future, and one
-//! absurd claim must not take an account out for good. Each reset kind has a bound
-//! ([`ResetKind::bound_ms`]: the window's length plus [`RESET_SLACK_MS`]) and
-//! [`ResetKind::bound`] is the one rule applied to it, here for every response and by
-//! [`crate::WindowBook::import`] for persisted state: a reset within its bound (or in
-//! the past) is kept exactly; one beyond it that is also later than the year 5138 as
-//! seconds ([`UNIX_MS_READING_ABOVE`]) was sent in unix milliseconds and is read so;
-//! whatever is still beyond the bound is clamped to it. Each correction is reported in
-//! [`RateLimitInfo::corrections`] (this crate does not log; the store does).
+//! Every reset is bounded ([`RateLimitInfo::bound_resets`]) before the facts leave this
+//! module.
 //!
 //! ```
 //! use http::HeaderMap;
-//! use keypool_cooldown::headers::{RateLimitInfo, UnifiedStatus};
+//! use keypool_cooldown::facts::UnifiedStatus;
+//! use keypool_providers::anthropic::rate_limit_facts;
 //!
 //! let mut h = HeaderMap::new();
 //! h.insert("retry-after", "30".parse().unwrap());
@@ -30,7 +21,7 @@
 //! h.insert("anthropic-ratelimit-unified-5h-utilization", "0.97".parse().unwrap());
 //! h.insert("anthropic-ratelimit-unified-5h-reset", "bogus".parse().unwrap());
 //!
-//! let info = RateLimitInfo::from_headers(&h, 1_700_000_000_000);
+//! let info = rate_limit_facts(&h, 1_700_000_000_000);
 //! assert_eq!(info.retry_after_ms, Some(30_000));
 //! assert_eq!(info.unified_status, Some(UnifiedStatus::Rejected));
 //! assert_eq!(info.unified_reset, Some(1_700_003_600_000));
@@ -40,7 +31,7 @@
 //!
 //! // A reset 3 trillion years ahead is clamped to 7 days (and 5 minutes of slack).
 //! h.insert("anthropic-ratelimit-unified-reset", "99999999999999999999".parse().unwrap());
-//! let info = RateLimitInfo::from_headers(&h, 1_700_000_000_000);
+//! let info = rate_limit_facts(&h, 1_700_000_000_000);
 //! assert_eq!(info.unified_reset, Some(1_700_000_000_000 + 7 * 86_400_000 + 300_000));
 //! assert_eq!(info.corrections.len(), 1);
 //! ```
@@ -48,8 +39,8 @@
 use std::time::UNIX_EPOCH;
 
 use http::{HeaderMap, HeaderValue};
-use keypool_core::{ModelFamily, UnixMs, Window};
-use serde::{Deserialize, Serialize};
+use keypool_cooldown::facts::{FamilyWeekly, RateLimitInfo, ResetKind, UnifiedStatus, WindowUsage};
+use keypool_core::{ModelFamily, UnixMs};
 
 /// `retry-after`: delay in seconds, or an HTTP date.
 pub const RETRY_AFTER: &str = "retry-after";
@@ -101,341 +92,53 @@ pub const REQUESTS_RESET: &str = "anthropic-ratelimit-requests-reset";
 /// Longest accepted representative-claim value; longer ones are ignored.
 const MAX_CLAIM_LEN: usize = 64;
 
-/// What every reset bound allows beyond its window's length, ms (5 minutes): clock
-/// skew between keypool and the upstream, and an upstream that rounds its reset up.
-pub const RESET_SLACK_MS: u64 = 5 * 60_000;
-
-/// A reset beyond its bound and later than this (10^11 s after the epoch, the year
-/// 5138, here in ms) was sent in unix milliseconds where seconds belong: it is read as
-/// milliseconds (then bounded like any other).
-pub const UNIX_MS_READING_ABOVE: UnixMs = 100_000_000_000_000;
-
-const HOUR_MS: u64 = 3_600_000;
-
-/// Which reset a value is: each kind has its own bound ([`ResetKind::bound_ms`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ResetKind {
-    /// `anthropic-ratelimit-unified-reset`: may stand for the weekly window, so the
-    /// weekly bound.
-    Unified,
-    /// `anthropic-ratelimit-unified-5h-reset`.
-    FiveHour,
-    /// `anthropic-ratelimit-unified-7d-reset`.
-    SevenDay,
-    /// `anthropic-ratelimit-requests-reset` (API-key request limit, a cooldown): the
-    /// 1 hour of the default `retry_after_max_ms`, the cap of every other 429 wait.
-    Requests,
-    /// `anthropic-ratelimit-unified-7d_<family>-reset`: the weekly bound.
-    FamilySevenDay(ModelFamily),
-}
-
-impl ResetKind {
-    /// Every kind.
-    pub const ALL: [Self; 7] = [
-        Self::Unified,
-        Self::FiveHour,
-        Self::SevenDay,
-        Self::Requests,
-        Self::FamilySevenDay(ModelFamily::Opus),
-        Self::FamilySevenDay(ModelFamily::Sonnet),
-        Self::FamilySevenDay(ModelFamily::Haiku),
-    ];
-
-    /// The header the reset comes from.
-    pub const fn header(self) -> &'static str {
-        match self {
-            Self::Unified => UNIFIED_RESET,
-            Self::FiveHour => UNIFIED_5H_RESET,
-            Self::SevenDay => UNIFIED_7D_RESET,
-            Self::Requests => REQUESTS_RESET,
-            Self::FamilySevenDay(family) => UNIFIED_7D_FAMILY[family.index()][1],
-        }
-    }
-
-    /// How far after `now` a reset of this kind may lie, ms: 5 h (`-5h-reset`), 7 d
-    /// (`-7d-reset` and the overall `-reset`), 1 h (`requests-reset`), each plus
-    /// [`RESET_SLACK_MS`].
-    pub const fn bound_ms(self) -> u64 {
-        let window = match self {
-            Self::FiveHour => 5 * HOUR_MS,
-            Self::Unified | Self::SevenDay | Self::FamilySevenDay(_) => 7 * 24 * HOUR_MS,
-            Self::Requests => HOUR_MS,
-        };
-        window + RESET_SLACK_MS
-    }
-
-    /// The longest bound of any kind (the weekly one).
-    pub const fn longest_bound_ms() -> u64 {
-        Self::SevenDay.bound_ms()
-    }
-
-    /// The one rule for a reset `at` (unix ms) seen at `now`: kept exactly within
-    /// `now + bound_ms` (a reset in the past stays in the past); beyond it, read as
-    /// unix ms when later than [`UNIX_MS_READING_ABOVE`], then clamped to the bound.
-    /// Returns the value to record and, when it differs from `at`, the correction.
-    pub fn bound(self, at: UnixMs, now: UnixMs) -> (UnixMs, Option<ResetCorrection>) {
-        let limit = now.saturating_add(self.bound_ms());
-        if at <= limit {
-            return (at, None);
-        }
-        let read_as_ms = at > UNIX_MS_READING_ABOVE;
-        let recorded = if read_as_ms { at / 1000 } else { at }.min(limit);
-        let correction = ResetCorrection {
-            kind: self,
-            received: at,
-            recorded,
-            read_as_ms,
-        };
-        (recorded, Some(correction))
+/// The header a reset of `kind` comes from.
+pub const fn reset_header(kind: ResetKind) -> &'static str {
+    match kind {
+        ResetKind::Unified => UNIFIED_RESET,
+        ResetKind::FiveHour => UNIFIED_5H_RESET,
+        ResetKind::SevenDay => UNIFIED_7D_RESET,
+        ResetKind::Requests => REQUESTS_RESET,
+        ResetKind::FamilySevenDay(family) => UNIFIED_7D_FAMILY[family.index()][1],
     }
 }
 
-/// A reset that was not recorded as received (see [`ResetKind::bound`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ResetCorrection {
-    /// Which reset.
-    pub kind: ResetKind,
-    /// The value as received, unix ms (the header's seconds × 1000, saturated).
-    pub received: UnixMs,
-    /// The value recorded instead, unix ms.
-    pub recorded: UnixMs,
-    /// Whether `received` was read as unix milliseconds.
-    pub read_as_ms: bool,
+/// Reads every rate-limit header keypool knows from `headers`. `now` turns an
+/// HTTP-date `retry-after` into a delay and bounds every reset
+/// ([`RateLimitInfo::bound_resets`], reported in `corrections`).
+pub fn rate_limit_facts(headers: &HeaderMap, now: UnixMs) -> RateLimitInfo {
+    let mut info = parse(headers, now);
+    info.corrections = info.bound_resets(now);
+    info
 }
 
-/// A unified rate-limit status (`-status`, `-5h-status`, `-7d-status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum UnifiedStatus {
-    /// Requests are allowed.
-    Allowed,
-    /// Requests are allowed, but the limit is close.
-    AllowedWarning,
-    /// Requests are rejected until the reset.
-    Rejected,
-}
-
-impl UnifiedStatus {
-    /// The header spelling (`allowed`, `allowed_warning`, `rejected`).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Allowed => "allowed",
-            Self::AllowedWarning => "allowed_warning",
-            Self::Rejected => "rejected",
-        }
+/// The headers as sent, without bounding the resets.
+fn parse(headers: &HeaderMap, now: UnixMs) -> RateLimitInfo {
+    let found = Found::scan(headers);
+    let get = |slot: usize| found.0[slot];
+    let retry_after_ms = get(Found::RETRY_AFTER_MS)
+        .and_then(parse_retry_after_ms)
+        .or_else(|| get(Found::RETRY_AFTER).and_then(|v| parse_retry_after(v, now)));
+    let window = |util: usize| WindowUsage {
+        utilization: get(util).and_then(parse_utilization),
+        reset: get(util + 1).and_then(parse_unix_seconds),
+        status: get(util + 2).and_then(parse_unified_status),
+    };
+    let mut families = FamilyWeekly::default();
+    for family in ModelFamily::ALL {
+        *families.get_mut(*family) = window(Found::FAMILY + 3 * family.index());
     }
-}
-
-/// The unified headers of one usage window (5-hour or weekly).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct WindowUsage {
-    /// Fraction of the window used; finite and `>= 0` (may exceed 1).
-    pub utilization: Option<f64>,
-    /// When the window resets, unix ms (the header carries unix seconds).
-    pub reset: Option<UnixMs>,
-    /// The window's own status.
-    pub status: Option<UnifiedStatus>,
-}
-
-impl WindowUsage {
-    /// True when no field was present.
-    pub fn is_empty(&self) -> bool {
-        self.utilization.is_none() && self.reset.is_none() && self.status.is_none()
-    }
-
-    /// Takes every field `newer` has; keeps the others.
-    pub fn merge(&mut self, newer: &WindowUsage) {
-        self.utilization = newer.utilization.or(self.utilization);
-        self.reset = newer.reset.or(self.reset);
-        self.status = newer.status.or(self.status);
-    }
-}
-
-/// The per-family weekly windows of one account (SPEC 16), one [`WindowUsage`] per
-/// [`ModelFamily`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct FamilyWeekly {
-    /// `-7d_opus-*`.
-    #[serde(skip_serializing_if = "WindowUsage::is_empty")]
-    pub opus: WindowUsage,
-    /// `-7d_sonnet-*`.
-    #[serde(skip_serializing_if = "WindowUsage::is_empty")]
-    pub sonnet: WindowUsage,
-    /// `-7d_haiku-*`.
-    #[serde(skip_serializing_if = "WindowUsage::is_empty")]
-    pub haiku: WindowUsage,
-}
-
-impl FamilyWeekly {
-    /// The window of `family`.
-    pub fn get(&self, family: ModelFamily) -> &WindowUsage {
-        match family {
-            ModelFamily::Opus => &self.opus,
-            ModelFamily::Sonnet => &self.sonnet,
-            ModelFamily::Haiku => &self.haiku,
-        }
-    }
-
-    /// The window of `family`, to change.
-    pub fn get_mut(&mut self, family: ModelFamily) -> &mut WindowUsage {
-        match family {
-            ModelFamily::Opus => &mut self.opus,
-            ModelFamily::Sonnet => &mut self.sonnet,
-            ModelFamily::Haiku => &mut self.haiku,
-        }
-    }
-
-    /// True when no family has any field.
-    pub fn is_empty(&self) -> bool {
-        ModelFamily::ALL.iter().all(|f| self.get(*f).is_empty())
-    }
-}
-
-/// Everything keypool reads from one upstream response's rate-limit headers.
-///
-/// Every field is optional: absent or malformed headers leave it `None`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RateLimitInfo {
-    /// How long the upstream asked to wait, in ms: `retry-after-ms` when it parses,
-    /// else `retry-after` (seconds, or an HTTP date relative to `now`; a date in the
-    /// past gives 0). Not clamped here; the cooldown book clamps it.
-    pub retry_after_ms: Option<u64>,
-    /// `anthropic-ratelimit-unified-status`.
-    pub unified_status: Option<UnifiedStatus>,
-    /// `anthropic-ratelimit-unified-reset`, unix ms.
-    pub unified_reset: Option<UnixMs>,
-    /// `anthropic-ratelimit-unified-representative-claim`, e.g. `five_hour`.
-    pub representative_claim: Option<String>,
-    /// The `-5h-*` headers.
-    pub five_hour: WindowUsage,
-    /// The `-7d-*` headers.
-    pub seven_day: WindowUsage,
-    /// `anthropic-ratelimit-requests-remaining`.
-    pub requests_remaining: Option<u64>,
-    /// `anthropic-ratelimit-requests-reset`, unix ms.
-    pub requests_reset: Option<UnixMs>,
-    /// The per-family weekly windows (`-7d_opus-*`, `-7d_sonnet-*`, `-7d_haiku-*`).
-    #[serde(default, skip_serializing_if = "FamilyWeekly::is_empty")]
-    pub families: FamilyWeekly,
-    /// The resets [`RateLimitInfo::from_headers`] bounded (empty for a sane upstream),
-    /// for the caller to log. Never persisted.
-    #[serde(skip)]
-    pub corrections: Vec<ResetCorrection>,
-}
-
-impl RateLimitInfo {
-    /// Parses every rate-limit header keypool knows from `headers`. `now` turns an
-    /// HTTP-date `retry-after` into a delay and bounds every reset
-    /// ([`RateLimitInfo::bound_resets`], reported in `corrections`).
-    pub fn from_headers(headers: &HeaderMap, now: UnixMs) -> Self {
-        let mut info = Self::parse(headers, now);
-        info.corrections = info.bound_resets(now);
-        info
-    }
-
-    /// The headers as sent, without bounding the resets.
-    fn parse(headers: &HeaderMap, now: UnixMs) -> Self {
-        let found = Found::scan(headers);
-        let get = |slot: usize| found.0[slot];
-        let retry_after_ms = get(Found::RETRY_AFTER_MS)
-            .and_then(parse_retry_after_ms)
-            .or_else(|| get(Found::RETRY_AFTER).and_then(|v| parse_retry_after(v, now)));
-        let window = |util: usize| WindowUsage {
-            utilization: get(util).and_then(parse_utilization),
-            reset: get(util + 1).and_then(parse_unix_seconds),
-            status: get(util + 2).and_then(parse_unified_status),
-        };
-        let mut families = FamilyWeekly::default();
-        for family in ModelFamily::ALL {
-            *families.get_mut(*family) = window(Found::FAMILY + 3 * family.index());
-        }
-        Self {
-            retry_after_ms,
-            families,
-            unified_status: get(Found::UNIFIED_STATUS).and_then(parse_unified_status),
-            unified_reset: get(Found::UNIFIED_RESET).and_then(parse_unix_seconds),
-            representative_claim: get(Found::CLAIM).and_then(parse_claim),
-            five_hour: window(Found::FIVE_HOUR),
-            seven_day: window(Found::SEVEN_DAY),
-            requests_remaining: get(Found::REQUESTS_REMAINING).and_then(parse_u64),
-            requests_reset: get(Found::REQUESTS_RESET).and_then(parse_timestamp),
-            corrections: Vec::new(),
-        }
-    }
-
-    /// The reset of `kind`, if known.
-    pub fn reset(&self, kind: ResetKind) -> Option<UnixMs> {
-        match kind {
-            ResetKind::Unified => self.unified_reset,
-            ResetKind::FiveHour => self.five_hour.reset,
-            ResetKind::SevenDay => self.seven_day.reset,
-            ResetKind::Requests => self.requests_reset,
-            ResetKind::FamilySevenDay(family) => self.families.get(family).reset,
-        }
-    }
-
-    fn reset_mut(&mut self, kind: ResetKind) -> &mut Option<UnixMs> {
-        match kind {
-            ResetKind::Unified => &mut self.unified_reset,
-            ResetKind::FiveHour => &mut self.five_hour.reset,
-            ResetKind::SevenDay => &mut self.seven_day.reset,
-            ResetKind::Requests => &mut self.requests_reset,
-            ResetKind::FamilySevenDay(family) => &mut self.families.get_mut(family).reset,
-        }
-    }
-
-    /// Applies [`ResetKind::bound`] at `now` to every reset and returns the corrections
-    /// (the headers' parser does this for each response; the window book's import for
-    /// persisted state).
-    pub fn bound_resets(&mut self, now: UnixMs) -> Vec<ResetCorrection> {
-        let mut corrections = Vec::new();
-        for kind in ResetKind::ALL {
-            let reset = self.reset_mut(kind);
-            if let Some(at) = *reset {
-                let (recorded, correction) = kind.bound(at, now);
-                *reset = Some(recorded);
-                corrections.extend(correction);
-            }
-        }
-        corrections
-    }
-
-    /// The headers of one usage window.
-    pub fn window(&self, window: Window) -> &WindowUsage {
-        match window {
-            Window::FiveHour => &self.five_hour,
-            Window::Weekly => &self.seven_day,
-        }
-    }
-
-    /// The window the representative claim names, if it names one
-    /// (`five_hour` → 5h; `seven_day`, `seven_day_opus`, ... → weekly).
-    pub fn claimed_window(&self) -> Option<Window> {
-        claim_window(self.representative_claim.as_deref()?)
-    }
-
-    /// The model family the representative claim names (`seven_day_opus` → opus), if
-    /// it names one: an overall `rejected` then stands for that family only.
-    pub fn claimed_family(&self) -> Option<ModelFamily> {
-        claim_family(self.representative_claim.as_deref()?)
-    }
-
-    /// True when no rate-limit header was present (or none parsed).
-    pub fn is_empty(&self) -> bool {
-        self.retry_after_ms.is_none() && self.has_no_window_state()
-    }
-
-    /// True when nothing but `retry-after` was present: nothing the window book keeps.
-    pub fn has_no_window_state(&self) -> bool {
-        self.unified_status.is_none()
-            && self.unified_reset.is_none()
-            && self.representative_claim.is_none()
-            && self.five_hour.is_empty()
-            && self.seven_day.is_empty()
-            && self.requests_remaining.is_none()
-            && self.requests_reset.is_none()
-            && self.families.is_empty()
+    RateLimitInfo {
+        retry_after_ms,
+        families,
+        unified_status: get(Found::UNIFIED_STATUS).and_then(parse_unified_status),
+        unified_reset: get(Found::UNIFIED_RESET).and_then(parse_unix_seconds),
+        representative_claim: get(Found::CLAIM).and_then(parse_claim),
+        five_hour: window(Found::FIVE_HOUR),
+        seven_day: window(Found::SEVEN_DAY),
+        requests_remaining: get(Found::REQUESTS_REMAINING).and_then(parse_u64),
+        requests_reset: get(Found::REQUESTS_RESET).and_then(parse_timestamp),
+        corrections: Vec::new(),
     }
 }
 
@@ -503,27 +206,6 @@ impl<'h> Found<'h> {
             }
         }
         found
-    }
-}
-
-/// The model family a representative-claim value names (`seven_day_opus`,
-/// `seven_day_sonnet`, `seven_day_haiku`), if any.
-pub fn claim_family(claim: &str) -> Option<ModelFamily> {
-    let family = claim.strip_prefix("seven_day_")?;
-    ModelFamily::ALL
-        .iter()
-        .copied()
-        .find(|f| f.as_str() == family)
-}
-
-/// The window a representative-claim value names, if any.
-pub fn claim_window(claim: &str) -> Option<Window> {
-    if claim == "five_hour" || claim.starts_with("five_hour_") || claim == "5h" {
-        Some(Window::FiveHour)
-    } else if claim == "seven_day" || claim.starts_with("seven_day_") || claim == "7d" {
-        Some(Window::Weekly)
-    } else {
-        None
     }
 }
 
@@ -730,10 +412,11 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let days_before_month: i64 = (1..m).map(|mm| days_in_month(y, mm)).sum();
     days_before_year + days_before_month + (d - 1)
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keypool_cooldown::facts::{ResetCorrection, claim_family};
+    use keypool_core::Window;
     use proptest::prelude::*;
 
     fn hv(s: &str) -> HeaderValue {
@@ -792,15 +475,9 @@ mod tests {
     #[test]
     fn retry_after_ms_wins_over_retry_after() {
         let h = map(&[(RETRY_AFTER, "30"), (RETRY_AFTER_MS, "2500")]);
-        assert_eq!(
-            RateLimitInfo::from_headers(&h, NOW).retry_after_ms,
-            Some(2500)
-        );
+        assert_eq!(rate_limit_facts(&h, NOW).retry_after_ms, Some(2500));
         let h = map(&[(RETRY_AFTER, "30"), (RETRY_AFTER_MS, "soon")]);
-        assert_eq!(
-            RateLimitInfo::from_headers(&h, NOW).retry_after_ms,
-            Some(30_000)
-        );
+        assert_eq!(rate_limit_facts(&h, NOW).retry_after_ms, Some(30_000));
     }
 
     #[test]
@@ -816,7 +493,7 @@ mod tests {
             (UNIFIED_7D_RESET, "1700500000"),
             (UNIFIED_7D_STATUS, "allowed"),
         ]);
-        let info = RateLimitInfo::from_headers(&h, NOW);
+        let info = rate_limit_facts(&h, NOW);
         assert_eq!(
             info,
             RateLimitInfo {
@@ -843,7 +520,7 @@ mod tests {
         assert_eq!(info.claimed_window(), Some(Window::FiveHour));
         assert_eq!(info.window(Window::Weekly).utilization, Some(0.4));
         assert!(!info.is_empty());
-        assert!(RateLimitInfo::from_headers(&HeaderMap::new(), NOW).is_empty());
+        assert!(rate_limit_facts(&HeaderMap::new(), NOW).is_empty());
     }
 
     #[test]
@@ -858,7 +535,7 @@ mod tests {
             (REQUESTS_REMAINING, "-3"),
             (REQUESTS_RESET, "2025-13-01T00:00:00Z"),
         ]);
-        assert!(RateLimitInfo::from_headers(&h, NOW).is_empty());
+        assert!(rate_limit_facts(&h, NOW).is_empty());
         assert_eq!(parse_utilization(&hv("inf")), None);
         assert_eq!(parse_utilization(&hv("1e-2")), None);
         assert_eq!(parse_utilization(&hv("1.2")), Some(1.2));
@@ -874,11 +551,11 @@ mod tests {
             (REQUESTS_REMAINING, "0"),
             (REQUESTS_RESET, "2023-11-14T22:14:20Z"),
         ]);
-        let info = RateLimitInfo::from_headers(&h, NOW);
+        let info = rate_limit_facts(&h, NOW);
         assert_eq!(info.requests_remaining, Some(0));
         assert_eq!(info.requests_reset, Some(1_700_000_060_000));
         let h = map(&[(REQUESTS_RESET, "1700000060")]);
-        let info = RateLimitInfo::from_headers(&h, NOW);
+        let info = rate_limit_facts(&h, NOW);
         assert_eq!(info.requests_reset, Some(1_700_000_060_000));
     }
 
@@ -926,14 +603,6 @@ mod tests {
         ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad:?}");
         }
-    }
-
-    #[test]
-    fn claim_names_map_to_windows() {
-        assert_eq!(claim_window("five_hour"), Some(Window::FiveHour));
-        assert_eq!(claim_window("seven_day"), Some(Window::Weekly));
-        assert_eq!(claim_window("seven_day_opus"), Some(Window::Weekly));
-        assert_eq!(claim_window("overage"), None);
     }
 
     /// Days since the epoch, counted one day at a time: a slow oracle for the formula.
@@ -1002,7 +671,7 @@ mod tests {
             ),
             ("anthropic-ratelimit-unified-7d_pous-utilization", "0.5"),
         ]);
-        let info = RateLimitInfo::from_headers(&h, NOW);
+        let info = rate_limit_facts(&h, NOW);
         assert_eq!(
             info.families.opus,
             WindowUsage {
@@ -1016,22 +685,17 @@ mod tests {
         assert_eq!(info.claimed_family(), Some(ModelFamily::Opus));
         assert_eq!(info.claimed_window(), Some(Window::Weekly));
         assert!(!info.has_no_window_state());
-        assert_eq!(RateLimitInfo::parse(&h, NOW), by_lookup(&h, NOW));
+        assert_eq!(parse(&h, NOW), by_lookup(&h, NOW));
         assert_eq!(claim_family("seven_day"), None);
         assert_eq!(claim_family("seven_day_sonnet"), Some(ModelFamily::Sonnet));
         assert_eq!(claim_family("five_hour"), None);
         // bounded like the weekly window
         let far = map(&[("anthropic-ratelimit-unified-7d_sonnet-reset", "99999999999")]);
-        let info = RateLimitInfo::from_headers(&far, NOW);
+        let info = rate_limit_facts(&far, NOW);
         assert_eq!(
             info.families.sonnet.reset,
             Some(NOW + 7 * 86_400_000 + 300_000)
         );
-        // persisted state of an older keypool (no `families`) still reads
-        let json = serde_json::to_string(&RateLimitInfo::default()).unwrap();
-        assert!(!json.contains("families"), "{json}");
-        let old: RateLimitInfo = serde_json::from_str(&json).unwrap();
-        assert!(old.families.is_empty());
     }
 
     #[test]
@@ -1045,10 +709,10 @@ mod tests {
         );
         h.append("anthropic-ratelimit-", HeaderValue::from_static("1"));
         h.append("x-retry-after", HeaderValue::from_static("5"));
-        let info = RateLimitInfo::from_headers(&h, NOW);
+        let info = rate_limit_facts(&h, NOW);
         assert_eq!(info.five_hour.utilization, Some(0.5));
         assert_eq!(info.retry_after_ms, None);
-        assert_eq!(RateLimitInfo::parse(&h, NOW), by_lookup(&h, NOW));
+        assert_eq!(parse(&h, NOW), by_lookup(&h, NOW));
     }
 
     proptest! {
@@ -1070,11 +734,11 @@ mod tests {
                     h.insert(REQUESTS_RESET, v);
                 }
             }
-            let info = RateLimitInfo::from_headers(&h, now);
+            let info = rate_limit_facts(&h, now);
             if let Some(u) = info.five_hour.utilization {
                 prop_assert!(u.is_finite() && u >= 0.0);
             }
-            prop_assert_eq!(RateLimitInfo::parse(&h, now), by_lookup(&h, now));
+            prop_assert_eq!(parse(&h, now), by_lookup(&h, now));
         }
 
         #[test]
@@ -1134,10 +798,7 @@ mod tests {
     }
 
     fn reset_from(header: &'static str, value: &str, now: UnixMs) -> Option<UnixMs> {
-        reset_of(
-            &RateLimitInfo::from_headers(&map(&[(header, value)]), now),
-            header,
-        )
+        reset_of(&rate_limit_facts(&map(&[(header, value)]), now), header)
     }
 
     #[test]
@@ -1163,7 +824,7 @@ mod tests {
             (UNIFIED_7D_RESET, "1700000060"),
         ]);
         assert_eq!(
-            RateLimitInfo::from_headers(&h, NOW).corrections,
+            rate_limit_facts(&h, NOW).corrections,
             [
                 ResetCorrection {
                     kind: ResetKind::Unified,
@@ -1192,21 +853,14 @@ mod tests {
     }
 
     #[test]
-    fn each_reset_kind_has_the_documented_bound() {
+    fn each_reset_header_has_its_kind_s_documented_bound() {
         let kinds: Vec<(&str, u64)> = ResetKind::ALL
             .iter()
-            .map(|k| (k.header(), k.bound_ms()))
+            .map(|k| (reset_header(*k), k.bound_ms()))
             .collect();
         let mut expected = BOUNDS.to_vec();
-        expected.sort_by_key(|(h, _)| ResetKind::ALL.iter().position(|k| k.header() == *h));
+        expected.sort_by_key(|(h, _)| ResetKind::ALL.iter().position(|k| reset_header(*k) == *h));
         assert_eq!(kinds, expected);
-        assert_eq!(ResetKind::longest_bound_ms(), 7 * 24 * HOUR + SLACK);
-        assert_eq!(RESET_SLACK_MS, SLACK);
-        // the 1-hour request-limit bound is the default cap of every other 429 wait
-        assert_eq!(
-            ResetKind::Requests.bound_ms() - RESET_SLACK_MS,
-            crate::CooldownSettings::default().retry_after_max_ms
-        );
     }
 
     #[test]
@@ -1219,13 +873,13 @@ mod tests {
                 Some(soon),
                 "{header}"
             );
-            let info = RateLimitInfo::from_headers(&map(&[(header, &soon.to_string())]), NOW);
+            let info = rate_limit_facts(&map(&[(header, &soon.to_string())]), NOW);
             assert_eq!(
                 info.corrections,
                 [ResetCorrection {
                     kind: ResetKind::ALL
                         .into_iter()
-                        .find(|k| k.header() == header)
+                        .find(|k| reset_header(*k) == header)
                         .unwrap(),
                     received: soon * 1000,
                     recorded: soon,
@@ -1261,7 +915,7 @@ mod tests {
                 0,
             ] {
                 let secs = format!("{}.{:03}", at / 1000, at % 1000);
-                let info = RateLimitInfo::from_headers(&map(&[(header, &secs)]), NOW);
+                let info = rate_limit_facts(&map(&[(header, &secs)]), NOW);
                 assert_eq!(reset_of(&info, header), Some(at), "{header}: {secs}");
                 assert!(info.corrections.is_empty(), "{header}: {secs}");
             }
@@ -1340,7 +994,7 @@ mod tests {
                     h.insert(*header, v);
                 }
             }
-            let info = RateLimitInfo::from_headers(&h, now);
+            let info = rate_limit_facts(&h, now);
             for (header, bound) in BOUNDS {
                 let limit = now.saturating_add(bound);
                 let raw = h.get(header).and_then(|v| {
