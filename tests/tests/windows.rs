@@ -215,11 +215,11 @@ async fn a_far_future_reset_keeps_an_account_out_for_at_most_a_week_and_clear_wi
         "answered from the window state"
     );
 
-    // The clamp was logged at warn, naming the account and the header, no secret.
+    // The clamp was logged at warn, naming the account and the reset, no secret.
     let logs = lines.text();
     let warning = logs
         .lines()
-        .find(|l| l.contains("WARN") && l.contains("anthropic-ratelimit-unified-reset"))
+        .find(|l| l.contains("WARN") && l.contains("reset=\"unified\""))
         .unwrap_or_else(|| panic!("no warning about the reset in:\n{logs}"));
     assert!(warning.contains("far-acct"), "{warning}");
     assert!(!logs.contains(&secret_of("far-acct")), "{logs}");
