@@ -15,6 +15,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc instead of glibc's malloc: the request path allocates and frees dozens of
+/// small objects per request across two worker threads, where glibc spent ~13 % of the
+/// CPU (`docs/BENCHMARKS.md`, issue 22).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let logs = cli::init_logging(cli.log_format, cli.command.default_log_level());
