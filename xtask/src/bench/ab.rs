@@ -24,6 +24,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use super::driver::{self, Bounds, Endpoint, HttpClient};
+use super::floor::median;
 use super::procs::{self, Proc};
 use super::{MODEL, body, common_headers, setup, sim_command, uri, wait_http};
 
@@ -412,17 +413,6 @@ fn short(name: &str) -> &str {
         &name[..12]
     } else {
         name
-    }
-}
-
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    values.retain(|v| v.is_finite());
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(values[n / 2]),
-        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
     }
 }
 
