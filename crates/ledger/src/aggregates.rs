@@ -93,7 +93,14 @@ pub struct Aggregates {
     models: Mutex<HashMap<Period, usize>>,
     /// Records added but not yet folded into `totals` (see [`Aggregates::record`]).
     queued: Mutex<Vec<Arc<UsageRecord>>>,
+    /// Totals per (org, caller key id) since this process started, for the token and
+    /// cost metrics (counters of this process): summed at the fold, so the request path
+    /// pays nothing for them; never imported, exported or shared.
+    since_start: Mutex<HashMap<OrgCaller, Totals, Hasher>>,
 }
+
+/// An org and a caller's key id.
+type OrgCaller = (Arc<str>, Arc<str>);
 
 type Hasher = foldhash::fast::RandomState;
 
@@ -107,21 +114,22 @@ pub const OTHER_MODELS: &str = "(other models)";
 /// Records queued before [`Aggregates::record`] folds them itself.
 pub const FOLD_EVERY: usize = 256;
 
-/// Whether two records add to exactly the same aggregates.
+/// Whether two records certainly add to exactly the same aggregates (a `false` only
+/// costs a group of its own). The org, caller and account names are the config's
+/// own, shared by every request, so they are compared by pointer (no string compare
+/// per candidate group); the model is the request's own text and is compared last,
+/// by value.
 fn same_aggregates(a: &UsageRecord, b: &UsageRecord) -> bool {
-    fn eq(a: &Arc<str>, b: &Arc<str>) -> bool {
-        Arc::ptr_eq(a, b) || a == b
-    }
-    Day::of(a.at) == Day::of(b.at)
-        && eq(&a.org, &b.org)
-        && eq(&a.caller.id, &b.caller.id)
+    Arc::ptr_eq(&a.org, &b.org)
+        && Arc::ptr_eq(&a.caller.id, &b.caller.id)
         && match (&a.account, &b.account) {
-            (Some(x), Some(y)) => eq(x.as_arc(), y.as_arc()),
+            (Some(x), Some(y)) => Arc::ptr_eq(x.as_arc(), y.as_arc()),
             (None, None) => true,
             _ => false,
         }
+        && Day::of(a.at) == Day::of(b.at)
         && match (a.counted_model(), b.counted_model()) {
-            (Some(x), Some(y)) => eq(x, y),
+            (Some(x), Some(y)) => Arc::ptr_eq(x, y) || x == y,
             (None, None) => true,
             _ => false,
         }
@@ -135,6 +143,7 @@ impl Aggregates {
             deltas: track_deltas.then(|| Mutex::new(HashMap::default())),
             models: Mutex::default(),
             queued: Mutex::default(),
+            since_start: Mutex::default(),
         }
     }
 
@@ -159,11 +168,15 @@ impl Aggregates {
     fn fold(&self) {
         let queued =
             std::mem::take(&mut *self.queued.lock().unwrap_or_else(PoisonError::into_inner));
-        if queued.is_empty() {
-            return;
-        }
+        self.add_all(queued.iter().map(|r| &**r));
+    }
+
+    /// Adds a batch of records at once (what [`Aggregates::record`] does for its queue,
+    /// for a caller that batches the records itself): records of the same caller,
+    /// account, model and day are summed first.
+    pub fn add_all<'a>(&self, records: impl IntoIterator<Item = &'a UsageRecord>) {
         let mut groups: Vec<(&UsageRecord, Totals)> = Vec::new();
-        for record in &queued {
+        for record in records {
             let add = Totals::of(record);
             // The newest groups first, and only a few: past them a record is a group of
             // its own (many distinct groups in one batch gain nothing from the search).
@@ -177,6 +190,10 @@ impl Aggregates {
                 None => groups.push((record, add)),
             }
         }
+        if groups.is_empty() {
+            return;
+        }
+        self.add_since_start(&groups);
         let mut deltas = self
             .deltas
             .as_ref()
@@ -192,6 +209,41 @@ impl Aggregates {
                 self.totals.entry(key).or_default().add(&add);
             }
         }
+    }
+
+    /// Adds the folded groups to the per-caller totals since start (only groups with
+    /// tokens or a cost: a caller with neither has no metric row).
+    fn add_since_start(&self, groups: &[(&UsageRecord, Totals)]) {
+        let mut since = self
+            .since_start
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (record, add) in groups {
+            if add.tokens() > 0 || add.cost_nano_usd > 0 {
+                since
+                    .entry((record.org.clone(), record.caller.id.clone()))
+                    .or_default()
+                    .add(add);
+            }
+        }
+    }
+
+    /// Every `(org, caller key id, totals)` this process added since it started
+    /// (whatever was imported), sorted: only callers whose requests had tokens or a
+    /// cost.
+    pub fn since_start_by_caller(&self) -> Vec<(Arc<str>, Arc<str>, Totals)> {
+        self.fold();
+        let since = self
+            .since_start
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut rows: Vec<_> = since
+            .iter()
+            .map(|((org, caller), t)| (org.clone(), caller.clone(), *t))
+            .collect();
+        drop(since);
+        rows.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        rows
     }
 
     /// A model new in its period: counted, or [`OTHER_MODELS`] past [`MAX_MODELS`].

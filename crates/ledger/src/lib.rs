@@ -56,7 +56,8 @@
 //! - [`totals`]: [`Totals`], requests, tokens and cost added up.
 //! - [`aggregates`]: [`Aggregates`] per period, dimension, org and key, with the deltas a
 //!   shared store has not taken yet.
-//! - [`recent`]: [`RecentRecords`], the last records, for request lookup.
+//! - [`recent`]: [`RecentRecords`], the last records, for request lookup, each kept
+//!   packed into one small allocation (the private `packed` module).
 //! - [`history`]: [`MinuteHistory`], the last hour per minute.
 //! - [`limits`]: SPEC 12's caller limits: [`Limits`], the GCRA [`Rate`], budgets and
 //!   their [`LimitBook`] of reservations.
@@ -66,6 +67,7 @@ pub mod aggregates;
 pub mod error;
 pub mod history;
 pub mod limits;
+mod packed;
 pub mod period;
 pub mod price;
 pub mod recent;

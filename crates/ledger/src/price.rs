@@ -171,6 +171,21 @@ pub struct PriceTable {
     operator: usize,
     /// Model → index of its rule (`None`: no rule matches).
     found: std::sync::RwLock<HashMap<Box<str>, Option<usize>, foldhash::fast::RandomState>>,
+    /// This table's number in the process (each thread remembers the last model it
+    /// priced per table number, see [`PriceTable::prices_for`]).
+    id: u64,
+}
+
+/// The next [`PriceTable`]'s number.
+fn next_table_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+thread_local! {
+    /// The last model this thread priced: the table's number, the model, its rule.
+    static LAST_PRICED: std::cell::RefCell<(u64, String, Option<usize>)> =
+        const { std::cell::RefCell::new((0, String::new(), None)) };
 }
 
 /// The most models a [`PriceTable`] remembers the rule of.
@@ -182,6 +197,7 @@ impl Clone for PriceTable {
             rules: self.rules.clone(),
             operator: self.operator,
             found: std::sync::RwLock::default(),
+            id: next_table_id(),
         }
     }
 }
@@ -204,6 +220,7 @@ impl PriceTable {
             rules,
             operator,
             found: std::sync::RwLock::default(),
+            id: next_table_id(),
         }
     }
 
@@ -214,6 +231,7 @@ impl PriceTable {
             rules,
             operator,
             found: std::sync::RwLock::default(),
+            id: next_table_id(),
         }
     }
 
@@ -227,6 +245,29 @@ impl PriceTable {
 
     /// The prices of `model`, if any rule matches it.
     pub fn prices_for(&self, model: &str) -> Option<&Prices> {
+        // Most requests of a thread ask for the model its last request asked for: that
+        // costs a string compare here instead of the shared map's read lock (an atomic
+        // write to a cache line both workers take turns to own).
+        let last = LAST_PRICED
+            .with_borrow(|(id, last, index)| (*id == self.id && last == model).then_some(*index));
+        let index = match last {
+            Some(index) => index,
+            None => {
+                let index = self.rule_of(model);
+                LAST_PRICED.with_borrow_mut(|(id, last, found)| {
+                    *id = self.id;
+                    last.clear();
+                    last.push_str(model);
+                    *found = index;
+                });
+                index
+            }
+        };
+        index.map(|i| &self.rules[i].prices)
+    }
+
+    /// The index of `model`'s rule: remembered in the shared map, else found.
+    fn rule_of(&self, model: &str) -> Option<usize> {
         use std::sync::PoisonError;
         let known = self
             .found
@@ -234,7 +275,7 @@ impl PriceTable {
             .unwrap_or_else(PoisonError::into_inner)
             .get(model)
             .copied();
-        let index = match known {
+        match known {
             Some(index) => index,
             None => {
                 let index = self.rules.iter().position(|r| r.glob.matches(model));
@@ -244,8 +285,7 @@ impl PriceTable {
                 }
                 index
             }
-        };
-        index.map(|i| &self.rules[i].prices)
+        }
     }
 
     /// The cost of `usage` on `model`; `None` when the model has no price.
@@ -330,6 +370,29 @@ mod tests {
         assert_eq!(input("claude-3-5-haiku-20241022"), Some(0.8));
         assert_eq!(input("claude-fable-5-1"), Some(10.0));
         assert_eq!(input("gpt-4o"), None);
+    }
+
+    #[test]
+    fn each_table_prices_by_its_own_rules_when_one_thread_alternates_tables() {
+        // The thread remembers the last model it priced: the memo must be per table
+        // (a config reload builds a new table; a clone is a new table too).
+        let defaults = PriceTable::with_defaults(Vec::new());
+        let none = PriceTable::only(Vec::new());
+        let copy = defaults.clone();
+        for _ in 0..3 {
+            assert_eq!(
+                defaults
+                    .prices_for("claude-haiku-4-5")
+                    .map(|p| p.input.usd()),
+                Some(1.0)
+            );
+            assert_eq!(none.prices_for("claude-haiku-4-5"), None);
+            assert_eq!(
+                copy.prices_for("claude-haiku-4-5").map(|p| p.input.usd()),
+                Some(1.0)
+            );
+            assert_eq!(defaults.prices_for("gpt-4o"), None);
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::packed::Packed;
 use crate::record::UsageRecord;
 
 /// What `GET /admin/requests` filters by.
@@ -63,11 +64,12 @@ impl RecordFilter {
     }
 }
 
-/// The last `capacity` records.
+/// The last `capacity` records, each [packed](crate::packed) into one small
+/// allocation (what keeps thousands of them cheap on the request path).
 #[derive(Debug)]
 pub struct RecentRecords {
     capacity: usize,
-    records: Mutex<VecDeque<Arc<UsageRecord>>>,
+    records: Mutex<VecDeque<Packed>>,
 }
 
 impl RecentRecords {
@@ -79,16 +81,25 @@ impl RecentRecords {
         }
     }
 
-    /// Adds a record.
-    pub fn push(&self, record: Arc<UsageRecord>) {
+    /// Adds a record (packed before the lock is taken).
+    pub fn push(&self, record: &UsageRecord) {
         if self.capacity == 0 {
             return;
         }
-        let mut records = self.records.lock().unwrap_or_else(PoisonError::into_inner);
-        while records.len() >= self.capacity {
-            records.pop_front();
-        }
-        records.push_back(record);
+        let packed = Packed::pack(record);
+        let evicted = {
+            let mut records = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+            // The capacity never changes, so at most one record is ever over it.
+            let evicted = if records.len() >= self.capacity {
+                records.pop_front()
+            } else {
+                None
+            };
+            records.push_back(packed);
+            evicted
+        };
+        // The oldest record is freed after the lock is released.
+        drop(evicted);
     }
 
     /// The newest `limit` records that pass `filter`, newest first.
@@ -97,22 +108,32 @@ impl RecentRecords {
         records
             .iter()
             .rev()
+            .filter_map(Packed::unpack)
             .filter(|r| filter.admits(r))
             .take(limit)
-            .cloned()
+            .map(Arc::new)
             .collect()
     }
 
     /// The record of request `id`, if it is still kept.
     pub fn get(&self, id: &str) -> Option<Arc<UsageRecord>> {
         let records = self.records.lock().unwrap_or_else(PoisonError::into_inner);
-        records.iter().rev().find(|r| &*r.request_id == id).cloned()
+        records
+            .iter()
+            .rev()
+            .find(|r| r.request_id() == Some(id))
+            .and_then(Packed::unpack)
+            .map(Arc::new)
     }
 
     /// Every record, oldest first (for the state file).
     pub fn export(&self) -> Vec<Arc<UsageRecord>> {
         let records = self.records.lock().unwrap_or_else(PoisonError::into_inner);
-        records.iter().cloned().collect()
+        records
+            .iter()
+            .filter_map(Packed::unpack)
+            .map(Arc::new)
+            .collect()
     }
 
     /// How many are kept.

@@ -188,3 +188,63 @@ fn made_up_models_past_the_cap_are_counted_together() {
     let callers = aggregates.rows(Period::Day(Day::of(T0)), Dimension::Caller);
     assert_eq!(callers[0].2.requests, n as u64);
 }
+
+/// `records` with their names shared as the request path gives them (the config's own
+/// `Arc`s for the org, caller and account; one per distinct model text here), so that
+/// the fold sums records into groups.
+fn interned(records: Vec<UsageRecord>) -> Vec<UsageRecord> {
+    let mut names: HashMap<String, Arc<str>> = HashMap::new();
+    let mut name = |s: &Arc<str>| {
+        names
+            .entry(s.to_string())
+            .or_insert_with(|| s.clone())
+            .clone()
+    };
+    records
+        .into_iter()
+        .map(|mut r| {
+            r.org = name(&r.org);
+            r.caller.id = name(&r.caller.id);
+            r.account = r.account.map(|a| AccountId::new(name(a.as_arc())));
+            r.model = r.model.as_ref().map(&mut name);
+            r.model_sent = r.model_sent.as_ref().map(&mut name);
+            r
+        })
+        .collect()
+}
+
+proptest! {
+    /// With shared names, in batches of any size: every aggregate is exactly the sum
+    /// of its records' contributions, and the per-caller totals since start (the token
+    /// metrics) are the sums of the callers' tokens and costs.
+    #[test]
+    fn every_aggregate_is_exactly_its_records_when_batches_are_grouped(
+        records in records(),
+        batch in 1usize..70,
+    ) {
+        let records = interned(records);
+        let aggregates = Aggregates::new(false);
+        for chunk in records.chunks(batch) {
+            aggregates.add_all(chunk);
+        }
+        let mut expected: HashMap<AggregateKey, Totals> = HashMap::new();
+        let mut callers: HashMap<(Arc<str>, Arc<str>), (u64, u64)> = HashMap::new();
+        for r in &records {
+            for key in keys_of(r) {
+                expected.entry(key).or_default().add(&Totals::of(r));
+            }
+            let c = callers.entry((r.org.clone(), r.caller.id.clone())).or_default();
+            c.0 += r.usage.total();
+            c.1 += r.cost_nano_usd;
+        }
+        let got: HashMap<AggregateKey, Totals> = aggregates.export().into_iter().collect();
+        prop_assert_eq!(got, expected);
+        callers.retain(|_, (tokens, cost)| *tokens > 0 || *cost > 0);
+        let since: HashMap<(Arc<str>, Arc<str>), (u64, u64)> = aggregates
+            .since_start_by_caller()
+            .into_iter()
+            .map(|(org, caller, t)| ((org, caller), (t.tokens(), t.cost_nano_usd)))
+            .collect();
+        prop_assert_eq!(since, callers);
+    }
+}

@@ -126,11 +126,15 @@ impl RequestLog {
 
     /// The usage record of this request, priced with `app`'s price table; `None`
     /// before the caller was authenticated.
+    ///
+    /// The record takes the shared names (org, URL, caller, account, models) and the
+    /// attempts instead of cloning them: the org's, the caller's and the account's
+    /// counts are shared by every request of both workers, and each clone and drop is
+    /// a cache line moving between cores. The request line reads them from the record.
     fn record(&mut self, app: &App, total_ms: u64) -> Option<UsageRecord> {
-        let (kind, id) = match self.caller.as_ref()? {
-            Caller::User(id) => (CallerKind::User, id.clone()),
-            Caller::Client(id) => (CallerKind::Client, id.clone()),
-        };
+        if self.org.is_none() || self.url.is_none() || self.caller.is_none() {
+            return None;
+        }
         let usage = self.usage.unwrap_or_default();
         let model = self.model_sent.as_ref().or(self.model.as_ref());
         let price = match self.asked_prices {
@@ -145,23 +149,27 @@ impl RequestLog {
             Some(cost) if self.served_by_oauth => (cost, CostBasis::ListPriceEquivalent),
             Some(cost) => (cost, CostBasis::Api),
         };
+        let (kind, id) = match self.caller.take()? {
+            Caller::User(id) => (CallerKind::User, id),
+            Caller::Client(id) => (CallerKind::Client, id),
+        };
         Some(UsageRecord {
             request_id: self.request_id.clone(),
             at: self.at,
-            org: self.org.clone()?,
-            url: self.url.clone()?,
+            org: self.org.take()?,
+            url: self.url.take()?,
             caller: CallerRef { kind, id },
             endpoint: Cow::Borrowed(if self.count_tokens {
                 "count_tokens"
             } else {
                 "messages"
             }),
-            model: self.model.clone(),
-            model_sent: self.model_sent.clone(),
-            routing: self.routing.clone(),
+            model: self.model.take(),
+            model_sent: self.model_sent.take(),
+            routing: self.routing.take(),
             stream: self.stream,
             status: self.status,
-            account: self.served_by.clone(),
+            account: self.served_by.take(),
             attempts: std::mem::take(&mut self.attempts),
             usage,
             cost_nano_usd: cost,
@@ -559,27 +567,38 @@ impl Drop for RequestLog {
         if let Some(guard) = self.limit_guard.take() {
             guard.settle(Spend::of(&usage, cost.unwrap_or(0)));
         }
-        // The record took the attempts (without a record they are still here).
-        let attempts = record
-            .as_ref()
-            .map_or(&self.attempts[..], |(_, r)| &r.attempts);
+        // The record took the names and the attempts (without one they are still here).
+        let rec = record.as_ref().map(|(_, r)| r);
+        let caller_id = |kind: CallerKind| match rec {
+            Some(r) => (r.caller.kind == kind).then_some(&*r.caller.id),
+            None => self.caller.as_ref().and_then(match kind {
+                CallerKind::User => Caller::user_api_key_id,
+                CallerKind::Client => Caller::client_api_key_id,
+            }),
+        };
+        let model = rec.map_or(self.model.as_deref(), |r| r.model.as_deref());
         LineFields {
             request_id: &self.request_id,
-            org: self.org.as_deref().unwrap_or("-"),
-            url: self.url.as_deref().unwrap_or("-"),
-            user_api_key_id: self.caller.as_ref().and_then(Caller::user_api_key_id),
-            client_api_key_id: self.caller.as_ref().and_then(Caller::client_api_key_id),
+            org: rec
+                .map_or(self.org.as_deref(), |r| Some(&r.org))
+                .unwrap_or("-"),
+            url: rec
+                .map_or(self.url.as_deref(), |r| Some(&r.url))
+                .unwrap_or("-"),
+            user_api_key_id: caller_id(CallerKind::User),
+            client_api_key_id: caller_id(CallerKind::Client),
             strategy: self.strategy.map_or("-", Strategy::as_str),
             count_tokens: self.count_tokens,
             stream: self.stream,
-            model: self.model.as_deref(),
+            model,
             // Only when an account's `model` override changed it.
-            model_sent: self
-                .model_sent
-                .as_deref()
-                .filter(|m| Some(*m) != self.model.as_deref()),
-            attempts,
-            served_by: self.served_by.as_ref().map_or("-", AccountId::as_str),
+            model_sent: rec
+                .map_or(self.model_sent.as_deref(), |r| r.model_sent.as_deref())
+                .filter(|m| Some(*m) != model),
+            attempts: rec.map_or(&self.attempts[..], |r| &r.attempts),
+            served_by: rec
+                .map_or(self.served_by.as_ref(), |r| r.account.as_ref())
+                .map_or("-", AccountId::as_str),
             upstream_request_id: self.upstream_request_id.as_deref().unwrap_or("-"),
             status: self.status,
             stream_end: self.stream_end.unwrap_or("-"),
@@ -593,7 +612,6 @@ impl Drop for RequestLog {
         }
         .log();
         if let Some((app, record)) = record {
-            app.metrics().usage(&record);
             app.store().record_usage(record);
         }
     }

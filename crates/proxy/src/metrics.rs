@@ -18,7 +18,7 @@ use dashmap::DashMap;
 type Map<K, V> = DashMap<K, V, foldhash::fast::RandomState>;
 use keypool_cooldown::Classification;
 use keypool_core::{AccountId, UnixMs};
-use keypool_ledger::{CostBasis, NANO_PER_USD, UsageRecord};
+use keypool_ledger::NANO_PER_USD;
 use keypool_selector::GateReason;
 use keypool_store::Store;
 
@@ -131,9 +131,6 @@ pub struct Metrics {
     queue_rejections: [AtomicU64; 2],
     body_budget_rejections: AtomicU64,
     local_failures: Map<&'static str, AtomicU64>,
-    /// Per (org, caller): input, output, cache-write and cache-read tokens, cost (nano).
-    usage: Map<(Arc<str>, Arc<str>), [AtomicU64; 5]>,
-    unpriced: AtomicU64,
     /// Per (org, caller, limit): requests a caller limit refused (SPEC 12).
     limit_rejections: Map<(Arc<str>, Arc<str>, &'static str), AtomicU64>,
     account_attempts: Map<AccountId, AtomicU64>,
@@ -267,42 +264,19 @@ impl Metrics {
         with_value(&self.limit_rejections, &key, || key.clone(), increment);
     }
 
-    /// One request's usage record: its tokens and cost by org and caller.
-    pub fn usage(&self, record: &UsageRecord) {
-        let u = &record.usage;
-        let values = [
-            u.input_tokens,
-            u.output_tokens,
-            u.cache_creation_input_tokens,
-            u.cache_read_input_tokens,
-            record.cost_nano_usd,
-        ];
-        if values.iter().all(|&v| v == 0) {
-            return;
-        }
-        if record.cost_basis == CostBasis::Unpriced {
-            self.unpriced.fetch_add(1, Ordering::Relaxed);
-        }
-        let key = (record.org.clone(), record.caller.id.clone());
-        let add = |counters: &[AtomicU64; 5]| {
-            for (counter, v) in counters.iter().zip(values) {
-                counter.fetch_add(v, Ordering::Relaxed);
-            }
-        };
-        with_value(&self.usage, &key, || key.clone(), add);
-    }
-
     /// `keypool_tokens_total{org,caller,type}`, `keypool_cost_usd_total{org,caller}`,
     /// `keypool_usage_unpriced_total`.
-    fn render_usage(&self, out: &mut String) {
-        let mut rows: Vec<_> = self
-            .usage
-            .iter()
-            .map(|e| (e.key().clone(), loads(e.value()).collect::<Vec<u64>>()))
-            .collect();
-        rows.sort();
+    fn render_usage(&self, out: &mut String, store: &Store) {
+        // Summed by the ledger's fold, not on the request path.
+        let rows = store.usage().aggregates.since_start_by_caller();
         out.push_str("# HELP keypool_tokens_total Tokens used by answered requests, by org, caller (LB key id) and token type.\n# TYPE keypool_tokens_total counter\n");
-        for ((org, caller), v) in &rows {
+        for (org, caller, t) in &rows {
+            let v = [
+                t.input_tokens,
+                t.output_tokens,
+                t.cache_creation_input_tokens,
+                t.cache_read_input_tokens,
+            ];
             for (kind, n) in ["input", "output", "cache_creation", "cache_read"]
                 .iter()
                 .zip(v)
@@ -316,13 +290,13 @@ impl Metrics {
             }
         }
         out.push_str("# HELP keypool_cost_usd_total Cost of answered requests in USD (API prices; the list-price equivalent for subscription accounts), by org and caller.\n# TYPE keypool_cost_usd_total counter\n");
-        for ((org, caller), v) in &rows {
+        for (org, caller, t) in &rows {
             let _ = writeln!(
                 out,
                 "keypool_cost_usd_total{{org=\"{}\",caller=\"{}\"}} {}",
                 escape(org),
                 escape(caller),
-                v[4] as f64 / NANO_PER_USD as f64
+                t.cost_nano_usd as f64 / NANO_PER_USD as f64
             );
         }
         let mut limits: Vec<_> = self
@@ -343,7 +317,7 @@ impl Metrics {
         let _ = writeln!(
             out,
             "# HELP keypool_usage_unpriced_total Answered requests with tokens whose model has no price (counted at 0 USD).\n# TYPE keypool_usage_unpriced_total counter\nkeypool_usage_unpriced_total {}",
-            self.unpriced.load(Ordering::Relaxed)
+            rows.iter().map(|(_, _, t)| t.unpriced).sum::<u64>()
         );
     }
 
@@ -439,7 +413,7 @@ impl Metrics {
         self.render_requests(&mut out);
         self.render_attempts(&mut out);
         self.render_latencies(&mut out);
-        self.render_usage(&mut out);
+        self.render_usage(&mut out, store);
         self.render_accounts(&mut out, store, now);
         self.render_affinity_and_slots(&mut out, store);
         render_backend(&mut out, store);

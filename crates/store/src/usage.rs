@@ -108,6 +108,7 @@ impl Store {
             record.is_error(),
             record.usage.total(),
         );
+        book.recent.push(&record);
         let record = Arc::new(record);
         book.aggregates.record(Arc::clone(&record));
         if self.redis().is_some() {
@@ -116,9 +117,8 @@ impl Store {
                 outbox.records.pop_front();
                 outbox.records_dropped += 1;
             }
-            outbox.records.push_back(Arc::clone(&record));
+            outbox.records.push_back(record);
         }
-        book.recent.push(record);
     }
 
     /// The totals of `period` by `dimension`: from Redis (every replica) when it

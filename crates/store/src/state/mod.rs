@@ -172,7 +172,7 @@ impl RuntimeState {
             );
         }
         for record in export.usage.recent {
-            self.usage.recent.push(record);
+            self.usage.recent.push(&record);
         }
         self.health.import(export.health, now)
     }
