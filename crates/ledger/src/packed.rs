@@ -2,10 +2,10 @@
 //! recent-requests ring ([`crate::RecentRecords`]) keeps it.
 //!
 //! The ring keeps thousands of records (10,000 by default) and frees the oldest with
-//! every new one. As a [`UsageRecord`] each is five allocations (the record, its request
+//! every new one. As a [`UsageRecord`] each is four allocations (the record, its request
 //! id, its model, its attempts) that hold counts shared by every request (the org's,
 //! the caller's, the account's names): keeping them filled the caches and freeing the
-//! oldest touched about ten cold cache lines per request, which measured as most of
+//! oldest touched about ten cold cache lines per request, the largest single share of
 //! the ledger's cost per request (`docs/BENCHMARKS.md`). Packed, a record is one run of
 //! about 150 bytes that holds nothing shared, written once and freed in one call; the
 //! admin API unpacks the few it answers with.
