@@ -64,7 +64,7 @@ impl RecordFilter {
     }
 }
 
-/// The last `capacity` records, each [packed](crate::packed) into one small
+/// The last `capacity` records, each packed (the private `packed` module) into one small
 /// allocation (what keeps thousands of them cheap on the request path).
 #[derive(Debug)]
 pub struct RecentRecords {
