@@ -53,27 +53,103 @@ pub struct AggregateKey {
 
 /// The aggregates one record adds to (at most six: each dimension it has, for its day
 /// and its month).
-pub fn keys_of(record: &UsageRecord) -> impl Iterator<Item = AggregateKey> + '_ {
-    let day = Day::of(record.at);
-    let periods = [Period::Day(day), Period::Month(day.month())];
-    let values = [
-        (Dimension::Caller, Some(&record.caller.id)),
-        (
-            Dimension::Account,
-            record.account.as_ref().map(|a| a.as_arc()),
-        ),
-        (Dimension::Model, record.counted_model()),
-    ];
-    periods.into_iter().flat_map(move |period| {
-        values.into_iter().filter_map(move |(dimension, key)| {
-            Some(AggregateKey {
-                period,
-                dimension,
-                org: record.org.clone(),
-                key: key?.clone(),
-            })
+pub fn keys_of(record: &UsageRecord) -> impl Iterator<Item = AggregateKey> + use<> {
+    Group::of(record).keys()
+}
+
+/// Where a record is counted: its org, caller, account, day and counted model, without
+/// the rest of the record. Records of one group add to exactly the same aggregates.
+#[derive(Debug, Clone)]
+struct Group {
+    org: Arc<str>,
+    caller: Arc<str>,
+    account: Option<Arc<str>>,
+    day: Day,
+    model: Option<Arc<str>>,
+}
+
+impl Group {
+    fn of(record: &UsageRecord) -> Self {
+        Self {
+            org: record.org.clone(),
+            caller: record.caller.id.clone(),
+            account: record.account.as_ref().map(|a| a.as_arc().clone()),
+            day: Day::of(record.at),
+            model: record.counted_model().cloned(),
+        }
+    }
+
+    /// Whether `record` certainly belongs to this group (a `false` only costs a group
+    /// of its own). The org, caller and account names are the config's own, shared by
+    /// every request, so they are compared by pointer (no string compare per
+    /// candidate); the model is the request's own text and is compared last, by value.
+    fn holds(&self, record: &UsageRecord, day: Day) -> bool {
+        Arc::ptr_eq(&self.org, &record.org)
+            && Arc::ptr_eq(&self.caller, &record.caller.id)
+            && match (&self.account, &record.account) {
+                (Some(x), Some(y)) => Arc::ptr_eq(x, y.as_arc()),
+                (None, None) => true,
+                _ => false,
+            }
+            && self.day == day
+            && match (&self.model, record.counted_model()) {
+                (Some(x), Some(y)) => Arc::ptr_eq(x, y) || x == y,
+                (None, None) => true,
+                _ => false,
+            }
+    }
+
+    /// The group's aggregates: each dimension it has, for its day and its month.
+    fn keys(self) -> impl Iterator<Item = AggregateKey> {
+        let periods = [Period::Day(self.day), Period::Month(self.day.month())];
+        let values = [
+            (Dimension::Caller, Some(self.caller)),
+            (Dimension::Account, self.account),
+            (Dimension::Model, self.model),
+        ];
+        let org = self.org;
+        periods.into_iter().flat_map(move |period| {
+            let org = org.clone();
+            values
+                .clone()
+                .into_iter()
+                .filter_map(move |(dimension, key)| {
+                    Some(AggregateKey {
+                        period,
+                        dimension,
+                        org: org.clone(),
+                        key: key?,
+                    })
+                })
         })
-    })
+    }
+}
+
+/// Records added up by group, not yet folded into the totals.
+#[derive(Debug, Default)]
+struct Queue {
+    groups: Vec<(Group, Totals)>,
+    records: usize,
+}
+
+impl Queue {
+    /// Adds `record` to its group: one of the newest few, else a new one (many distinct
+    /// groups in a row gain nothing from a longer search).
+    fn add(&mut self, record: &UsageRecord) {
+        let add = Totals::of(record);
+        let day = Day::of(record.at);
+        self.records += 1;
+        match self
+            .groups
+            .iter_mut()
+            .rev()
+            .take(16)
+            .find(|(g, _)| g.holds(record, day))
+        {
+            Some((_, totals)) => totals.add(&add),
+            None => self.groups.push((Group::of(record), add)),
+        }
+    }
 }
 
 /// Totals per [`AggregateKey`]. With `track_deltas`, every addition is also kept as a
@@ -91,8 +167,9 @@ pub struct Aggregates {
     deltas: Option<Mutex<HashMap<AggregateKey, Totals, Hasher>>>,
     /// Distinct models per period (touched only when a model is new in a period).
     models: Mutex<HashMap<Period, usize>>,
-    /// Records added but not yet folded into `totals` (see [`Aggregates::record`]).
-    queued: Mutex<Vec<Arc<UsageRecord>>>,
+    /// Records added but not yet folded into `totals`, summed by group (see
+    /// [`Aggregates::record`]).
+    queued: Mutex<Queue>,
     /// Totals per (org, caller key id) since this process started, for the token and
     /// cost metrics (counters of this process): summed at the fold, so the request path
     /// pays nothing for them; never imported, exported or shared.
@@ -114,27 +191,6 @@ pub const OTHER_MODELS: &str = "(other models)";
 /// Records queued before [`Aggregates::record`] folds them itself.
 pub const FOLD_EVERY: usize = 256;
 
-/// Whether two records certainly add to exactly the same aggregates (a `false` only
-/// costs a group of its own). The org, caller and account names are the config's
-/// own, shared by every request, so they are compared by pointer (no string compare
-/// per candidate group); the model is the request's own text and is compared last,
-/// by value.
-fn same_aggregates(a: &UsageRecord, b: &UsageRecord) -> bool {
-    Arc::ptr_eq(&a.org, &b.org)
-        && Arc::ptr_eq(&a.caller.id, &b.caller.id)
-        && match (&a.account, &b.account) {
-            (Some(x), Some(y)) => Arc::ptr_eq(x.as_arc(), y.as_arc()),
-            (None, None) => true,
-            _ => false,
-        }
-        && Day::of(a.at) == Day::of(b.at)
-        && match (a.counted_model(), b.counted_model()) {
-            (Some(x), Some(y)) => Arc::ptr_eq(x, y) || x == y,
-            (None, None) => true,
-            _ => false,
-        }
-}
-
 impl Aggregates {
     /// Empty aggregates; `track_deltas` for a shared store.
     pub fn new(track_deltas: bool) -> Self {
@@ -149,47 +205,41 @@ impl Aggregates {
 
     /// Adds one record to its aggregates.
     ///
-    /// On the request path this is a push: records are queued and folded in batches
-    /// (every [`FOLD_EVERY`] records, and before anything reads the totals), where
-    /// records of the same caller, account, model and day are summed first, so the
-    /// maps are touched once per distinct group instead of six times per request.
-    pub fn record(&self, record: Arc<UsageRecord>) {
+    /// On the request path this is a few pointer compares under a lock: the record is
+    /// added to the totals of its group (same org, caller, account, model and day) in a
+    /// queue, and the queue is folded into the maps every [`FOLD_EVERY`] records and
+    /// before anything reads the totals, so the maps are touched once per distinct
+    /// group instead of six times per request, and the record itself is not kept.
+    pub fn record(&self, record: &UsageRecord) {
         let full = {
             let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
-            queued.push(record);
-            queued.len() >= FOLD_EVERY
+            queued.add(record);
+            queued.records >= FOLD_EVERY
         };
         if full {
             self.fold();
         }
     }
 
-    /// Folds the queued records into the totals (and the deltas).
+    /// Folds the queued groups into the totals (and the deltas).
     fn fold(&self) {
         let queued =
             std::mem::take(&mut *self.queued.lock().unwrap_or_else(PoisonError::into_inner));
-        self.add_all(queued.iter().map(|r| &**r));
+        self.add_groups(queued.groups);
     }
 
     /// Adds a batch of records at once (what [`Aggregates::record`] does for its queue,
     /// for a caller that batches the records itself): records of the same caller,
     /// account, model and day are summed first.
     pub fn add_all<'a>(&self, records: impl IntoIterator<Item = &'a UsageRecord>) {
-        let mut groups: Vec<(&UsageRecord, Totals)> = Vec::new();
+        let mut queue = Queue::default();
         for record in records {
-            let add = Totals::of(record);
-            // The newest groups first, and only a few: past them a record is a group of
-            // its own (many distinct groups in one batch gain nothing from the search).
-            match groups
-                .iter_mut()
-                .rev()
-                .take(16)
-                .find(|(r, _)| same_aggregates(r, record))
-            {
-                Some((_, totals)) => totals.add(&add),
-                None => groups.push((record, add)),
-            }
+            queue.add(record);
         }
+        self.add_groups(queue.groups);
+    }
+
+    fn add_groups(&self, groups: Vec<(Group, Totals)>) {
         if groups.is_empty() {
             return;
         }
@@ -198,8 +248,8 @@ impl Aggregates {
             .deltas
             .as_ref()
             .map(|d| d.lock().unwrap_or_else(PoisonError::into_inner));
-        for (record, add) in groups {
-            for mut key in keys_of(record) {
+        for (group, add) in groups {
+            for mut key in group.keys() {
                 if key.dimension == Dimension::Model && !self.totals.contains_key(&key) {
                     key = self.admit_model(key);
                 }
@@ -213,15 +263,15 @@ impl Aggregates {
 
     /// Adds the folded groups to the per-caller totals since start (only groups with
     /// tokens or a cost: a caller with neither has no metric row).
-    fn add_since_start(&self, groups: &[(&UsageRecord, Totals)]) {
+    fn add_since_start(&self, groups: &[(Group, Totals)]) {
         let mut since = self
             .since_start
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        for (record, add) in groups {
+        for (group, add) in groups {
             if add.tokens() > 0 || add.cost_nano_usd > 0 {
                 since
-                    .entry((record.org.clone(), record.caller.id.clone()))
+                    .entry((group.org.clone(), group.caller.clone()))
                     .or_default()
                     .add(add);
             }

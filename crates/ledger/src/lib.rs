@@ -41,7 +41,7 @@
 //!     limit: None,
 //! };
 //! let aggregates = Aggregates::new(false);
-//! aggregates.record(Arc::new(record));
+//! aggregates.record(&record);
 //! let day = "2026-12-01".parse::<Day>().unwrap();
 //! let rows = aggregates.rows(Period::Day(day), Dimension::Caller);
 //! assert_eq!(rows[0].2.cost_nano_usd, 10_500_000);

@@ -90,7 +90,7 @@ proptest! {
     fn rows_add_up_to_their_records(records in records()) {
         let aggregates = Aggregates::new(false);
         for r in &records {
-            aggregates.record(Arc::new(r.clone()));
+            aggregates.record(r);
         }
         let periods: Vec<Period> = records
             .iter()
@@ -134,7 +134,7 @@ proptest! {
             }
         };
         for (i, r) in records.iter().enumerate() {
-            aggregates.record(Arc::new(r.clone()));
+            aggregates.record(r);
             for (at, ok) in &flushes {
                 if *at == i {
                     flush(*ok, &aggregates);
@@ -154,9 +154,9 @@ proptest! {
 #[test]
 fn old_periods_are_pruned_and_recent_ones_kept() {
     let aggregates = Aggregates::new(false);
-    aggregates.record(Arc::new(record(0, Some(0), 0, 10, 5, T0)));
+    aggregates.record(&record(0, Some(0), 0, 10, 5, T0));
     let later = T0 + 401 * 86_400_000;
-    aggregates.record(Arc::new(record(0, Some(0), 0, 10, 5, later)));
+    aggregates.record(&record(0, Some(0), 0, 10, 5, later));
     aggregates.prune(later, 400);
     let periods: Vec<Period> = aggregates.export().iter().map(|(k, _)| k.period).collect();
     assert!(
@@ -175,7 +175,7 @@ fn made_up_models_past_the_cap_are_counted_together() {
     for m in 0..n {
         let mut r = record(0, None, 0, 10, 5, T0);
         r.model_sent = Some(Arc::from(format!("made-up-{m}")));
-        aggregates.record(Arc::new(r));
+        aggregates.record(&r);
     }
     let rows = aggregates.rows(Period::Day(Day::of(T0)), Dimension::Model);
     assert_eq!(rows.len(), MAX_MODELS + 1);

@@ -109,9 +109,9 @@ impl Store {
             record.usage.total(),
         );
         book.recent.push(&record);
-        let record = Arc::new(record);
-        book.aggregates.record(Arc::clone(&record));
+        book.aggregates.record(&record);
         if self.redis().is_some() {
+            let record = Arc::new(record);
             let mut outbox = book.outbox();
             if outbox.records.len() >= RECORD_OUTBOX {
                 outbox.records.pop_front();
