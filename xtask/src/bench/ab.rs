@@ -186,6 +186,14 @@ fn build_baseline(root: &Path, target: &Path, rev: &str) -> anyhow::Result<(Stri
         }
     }
     let build_target = ab.join("target");
+    // Cargo decides what to rebuild by file times, and `git archive` gives every file
+    // its commit's time: a commit older than the one built last would look fresh and
+    // the other commit's binary would be measured twice. So when the shared target
+    // directory last built another commit, this commit's sources are made newer.
+    let last = build_target.join("ab-last-built");
+    if std::fs::read_to_string(&last).ok().as_deref() != Some(commit.as_str()) {
+        touch_tree(&src, std::time::SystemTime::now())?;
+    }
     eprintln!(
         "ab: building the baseline {} in {}",
         &commit[..12],
@@ -200,11 +208,29 @@ fn build_baseline(root: &Path, target: &Path, rev: &str) -> anyhow::Result<(Stri
     if !status.success() {
         bail!("the baseline {commit} does not build ({status})");
     }
+    std::fs::write(&last, &commit).with_context(|| format!("cannot write {}", last.display()))?;
     // Both commits build into one target directory: keep this one's binary aside.
     let kept = ab.join(format!("keypool-{}", &commit[..12]));
     std::fs::copy(build_target.join("release").join("keypool"), &kept)
         .with_context(|| format!("cannot copy the built keypool to {}", kept.display()))?;
     Ok((commit, kept))
+}
+
+/// Sets the modification time of every file under `dir` to `now`.
+fn touch_tree(dir: &Path, now: std::time::SystemTime) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            touch_tree(&path, now)?;
+        } else {
+            std::fs::File::options()
+                .append(true)
+                .open(&path)
+                .and_then(|f| f.set_modified(now))
+                .with_context(|| format!("cannot touch {}", path.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// One measurement of one binary.
@@ -526,6 +552,27 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    /// An archived baseline's files get one time, so that cargo cannot take a commit
+    /// older than the last one built for fresh.
+    #[test]
+    fn every_file_of_a_tree_is_touched() {
+        let dir = std::env::temp_dir().join(format!("xtask-ab-touch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("crates/a/src")).unwrap();
+        std::fs::write(dir.join("Cargo.toml"), "").unwrap();
+        std::fs::write(dir.join("crates/a/src/lib.rs"), "").unwrap();
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(2_000_000_000);
+        touch_tree(&dir, at).unwrap();
+        for file in ["Cargo.toml", "crates/a/src/lib.rs"] {
+            let modified = std::fs::metadata(dir.join(file))
+                .unwrap()
+                .modified()
+                .unwrap();
+            assert_eq!(modified, at, "{file}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
