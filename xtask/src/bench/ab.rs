@@ -459,6 +459,35 @@ impl Report<'_> {
         )
     }
 
+    /// The median over the rounds of each round's current / baseline − 1 (req/s, CPU
+    /// per request): the two measurements of one round are seconds apart, so the
+    /// machine's slow drift, which moves both, cancels in the ratio.
+    fn paired(&self) -> (Option<f64>, Option<f64>) {
+        let pairs = || {
+            (1..=self.options.rounds).filter_map(|round| {
+                let find = |current| {
+                    self.rows
+                        .iter()
+                        .find(|r| r.round == round && r.current == current)
+                };
+                Some((find(false)?, find(true)?))
+            })
+        };
+        let change = |c: f64, b: f64| (b > 0.0).then(|| c / b - 1.0);
+        (
+            median(
+                pairs()
+                    .filter_map(|(b, c)| change(c.rate(), b.rate()))
+                    .collect(),
+            ),
+            median(
+                pairs()
+                    .filter_map(|(b, c)| change(c.cpu_us()?, b.cpu_us()?))
+                    .collect(),
+            ),
+        )
+    }
+
     fn table(&self) -> String {
         use std::fmt::Write as _;
         let o = self.options;
@@ -514,6 +543,14 @@ impl Report<'_> {
             cpu(c_cpu),
             pct(c_cpu, b_cpu)
         );
+        let (rate_change, cpu_change) = self.paired();
+        let ratio = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:+.1} %", v * 100.0));
+        let _ = writeln!(
+            t,
+            "| **median of the rounds' changes** | | **{}** | | **{}** |",
+            ratio(rate_change),
+            ratio(cpu_change)
+        );
         let errors: u64 = self.rows.iter().map(|r| r.errors).sum();
         if errors > 0 {
             let _ = writeln!(t, "\n{errors} failed requests (see the progress lines)");
@@ -541,6 +578,10 @@ impl Report<'_> {
             "median": {
                 "baseline": {"req_per_s": b_rate, "cpu_us_per_request": b_cpu},
                 "current": {"req_per_s": c_rate, "cpu_us_per_request": c_cpu},
+            },
+            "median_round_change": {
+                "req_per_s": self.paired().0,
+                "cpu_us_per_request": self.paired().1,
             },
         })
     }
@@ -573,6 +614,45 @@ mod tests {
             assert_eq!(modified, at, "{file}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The paired figure is the median of each round's own change, whatever the
+    /// rounds' drift.
+    #[test]
+    fn the_rounds_changes_are_paired() {
+        let options = AbOptions::parse(&args(&["A", "--rounds", "3"])).unwrap();
+        let row = |round, current, cpu_ticks| Row {
+            round,
+            current,
+            requests: 10_000,
+            errors: 0,
+            elapsed: Duration::from_secs(1),
+            cpu_ticks,
+            ticks_per_second: 100,
+        };
+        // CPU µs per request = ticks here; the machine gets 2× and 4× slower.
+        let rows = [
+            row(1, false, 10),
+            row(1, true, 11),
+            row(2, true, 22),
+            row(2, false, 20),
+            row(3, false, 40),
+            row(3, true, 40),
+        ];
+        let report = Report {
+            options: &options,
+            commit: "0123456789ab",
+            current: "this tree",
+            rows: &rows,
+        };
+        let (rate, cpu) = report.paired();
+        assert_eq!(rate, Some(0.0));
+        assert!((cpu.unwrap() - 0.1).abs() < 1e-9, "{cpu:?}");
+        assert!(
+            report
+                .table()
+                .contains("| **median of the rounds' changes** | | **+0.0 %** | | **+10.0 %** |")
+        );
     }
 
     #[test]
