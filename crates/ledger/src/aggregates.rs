@@ -53,101 +53,104 @@ pub struct AggregateKey {
 
 /// The aggregates one record adds to (at most six: each dimension it has, for its day
 /// and its month).
-pub fn keys_of(record: &UsageRecord) -> impl Iterator<Item = AggregateKey> + use<> {
-    Group::of(record).keys()
+pub fn keys_of(record: &UsageRecord) -> Vec<AggregateKey> {
+    let day = Day::of(record.at);
+    Dimension::ALL
+        .into_iter()
+        .filter_map(|dimension| Some(Group::new(dimension, record, day)?.keys()))
+        .flatten()
+        .collect()
 }
 
-/// Where a record is counted: its org, caller, account, day and counted model, without
-/// the rest of the record. Records of one group add to exactly the same aggregates.
+/// The value of `dimension` in `record`, if it has one.
+fn value_of(dimension: Dimension, record: &UsageRecord) -> Option<&Arc<str>> {
+    match dimension {
+        Dimension::Caller => Some(&record.caller.id),
+        Dimension::Account => record.account.as_ref().map(|a| a.as_arc()),
+        Dimension::Model => record.counted_model(),
+    }
+}
+
+/// Where records are counted in one dimension: an org, the dimension's value and a
+/// day (the day's aggregate and its month's), without the rest of the records.
 #[derive(Debug, Clone)]
 struct Group {
+    dimension: Dimension,
     org: Arc<str>,
-    caller: Arc<str>,
-    account: Option<Arc<str>>,
+    key: Arc<str>,
     day: Day,
-    model: Option<Arc<str>>,
 }
 
 impl Group {
-    fn of(record: &UsageRecord) -> Self {
-        Self {
+    fn new(dimension: Dimension, record: &UsageRecord, day: Day) -> Option<Self> {
+        Some(Self {
+            dimension,
             org: record.org.clone(),
-            caller: record.caller.id.clone(),
-            account: record.account.as_ref().map(|a| a.as_arc().clone()),
-            day: Day::of(record.at),
-            model: record.counted_model().cloned(),
-        }
-    }
-
-    /// Whether `record` certainly belongs to this group (a `false` only costs a group
-    /// of its own). The org, caller and account names are the config's own, shared by
-    /// every request, so they are compared by pointer (no string compare per
-    /// candidate); the model is the request's own text and is compared last, by value.
-    fn holds(&self, record: &UsageRecord, day: Day) -> bool {
-        Arc::ptr_eq(&self.org, &record.org)
-            && Arc::ptr_eq(&self.caller, &record.caller.id)
-            && match (&self.account, &record.account) {
-                (Some(x), Some(y)) => Arc::ptr_eq(x, y.as_arc()),
-                (None, None) => true,
-                _ => false,
-            }
-            && self.day == day
-            && match (&self.model, record.counted_model()) {
-                (Some(x), Some(y)) => Arc::ptr_eq(x, y) || x == y,
-                (None, None) => true,
-                _ => false,
-            }
-    }
-
-    /// The group's aggregates: each dimension it has, for its day and its month.
-    fn keys(self) -> impl Iterator<Item = AggregateKey> {
-        let periods = [Period::Day(self.day), Period::Month(self.day.month())];
-        let values = [
-            (Dimension::Caller, Some(self.caller)),
-            (Dimension::Account, self.account),
-            (Dimension::Model, self.model),
-        ];
-        let org = self.org;
-        periods.into_iter().flat_map(move |period| {
-            let org = org.clone();
-            values
-                .clone()
-                .into_iter()
-                .filter_map(move |(dimension, key)| {
-                    Some(AggregateKey {
-                        period,
-                        dimension,
-                        org: org.clone(),
-                        key: key?,
-                    })
-                })
+            key: value_of(dimension, record)?.clone(),
+            day,
         })
+    }
+
+    /// Whether `record`, of `day`, with `key` in this group's dimension, certainly
+    /// belongs to this group (a `false` only costs a group of its own). The org, caller
+    /// and account names are the config's own, shared by every request, so they are
+    /// compared by pointer; a model is the request's own text and is also compared by
+    /// value.
+    fn holds(&self, record: &UsageRecord, key: &Arc<str>, day: Day) -> bool {
+        self.day == day
+            && Arc::ptr_eq(&self.org, &record.org)
+            && (Arc::ptr_eq(&self.key, key)
+                || (self.dimension == Dimension::Model && self.key == *key))
+    }
+
+    /// The group's two aggregates: its day's and its month's.
+    fn keys(self) -> [AggregateKey; 2] {
+        let month = AggregateKey {
+            period: Period::Month(self.day.month()),
+            dimension: self.dimension,
+            org: self.org.clone(),
+            key: self.key.clone(),
+        };
+        let day = AggregateKey {
+            period: Period::Day(self.day),
+            dimension: self.dimension,
+            org: self.org,
+            key: self.key,
+        };
+        [day, month]
     }
 }
 
-/// Records added up by group, not yet folded into the totals.
+/// Records added up by group, in each dimension, not yet folded into the totals.
 #[derive(Debug, Default)]
 struct Queue {
-    groups: Vec<(Group, Totals)>,
+    /// By [`Dimension`] (in [`Dimension::ALL`]'s order). Kept apart so that records of
+    /// different accounts still share their caller's and model's groups: a pool of many
+    /// accounts served in turn has a new account per record, but one caller and model.
+    groups: [Vec<(Group, Totals)>; 3],
     records: usize,
 }
 
 impl Queue {
-    /// Adds `record` to its group: one of the newest few, else a new one (many distinct
-    /// groups in a row gain nothing from a longer search).
+    /// Adds `record` to its group in each dimension it has: one of the newest few,
+    /// else a new one (many distinct groups in a row gain nothing from a longer search).
     fn add(&mut self, record: &UsageRecord) {
         let add = Totals::of(record);
         let day = Day::of(record.at);
         self.records += 1;
-        match self
-            .groups
-            .iter_mut()
-            .rev()
-            .take(16)
-            .find(|(g, _)| g.holds(record, day))
-        {
-            Some((_, totals)) => totals.add(&add),
-            None => self.groups.push((Group::of(record), add)),
+        for (groups, dimension) in self.groups.iter_mut().zip(Dimension::ALL) {
+            let Some(key) = value_of(dimension, record) else {
+                continue;
+            };
+            match groups
+                .iter_mut()
+                .rev()
+                .take(16)
+                .find(|(g, _)| g.holds(record, key, day))
+            {
+                Some((_, totals)) => totals.add(&add),
+                None => groups.extend(Group::new(dimension, record, day).map(|g| (g, add))),
+            }
         }
     }
 }
@@ -225,7 +228,7 @@ impl Aggregates {
     fn fold(&self) {
         let queued =
             std::mem::take(&mut *self.queued.lock().unwrap_or_else(PoisonError::into_inner));
-        self.add_groups(queued.groups);
+        self.add_groups(queued);
     }
 
     /// Adds a batch of records at once (what [`Aggregates::record`] does for its queue,
@@ -236,19 +239,20 @@ impl Aggregates {
         for record in records {
             queue.add(record);
         }
-        self.add_groups(queue.groups);
+        self.add_groups(queue);
     }
 
-    fn add_groups(&self, groups: Vec<(Group, Totals)>) {
-        if groups.is_empty() {
+    fn add_groups(&self, queue: Queue) {
+        if queue.records == 0 {
             return;
         }
-        self.add_since_start(&groups);
+        // Every record has a caller: the caller groups are all the records.
+        self.add_since_start(&queue.groups[0]);
         let mut deltas = self
             .deltas
             .as_ref()
             .map(|d| d.lock().unwrap_or_else(PoisonError::into_inner));
-        for (group, add) in groups {
+        for (group, add) in queue.groups.into_iter().flatten() {
             for mut key in group.keys() {
                 if key.dimension == Dimension::Model && !self.totals.contains_key(&key) {
                     key = self.admit_model(key);
@@ -271,7 +275,7 @@ impl Aggregates {
         for (group, add) in groups {
             if add.tokens() > 0 || add.cost_nano_usd > 0 {
                 since
-                    .entry((group.org.clone(), group.caller.clone()))
+                    .entry((group.org.clone(), group.key.clone()))
                     .or_default()
                     .add(add);
             }

@@ -248,3 +248,33 @@ proptest! {
         prop_assert_eq!(since, callers);
     }
 }
+
+/// A pool served in turn: every record of a batch has another account than the last
+/// sixteen, but one caller and model. Each account's aggregates are exactly its
+/// records, and the caller's and the model's are all of them.
+#[test]
+fn a_large_pool_in_turn_is_counted_exactly() {
+    let records = interned(
+        (0..3 * 40u64)
+            .map(|i| record(0, Some((i % 40) as u8), 0, 10, 5, T0 + i))
+            .collect(),
+    );
+    let aggregates = Aggregates::new(false);
+    for r in &records {
+        aggregates.record(r);
+    }
+    let day = Period::Day(Day::of(T0));
+    let accounts = aggregates.rows(day, Dimension::Account);
+    assert_eq!(accounts.len(), 40);
+    assert!(
+        accounts
+            .iter()
+            .all(|(_, _, t)| t.requests == 3 && t.output_tokens == 15)
+    );
+    for dimension in [Dimension::Caller, Dimension::Model] {
+        let rows = aggregates.rows(day, dimension);
+        assert_eq!(rows.len(), 1, "{dimension:?}");
+        assert_eq!(rows[0].2.requests, 120);
+        assert_eq!(rows[0].2.cost_nano_usd, 600);
+    }
+}
