@@ -251,7 +251,10 @@ pub(crate) async fn attempt_with_refresh(
         return outcome;
     }
     tracing::info!(account = %account.id(), "access token expired; refreshing and trying the account again");
-    match refresh(call.app, &account, seen).await {
+    // Boxed: the refresh (a store round trip) would make every attempt's future, which
+    // the walk boxes once per attempt, ten times larger (11.5 against 1.4 KB), and the
+    // walk's boxing copies it whole (`docs/BENCHMARKS.md`, issue 22).
+    match Box::pin(refresh(call.app, &account, seen)).await {
         Ok(_) => attempt(call, account, first_chunk).await,
         // Not the account's key being wrong: a refresh that could not be made now.
         Err(_) => Err(Failure::Transport(
