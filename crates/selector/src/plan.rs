@@ -1,5 +1,7 @@
 //! Planning: the filter pipeline, then the group's strategy, then the hedge/race gate.
 
+use std::sync::Arc;
+
 use keypool_core::{Strategy, UnixMs};
 use rand::Rng;
 
@@ -46,7 +48,7 @@ pub struct PlanInput<'a, A: ?Sized> {
     /// then skips the filters. In snapshot order, or in rotation order for
     /// `round_robin`. A caller that keeps them must drop them when any fact they came
     /// from changes (an account's window or cooldown, or a block's expiry passing).
-    pub survivors: Option<&'a [usize]>,
+    pub survivors: Option<&'a Arc<[usize]>>,
 }
 
 impl<'a, A: Availability + ?Sized> PlanInput<'a, A> {
@@ -76,7 +78,7 @@ impl<'a, A: Availability + ?Sized> PlanInput<'a, A> {
 
     /// Plans from `survivors` instead of running the filters (see
     /// [`PlanInput::survivors`]).
-    pub fn with_survivors(mut self, survivors: &'a [usize]) -> Self {
+    pub fn with_survivors(mut self, survivors: &'a Arc<[usize]>) -> Self {
         self.survivors = Some(survivors);
         self
     }
@@ -157,23 +159,83 @@ impl FanOut {
 }
 
 /// The ordered attempts of one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Plan {
-    /// Snapshot indices in the order the failover walks them; never the same index
-    /// twice. For hedge/race the partner is moved to position 1, right after the
-    /// primary; the rest keeps the strategy's order.
-    pub attempts: Vec<usize>,
+    /// Snapshot indices in the order the failover walks them ([`Plan::get`]); never the
+    /// same index twice. For hedge/race the partner is moved to position 1, right after
+    /// the primary; the rest keeps the strategy's order.
+    order: Order,
     /// Single path (with the gate reason), hedge or race.
     pub fan_out: FanOut,
-    /// Every remaining account was cooling: `attempts` holds only the account whose
+    /// Every remaining account was cooling: the plan holds only the account whose
     /// cooldown ends first.
     pub last_resort: bool,
+}
+
+/// How a plan holds its order.
+#[derive(Debug, Clone)]
+enum Order {
+    /// The indices, in order.
+    Listed(Vec<usize>),
+    /// A round robin over kept survivors: `ring` (in rotation order) from `start`,
+    /// wrapping, and with `first = (index, at)` that index (the preferred account, at
+    /// position `at` of the rotation) moved to the front. Not copied: a pool of 1,000
+    /// accounts would otherwise copy its whole rotation for every request.
+    Rotated {
+        ring: Arc<[usize]>,
+        start: usize,
+        first: Option<(usize, usize)>,
+    },
 }
 
 impl Plan {
     /// The first attempt's snapshot index (a plan is never empty).
     pub fn primary(&self) -> usize {
-        self.attempts[0]
+        self.get(0).unwrap_or_default()
+    }
+
+    /// How many attempts the plan holds.
+    pub fn len(&self) -> usize {
+        match &self.order {
+            Order::Listed(v) => v.len(),
+            Order::Rotated { ring, .. } => ring.len(),
+        }
+    }
+
+    /// Whether the plan holds no attempt (never, for a plan [`plan`] made).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The snapshot index of attempt `position`.
+    pub fn get(&self, position: usize) -> Option<usize> {
+        match &self.order {
+            Order::Listed(v) => v.get(position).copied(),
+            Order::Rotated { ring, start, first } => {
+                let n = ring.len();
+                if position >= n {
+                    return None;
+                }
+                let k = match *first {
+                    None => position,
+                    Some((index, _)) if position == 0 => return Some(index),
+                    // The rotation without the preferred account, which went first.
+                    Some((_, at)) if position - 1 < at => position - 1,
+                    Some(_) => position,
+                };
+                Some(ring[(start + k) % n])
+            }
+        }
+    }
+
+    /// The snapshot indices in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
+        (0..self.len()).map(|position| self.get(position).unwrap_or_default())
+    }
+
+    /// The snapshot indices in order, as a list.
+    pub fn attempts(&self) -> Vec<usize> {
+        self.iter().collect()
     }
 
     /// The attempts as candidates of `snapshot` (the one the plan was made from).
@@ -181,9 +243,22 @@ impl Plan {
         &'s self,
         snapshot: &'s [Candidate],
     ) -> impl ExactSizeIterator<Item = &'s Candidate> + 's {
-        self.attempts.iter().map(move |&i| &snapshot[i])
+        self.iter().map(move |i| &snapshot[i])
     }
 }
+
+/// Plans are equal when they walk the same accounts in the same order with the same
+/// fan-out, however they hold the order.
+impl PartialEq for Plan {
+    fn eq(&self, other: &Self) -> bool {
+        self.fan_out == other.fan_out
+            && self.last_resort == other.last_resort
+            && self.len() == other.len()
+            && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Plan {}
 
 /// Puts the survivors (snapshot indices) into the stable rotation order of their
 /// [`Candidate::rotation_rank`]s, in O(n). When the ranks are not a numbering of the
@@ -211,7 +286,7 @@ pub struct KeepableSurvivors {
     /// Snapshot indices, in the order [`PlanInput::with_survivors`] takes for the
     /// strategy they were filtered for: rotation order for `round_robin`, snapshot
     /// order otherwise.
-    pub indices: Vec<usize>,
+    pub indices: Arc<[usize]>,
     /// They stay valid until this time (unix ms), unless an availability fact changes
     /// first: the earliest end of a block (a window, or a cooldown) of an active
     /// account that was blocked at `now`; `UnixMs::MAX` when none was.
@@ -261,7 +336,7 @@ where
         .min()
         .unwrap_or(UnixMs::MAX);
     Some(KeepableSurvivors {
-        indices,
+        indices: indices.into(),
         valid_until,
     })
 }
@@ -292,20 +367,34 @@ where
     R: Rng + ?Sized,
 {
     let snapshot = input.snapshot;
+    // Kept survivors of a round robin are already in rotation order: the plan is
+    // where the rotation starts, without copying them.
+    if input.strategy == Strategy::RoundRobin
+        && let Some(ring) = input.survivors.filter(|s| !s.is_empty())
+    {
+        if let Some(budget) = input.hedge_budget {
+            budget.record_request(input.now);
+        }
+        let n = ring.len();
+        let start = (input.counter % n as u64) as usize;
+        let first = input
+            .prefer
+            .and_then(|prefer| ring.iter().position(|&i| i == prefer))
+            .map(|pos| (ring[pos], (pos + n - start) % n));
+        return Ok(Plan {
+            order: Order::Rotated {
+                ring: Arc::clone(ring),
+                start,
+                first,
+            },
+            fan_out: fan_out(input, &mut [], None),
+            last_resort: false,
+        });
+    }
     let mut attempts = Vec::with_capacity(snapshot.len());
-    // Kept survivors of a round robin are already in rotation order: rotating them is
-    // two copies.
-    let mut rotated = false;
     let last_resort = match input.survivors {
         Some(survivors) if !survivors.is_empty() => {
-            if input.strategy == Strategy::RoundRobin {
-                let start = (input.counter % survivors.len() as u64) as usize;
-                attempts.extend_from_slice(&survivors[start..]);
-                attempts.extend_from_slice(&survivors[..start]);
-                rotated = true;
-            } else {
-                attempts.extend_from_slice(survivors);
-            }
+            attempts.extend_from_slice(survivors);
             false
         }
         _ => filter_into(snapshot, input.availability, input.now, rng, &mut attempts)?,
@@ -315,7 +404,6 @@ where
     }
     let mut summary = None;
     match input.strategy {
-        Strategy::RoundRobin if rotated => {}
         Strategy::RoundRobin => {
             in_rotation_order(snapshot, &mut attempts);
             let start = (input.counter % attempts.len() as u64) as usize;
@@ -347,7 +435,7 @@ where
     }
     let fan_out = fan_out(input, &mut attempts, summary);
     Ok(Plan {
-        attempts,
+        order: Order::Listed(attempts),
         fan_out,
         last_resort,
     })

@@ -170,7 +170,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     /// Survivors kept by `survivors_to_keep` give exactly the plan a fresh filtering
-    /// gives, for every strategy; they are offered exactly when the filters end neither
+    /// gives, for every strategy and any preferred account (a round robin's plan from
+    /// them names its rotation instead of listing it); they are offered exactly when the filters end neither
     /// in an error nor in the last resort; and they stay valid until the first block of
     /// an active account ends.
     #[test]
@@ -180,11 +181,18 @@ proptest! {
         counter in any::<u64>(),
         samples in samples(),
         seed in any::<u64>(),
+        prefer in proptest::option::of(0usize..44),
     ) {
         let av = pool.availability();
         let rating = RatingEngine::new();
         feed(&rating, &pool.snapshot, &samples);
-        let fresh = || PlanInput::new(&pool.snapshot, &av, strategy, &rating, NOW).with_counter(counter);
+        let fresh = || {
+            let input = PlanInput::new(&pool.snapshot, &av, strategy, &rating, NOW).with_counter(counter);
+            match prefer {
+                Some(p) => input.with_prefer(p),
+                None => input,
+            }
+        };
         let found = filter_snapshot(&pool.snapshot, &av, NOW, &mut rng(seed));
         let kept = survivors_to_keep(&pool.snapshot, &av, strategy, NOW);
         let Some(kept) = kept else {
@@ -203,7 +211,11 @@ proptest! {
         prop_assert_eq!(kept.valid_until, first_block_end);
         let expected = plan(&fresh(), &mut rng(seed)).unwrap();
         let from_kept = plan(&fresh().with_survivors(&kept.indices), &mut rng(seed)).unwrap();
-        prop_assert_eq!(&from_kept.attempts, &expected.attempts);
+        prop_assert_eq!(&from_kept.attempts(), &expected.attempts());
+        prop_assert_eq!(from_kept.len(), expected.len());
+        prop_assert_eq!(from_kept.get(from_kept.len()), None);
+        prop_assert_eq!(from_kept.primary(), expected.primary());
+        prop_assert_eq!(&from_kept, &expected);
         prop_assert_eq!(from_kept.fan_out, expected.fan_out);
         prop_assert!(!from_kept.last_resort);
     }
@@ -235,17 +247,17 @@ proptest! {
         }).collect();
         match result {
             Ok(p) => {
-                let unique: HashSet<usize> = p.attempts.iter().copied().collect();
-                prop_assert_eq!(unique.len(), p.attempts.len(), "an account twice");
-                prop_assert!(p.attempts.len() <= pool.snapshot.len());
+                let unique: HashSet<usize> = p.attempts().iter().copied().collect();
+                prop_assert_eq!(unique.len(), p.attempts().len(), "an account twice");
+                prop_assert!(p.attempts().len() <= pool.snapshot.len());
                 if p.last_resort {
                     prop_assert!(free.is_empty());
-                    prop_assert_eq!(p.attempts.len(), 1);
+                    prop_assert_eq!(p.attempts().len(), 1);
                     let earliest = cooling.iter().map(|c| c.1).min().unwrap();
-                    let chosen = p.attempts[0];
+                    let chosen = p.attempts()[0];
                     prop_assert!(cooling.contains(&(chosen, earliest)), "not a minimum-expiry account");
                 } else {
-                    let mut got = p.attempts.clone();
+                    let mut got = p.attempts();
                     got.sort_unstable();
                     prop_assert_eq!(got, free, "exactly the surviving accounts");
                 }
@@ -292,11 +304,11 @@ proptest! {
             let input = PlanInput::new(&pool.snapshot, &av, Strategy::RoundRobin, &rating, NOW)
                 .with_counter(counter);
             let p = plan(&input, &mut rng(k)).unwrap();
-            let at = free.iter().position(|&i| i == p.attempts[0]).unwrap();
+            let at = free.iter().position(|&i| i == p.attempts()[0]).unwrap();
             let mut rotated = free.clone();
             rotated.rotate_left(at);
-            prop_assert_eq!(&p.attempts, &rotated);
-            leaders.push(p.attempts[0]);
+            prop_assert_eq!(&p.attempts(), &rotated);
+            leaders.push(p.attempts()[0]);
         }
         leaders.sort_unstable();
         prop_assert_eq!(leaders, free);
@@ -320,10 +332,10 @@ proptest! {
             let input = PlanInput::new(&snapshot, &av, Strategy::Weighted, &rating, NOW)
                 .with_counter(start.wrapping_add(k) % (u64::MAX - u64::MAX % total));
             let p = plan(&input, &mut rng(k)).unwrap();
-            let lead = p.attempts[0];
+            let lead = p.attempts()[0];
             let mut rotated: Vec<usize> = (0..snapshot.len()).collect();
             rotated.rotate_left(lead);
-            prop_assert_eq!(&p.attempts, &rotated);
+            prop_assert_eq!(&p.attempts(), &rotated);
             *leads.entry(lead).or_default() += 1;
         }
         for (i, c) in snapshot.iter().enumerate() {
@@ -354,7 +366,7 @@ proptest! {
 
         // Sorted by the engine's scores, ties in snapshot order.
         let scores = rating.scores(&snapshot, NOW);
-        for w in p.attempts.windows(2) {
+        for w in p.attempts().windows(2) {
             let (a, b) = (w[0], w[1]);
             prop_assert!(scores[a] < scores[b] || (scores[a] == scores[b] && a < b),
                 "{a} ({}) before {b} ({})", scores[a], scores[b]);
@@ -388,7 +400,7 @@ proptest! {
                 "account {i}: score {score}, model {expected}");
         }
         if with.is_empty() {
-            prop_assert_eq!(p.attempts, (0..snapshot.len()).collect::<Vec<_>>());
+            prop_assert_eq!(p.attempts(), (0..snapshot.len()).collect::<Vec<_>>());
         }
     }
 
@@ -430,8 +442,8 @@ proptest! {
             let input = PlanInput::new(&snapshot, &av, Strategy::Priority, &rating, NOW);
             let p = plan(&input, &mut rng).unwrap();
             prop_assert!(p.last_resort);
-            prop_assert!(p.attempts[0] >= others, "picked a later expiry");
-            counts[p.attempts[0] - others] += 1;
+            prop_assert!(p.attempts()[0] >= others, "picked a later expiry");
+            counts[p.attempts()[0] - others] += 1;
         }
         let fair = draws / ties;
         for (k, &c) in counts.iter().enumerate() {
@@ -465,11 +477,11 @@ proptest! {
             .with_hedge_min_delay_ms(min_delay);
         let Ok(p) = plan(&input, &mut rng(1)) else { return Ok(()) };
         let rated = plan(&PlanInput::new(&pool.snapshot, &av, Strategy::Rated, &rating, NOW), &mut rng(1)).unwrap();
-        prop_assert_eq!(p.attempts[0], rated.attempts[0], "primary exactly as rated");
+        prop_assert_eq!(p.attempts()[0], rated.attempts()[0], "primary exactly as rated");
 
         // The model of the gate, checked in SPEC order.
-        let primary = &pool.snapshot[p.attempts[0]];
-        let partner_of_rated = rated.attempts[1..].iter().copied().find(|&i| {
+        let primary = &pool.snapshot[p.attempts()[0]];
+        let partner_of_rated = rated.attempts()[1..].iter().copied().find(|&i| {
             let c = &pool.snapshot[i];
             c.provider == primary.provider && c.auth == primary.auth
                 && c.base_url.as_deref() != primary.base_url.as_deref()
@@ -479,7 +491,7 @@ proptest! {
         let budget_ok = (extras_before + 1) * 10 <= requests_before + 1;
         let expected = if count_tokens {
             Some(GateReason::CountTokens)
-        } else if rated.attempts.len() < 2 {
+        } else if rated.attempts().len() < 2 {
             Some(GateReason::FewerThanTwo)
         } else if partner_of_rated.is_none() {
             Some(GateReason::NoPartner)
@@ -494,11 +506,11 @@ proptest! {
         prop_assert_eq!(budget.usage(NOW), (requests_before + 1, extras_before + u64::from(expected.is_none())));
 
         match p.fan_out {
-            FanOut::Single(_) => prop_assert_eq!(&p.attempts, &rated.attempts),
+            FanOut::Single(_) => prop_assert_eq!(&p.attempts(), &rated.attempts()),
             FanOut::Hedge { partner, delay_ms } => {
                 prop_assert!(!race);
                 prop_assert_eq!(Some(partner), partner_of_rated);
-                prop_assert_eq!(p.attempts[1], partner);
+                prop_assert_eq!(p.attempts()[1], partner);
                 let p90 = rating.p90_ttft_ms(&primary.id, NOW);
                 prop_assert!(delay_ms >= min_delay);
                 if let Some(p90) = p90 { prop_assert_eq!(delay_ms, p90.max(min_delay)); }
@@ -506,7 +518,7 @@ proptest! {
             FanOut::Race { partner } => {
                 prop_assert!(race);
                 prop_assert_eq!(Some(partner), partner_of_rated);
-                prop_assert_eq!(p.attempts[1], partner);
+                prop_assert_eq!(p.attempts()[1], partner);
             }
         }
         if let Some(partner) = p.fan_out.partner() {
@@ -514,9 +526,9 @@ proptest! {
             prop_assert!(c.provider == primary.provider && c.auth == primary.auth);
             prop_assert!(c.base_url != primary.base_url);
             // The rest keeps rated order.
-            let rest: Vec<usize> = rated.attempts.iter().copied().filter(|&i| i != partner).collect();
-            prop_assert_eq!(&p.attempts[0..1], &rest[0..1]);
-            prop_assert_eq!(&p.attempts[2..], &rest[1..]);
+            let rest: Vec<usize> = rated.attempts().iter().copied().filter(|&i| i != partner).collect();
+            prop_assert_eq!(&p.attempts()[0..1], &rest[0..1]);
+            prop_assert_eq!(&p.attempts()[2..], &rest[1..]);
         }
     }
 
@@ -564,29 +576,29 @@ proptest! {
         feed(&rating, &pool.snapshot, &samples);
         let input = PlanInput::new(&pool.snapshot, &av, Strategy::ResetAware, &rating, NOW);
         let Ok(p) = plan(&input, &mut rng(5)) else { return Ok(()) };
-        for &i in &p.attempts {
+        for &i in &p.attempts() {
             prop_assert!(!matches!(pool.fact_of(i), Fact::Limited(..)), "{i} is out of its window");
         }
         let key = |i: usize| reset_of(i).map_or((1, 0), |r| (0, r));
-        prop_assert!(p.attempts.windows(2).all(|w| key(w[0]) <= key(w[1])));
+        prop_assert!(p.attempts().windows(2).all(|w| key(w[0]) <= key(w[1])));
         let rated = plan(
             &PlanInput::new(&pool.snapshot, &av, Strategy::Rated, &rating, NOW),
             &mut rng(5),
         ).unwrap();
         // Within each group of equal resets: the rated order.
-        let mut expected = rated.attempts.clone();
+        let mut expected = rated.attempts();
         expected.sort_by_key(|&i| key(i));
-        prop_assert_eq!(&p.attempts, &expected);
+        prop_assert_eq!(&p.attempts(), &expected);
 
         // A preferred survivor goes first; the others keep their order.
         if let Some(prefer) = prefer {
             let q = plan(&input.with_prefer(prefer), &mut rng(5)).unwrap();
-            if p.attempts.contains(&prefer) {
-                prop_assert_eq!(q.attempts[0], prefer);
-                let rest: Vec<usize> = p.attempts.iter().copied().filter(|&i| i != prefer).collect();
-                prop_assert_eq!(&q.attempts[1..], &rest[..]);
+            if p.attempts().contains(&prefer) {
+                prop_assert_eq!(q.attempts()[0], prefer);
+                let rest: Vec<usize> = p.attempts().iter().copied().filter(|&i| i != prefer).collect();
+                prop_assert_eq!(&q.attempts()[1..], &rest[..]);
             } else {
-                prop_assert_eq!(&q.attempts, &p.attempts);
+                prop_assert_eq!(&q.attempts(), &p.attempts());
             }
         }
     }
@@ -602,7 +614,7 @@ proptest! {
         feed(&rating, &pool.snapshot, &samples);
         let reset_aware = plan(&PlanInput::new(&pool.snapshot, &av, Strategy::ResetAware, &rating, NOW), &mut rng(1));
         let rated = plan(&PlanInput::new(&pool.snapshot, &av, Strategy::Rated, &rating, NOW), &mut rng(1));
-        prop_assert_eq!(reset_aware.map(|p| p.attempts), rated.map(|p| p.attempts));
+        prop_assert_eq!(reset_aware.map(|p| p.attempts()), rated.map(|p| p.attempts()));
     }
 }
 

@@ -57,7 +57,7 @@ pub struct KeptSurvivors {
     /// none was blocked): from then on the survivors may grow.
     pub valid_until: UnixMs,
     /// The survivors, in the order the pool's strategy plans from.
-    pub survivors: Vec<usize>,
+    pub survivors: Arc<[usize]>,
 }
 
 impl Snapshot {

@@ -469,7 +469,7 @@ async fn kept_survivors_hold_only_for_their_epoch_and_until_a_block_ends() {
     let kept = std::sync::Arc::new(keypool_store::KeptSurvivors {
         epoch: 7,
         valid_until: t + 500,
-        survivors: vec![0, 2],
+        survivors: vec![0, 2].into(),
     });
     snapshot.keep_survivors(0, kept.clone());
     // Shared by the clones the cache hands out.
@@ -485,7 +485,7 @@ async fn kept_survivors_hold_only_for_their_epoch_and_until_a_block_ends() {
     let opus = keypool_store::survivor_scope(Some(keypool_core::ModelFamily::Opus));
     assert_eq!(again.kept_survivors(opus, 7, t + 1), None);
     let only_one = std::sync::Arc::new(keypool_store::KeptSurvivors {
-        survivors: vec![2],
+        survivors: vec![2].into(),
         ..(*kept).clone()
     });
     again.keep_survivors(opus, only_one.clone());

@@ -112,7 +112,7 @@ impl<'c> Walker<'c> {
         let planned: &'c PlannedRequest = planned;
         Self {
             call,
-            ceiling: AttemptCeiling::new(planned.plan.attempts.len()),
+            ceiling: AttemptCeiling::new(planned.plan.len()),
             planned,
             running: [None, None],
             next: 0,
@@ -134,7 +134,7 @@ impl<'c> Walker<'c> {
     /// provider cannot serve this request's endpoint (a Messages request never goes to
     /// an `openai` account): the walk skips it.
     fn account_at(&self, position: usize) -> Option<Arc<Account>> {
-        let index = *self.planned.plan.attempts.get(position)?;
+        let index = self.planned.plan.get(position)?;
         let id = &self.planned.snapshot[index].id;
         let account = self.call.config.account(id.as_str())?;
         self.call
@@ -178,7 +178,6 @@ impl<'c> Walker<'c> {
             return;
         }
         let store = self.call.app.store();
-        let order = &self.planned.plan.attempts;
         let (Some(primary), Some(partner)) = (self.account_at(0), self.account_at(1)) else {
             self.extra = None;
             return;
@@ -188,7 +187,13 @@ impl<'c> Walker<'c> {
             self.extra = None;
             return;
         };
-        self.start(0, order[0], FanOutRole::Primary, primary, slot);
+        self.start(
+            0,
+            self.planned.plan.primary(),
+            FanOutRole::Primary,
+            primary,
+            slot,
+        );
         self.next = 1;
         match fan_out {
             FanOut::Race { .. } => match capacity(store, &partner).await {
@@ -205,7 +210,7 @@ impl<'c> Walker<'c> {
     }
 
     fn fire_backup(&mut self, partner: Arc<Account>, slot: Option<SlotGuard>, race: bool) {
-        let index = self.planned.plan.attempts[1];
+        let index = self.planned.plan.get(1).unwrap_or_default();
         self.start(1, index, FanOutRole::Backup, partner, slot);
         self.call.app.metrics().backup_fired(race);
         self.backup_started = true;
@@ -230,8 +235,8 @@ impl<'c> Walker<'c> {
             self.extra = None;
         }
         let store = self.call.app.store();
-        while self.ceiling.may_start() && self.next < self.planned.plan.attempts.len() {
-            let index = self.planned.plan.attempts[self.next];
+        while self.ceiling.may_start() && self.next < self.planned.plan.len() {
+            let index = self.planned.plan.get(self.next).unwrap_or_default();
             let Some(account) = self.account_at(self.next) else {
                 self.next += 1;
                 continue;
