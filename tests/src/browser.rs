@@ -139,11 +139,14 @@ impl WebDriver {
             session: String::new(),
             client: Client::new(),
         };
+        // Listening is not ready: chromedriver accepts connections before it takes
+        // sessions (a `POST /session` then was reset once in CI). Its `GET /status`
+        // says `"ready": true` when it does.
         let deadline = Instant::now() + WAIT;
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while !driver.status_ready() {
             assert!(
                 Instant::now() < deadline,
-                "chromedriver not listening within {WAIT:?}"
+                "chromedriver not ready for sessions within {WAIT:?}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -318,20 +321,65 @@ impl WebDriver {
     }
 }
 
+impl WebDriver {
+    /// One request without a body on a fresh connection, with plain blocking I/O (it
+    /// must work in `Drop`, on a panic too): the whole answer, `None` when the
+    /// connection failed.
+    fn blocking(&self, method: &str, path: &str, timeout: Duration) -> Option<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        stream.set_read_timeout(Some(timeout)).ok()?;
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
+            self.port
+        )
+        .ok()?;
+        // chromedriver keeps the connection open despite `Connection: close`: read
+        // the head, then `Content-Length` bytes (or to the end when it says none).
+        let mut answer = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = stream.read(&mut chunk).ok()?;
+            answer.extend_from_slice(&chunk[..n]);
+            if n == 0 || answer_complete(&answer) {
+                return Some(String::from_utf8_lossy(&answer).into_owned());
+            }
+        }
+    }
+
+    /// Whether chromedriver answers `GET /status` with `"ready": true`.
+    fn status_ready(&self) -> bool {
+        self.blocking("GET", "/status", Duration::from_secs(2))
+            .and_then(|answer| {
+                // the JSON object, whether the body came whole or in chunks
+                let body = answer.split_once("\r\n\r\n")?.1;
+                let json = &body[body.find('{')?..=body.rfind('}')?];
+                let status: Value = serde_json::from_str(json).ok()?;
+                status["value"]["ready"].as_bool()
+            })
+            .unwrap_or(false)
+    }
+}
+
+/// Whether `answer` holds a whole HTTP/1.1 answer with a `Content-Length`.
+fn answer_complete(answer: &[u8]) -> bool {
+    let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&answer[..end]).to_ascii_lowercase();
+    head.lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .is_some_and(|length| answer.len() >= end + 4 + length)
+}
+
 impl Drop for WebDriver {
     /// Ends the session (Chromium exits) with a plain blocking request, so that it
     /// happens on a panic too, then the `chromedriver` this driver started.
     fn drop(&mut self) {
-        if !self.session.is_empty()
-            && let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port))
-        {
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-            let _ = write!(
-                stream,
-                "DELETE /session/{} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
-                self.session, self.port
-            );
-            let _ = stream.read_to_end(&mut Vec::new());
+        if !self.session.is_empty() {
+            let path = format!("/session/{}", self.session);
+            let _ = self.blocking("DELETE", &path, Duration::from_secs(10));
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
