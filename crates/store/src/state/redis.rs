@@ -343,24 +343,32 @@ impl RedisMirror {
     }
 
     /// Runs one Redis operation within the timeout; on failure counts a fallback.
-    pub(super) async fn bounded<T>(
-        &self,
-        op: impl Future<Output = fred::prelude::FredResult<T>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, op).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                self.fell_back();
-                Err(redis_err(e))
+    ///
+    /// The operation runs boxed: fred's command futures are ~10 KB, and held inline they
+    /// made every store call that may reach Redis (and every request-path future that
+    /// awaits one, with or without Redis configured) that large, a size the server then
+    /// copies whenever it moves a request's future (issue 22). A Redis round trip
+    /// dwarfs the allocation.
+    pub(super) fn bounded<'a, T: 'a>(
+        &'a self,
+        op: impl Future<Output = fred::prelude::FredResult<T>> + Send + 'a,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>> {
+        Box::pin(async move {
+            match tokio::time::timeout(self.timeout, op).await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => {
+                    self.fell_back();
+                    Err(redis_err(e))
+                }
+                Err(_) => {
+                    self.fell_back();
+                    Err(StoreError::Redis(format!(
+                        "no answer within {} ms",
+                        self.timeout.as_millis()
+                    )))
+                }
             }
-            Err(_) => {
-                self.fell_back();
-                Err(StoreError::Redis(format!(
-                    "no answer within {} ms",
-                    self.timeout.as_millis()
-                )))
-            }
-        }
+        })
     }
 
     /// Runs a Lua script (`EVAL`) on `keys` and `args`; `slot_key` is one of the keys
