@@ -25,7 +25,7 @@ use crate::headers::{X_REQUEST_ID, add_legacy_headers};
 use crate::metrics::{InternalRoute, Metrics, UNRESOLVED};
 use crate::reject::Reject;
 use crate::route::{RouteMatch, match_path};
-use crate::upstream::{Egress, UpstreamClient, build_client_with};
+use crate::upstream::{Egress, Upstream, UpstreamClient, build_client_with};
 use crate::{admin, failover};
 
 /// The proxy application: the store, the upstream client, metrics and per-pool hedge
@@ -34,11 +34,16 @@ use crate::{admin, failover};
 #[derive(Clone)]
 pub struct App {
     inner: Arc<Inner>,
-    /// The upstream connection pool: shared by clones, replaced by
-    /// [`App::with_own_client`] (one per worker thread).
+    /// The attempts' upstream client and its connection pool: shared by clones,
+    /// replaced by [`App::with_own_client`] (one per worker thread).
+    upstream: Arc<Upstream>,
+    /// The attempts' clients of accounts with their own `proxy_url`, by proxy URL
+    /// (made on first use; one map per worker thread, like `upstream`).
+    proxied_upstreams: Arc<DashMap<Arc<str>, Arc<Upstream>>>,
+    /// The client of everything else keypool calls (OAuth token refreshes, alert
+    /// webhooks), per worker thread like `upstream`.
     client: Arc<UpstreamClient>,
-    /// The pools of accounts with their own `proxy_url`, by proxy URL (made on first
-    /// use; one map per worker thread, like `client`).
+    /// Its clients of accounts with their own `proxy_url`, by proxy URL.
     proxied: Arc<DashMap<Arc<str>, Arc<UpstreamClient>>>,
     /// Where the shared pool's connections go (the proxy environment at start).
     egress: Arc<Egress>,
@@ -92,6 +97,8 @@ impl App {
         let client = Arc::new(build_client_with(egress.clone()));
         crate::alerts::spawn_sender(&store, client.clone());
         Self {
+            upstream: Upstream::new(egress.clone()),
+            proxied_upstreams: Arc::new(DashMap::new()),
             client,
             proxied: Arc::new(DashMap::new()),
             egress: Arc::new(egress),
@@ -153,6 +160,8 @@ impl App {
     pub fn with_own_client(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
+            upstream: Upstream::new((*self.egress).clone()),
+            proxied_upstreams: Arc::new(DashMap::new()),
             client: Arc::new(build_client_with((*self.egress).clone())),
             proxied: Arc::new(DashMap::new()),
             egress: self.egress.clone(),
@@ -167,8 +176,23 @@ impl App {
         account.map_or_else(|| self.client.clone(), |a| self.client_for(a))
     }
 
-    /// The upstream client of `account`: the shared pool, or the pool of its own
-    /// `proxy_url`.
+    /// The attempts' upstream client of `account`: this worker's, or the one of its
+    /// own `proxy_url`.
+    pub(crate) fn upstream_for(&self, account: &keypool_store::config::Account) -> Arc<Upstream> {
+        let Some(url) = account.proxy_url() else {
+            return self.upstream.clone();
+        };
+        if let Some(upstream) = self.proxied_upstreams.get(url.expose()) {
+            return upstream.clone();
+        }
+        self.proxied_upstreams
+            .entry(Arc::from(url.expose()))
+            .or_insert_with(|| Upstream::new(Egress::for_account(account, &self.egress)))
+            .clone()
+    }
+
+    /// The client of `account` for everything but its attempts: the shared pool, or
+    /// the pool of its own `proxy_url`.
     pub(crate) fn client_for(
         &self,
         account: &keypool_store::config::Account,

@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use http_body_util::BodyExt;
 use keypool_cooldown::TransportFailure;
 use keypool_cooldown::facts::RateLimitInfo;
 use keypool_core::UnixMs;
@@ -32,6 +31,7 @@ use tokio::time::Instant;
 use crate::App;
 use crate::body::{Collected, HeldStream, StreamOutput};
 use crate::body_budget::Reservation;
+use crate::upstream::UpstreamBody;
 use crate::watchdog::RateWatch;
 
 /// Most bytes of an upstream error body read (to classify it and for the pass-through
@@ -181,19 +181,16 @@ pub(crate) async fn attempt(
         tracing::error!(account = %account.id(), error = %e, "account cannot be called");
         Failure::Transport(TransportFailure::Connect)
     })?;
-    let request = head.into_request(Full::new(body));
     let upstream_timeout = Duration::from_millis(settings.upstream_timeout_ms);
-    let response = match tokio::time::timeout(
-        upstream_timeout,
-        call.app.client_for(&account).request(request),
-    )
-    .await
-    {
+    let upstream = call.app.upstream_for(&account);
+    let response = match tokio::time::timeout(upstream_timeout, upstream.send(&head, &body)).await {
         Err(_) => return Err(Failure::Transport(TransportFailure::Timeout)),
         Ok(Err(e)) if is_local_resource_error(&e) => {
             return Err(Failure::Local(LocalFailure::Resources));
         }
-        Ok(Err(e)) if e.is_connect() => return Err(Failure::Transport(TransportFailure::Connect)),
+        Ok(Err(e)) if e.is_connect() => {
+            return Err(Failure::Transport(TransportFailure::Connect));
+        }
         Ok(Err(_)) => return Err(Failure::Transport(TransportFailure::Reset)),
         Ok(Ok(response)) => response,
     };
@@ -337,7 +334,7 @@ async fn full_answer(
     account: &Account,
     started: Instant,
     parts: http::response::Parts,
-    mut body: Incoming,
+    mut body: UpstreamBody,
     first_chunk: &AtomicBool,
 ) -> Result<(u64, ReadyKind), Failure> {
     let settings = call.config.server();
@@ -399,7 +396,7 @@ pub(crate) fn upstream_account<'a>(
 async fn hold_stream(
     call: &Call<'_>,
     leg: &Leg<'_>,
-    mut body: Incoming,
+    mut body: UpstreamBody,
     started: Instant,
     first_chunk: &AtomicBool,
 ) -> Result<(u64, ReadyKind), Failure> {
@@ -565,7 +562,7 @@ struct ReadLimits {
 /// past `idle` or the deadline is a timeout, a body over `max` (without `truncate`) an
 /// invalid answer.
 async fn read_body(
-    body: &mut Incoming,
+    body: &mut UpstreamBody,
     limits: ReadLimits,
     mut budget: Option<(&mut Reservation, u64)>,
 ) -> Result<Bytes, Failure> {

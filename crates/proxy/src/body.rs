@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use keypool_cooldown::TransportFailure;
 use keypool_providers::openai::ChatStream;
 use keypool_providers::{Endpoint, FrameRole, StreamUsage, StreamWire, Usage, generic_error_frame};
 use keypool_sse::Decoder;
 
 use crate::body_budget::Reservation;
+use crate::upstream::UpstreamBody;
 use crate::watchdog::RateWatch;
 use tokio::time::{Instant, Sleep};
 
@@ -222,7 +222,7 @@ pub(crate) trait StreamFinish: Send + Sync + 'static {
 pub(crate) struct StreamBody {
     pending: VecDeque<Bytes>,
     decoder: Decoder,
-    upstream: Option<Incoming>,
+    upstream: Option<UpstreamBody>,
     idle: Duration,
     sleep: Pin<Box<Sleep>>,
     usage: StreamUsage,
@@ -254,7 +254,7 @@ pub(crate) struct HeldStream {
     /// The decoder, which may still hold decoded-but-unread frames of the body.
     pub decoder: Decoder,
     /// The rest of the upstream body.
-    pub body: Incoming,
+    pub body: UpstreamBody,
     /// The usage the held frames reported.
     pub usage: StreamUsage,
     /// Whether the end of the answer ([`FrameRole::End`]: Anthropic's `message_stop`, OpenAI's `[DONE]`) was among the held

@@ -1,13 +1,23 @@
-//! The upstream HTTP client: pooled hyper clients, HTTP/1.1 and HTTP/2 (ALPN) over
-//! rustls for real providers, plain HTTP for loopback and tests, and the way their
-//! connections leave the host ([`Egress`]): directly, or through an outbound proxy
-//! (HTTP `CONNECT` or SOCKS5) named by `HTTPS_PROXY`/`HTTP_PROXY`/`ALL_PROXY` (with
-//! `NO_PROXY`) or by an account's own `proxy_url`.
+//! The upstream HTTP clients and the way their connections leave the host
+//! ([`Egress`]): directly, or through an outbound proxy (HTTP `CONNECT` or SOCKS5) named
+//! by `HTTPS_PROXY`/`HTTP_PROXY`/`ALL_PROXY` (with `NO_PROXY`) or by an account's own
+//! `proxy_url`.
 //!
-//! The connector is not tied to the Messages path: anything keypool calls upstream
-//! (the OAuth token refreshes of a later issue) builds its client with
-//! [`build_client_with`] and the account's [`Egress::for_account`], and goes through
-//! the same proxy as that account's API calls.
+//! - The request path's attempts use keypool's own HTTP/1.1 client (`conn`: pooled
+//!   keep-alive connections per worker thread, plain TCP or rustls, driven by the
+//!   request's own task; `h1`: the wire format), the upstream side of an L7 proxy as
+//!   nginx and HAProxy do it (issue 22).
+//! - Everything else keypool calls (OAuth token refreshes, alert webhooks) uses a
+//!   pooled hyper client ([`build_client_with`]: HTTP/1.1 and HTTP/2 by ALPN).
+//!
+//! Both connect through the same [`EgressConnector`]: an account's token refresh goes
+//! through the same proxy as its API calls ([`Egress::for_account`]).
+
+mod conn;
+mod h1;
+
+pub use conn::{IDLE_TIMEOUT, MAX_IDLE_PER_ORIGIN};
+pub(crate) use conn::{Upstream, UpstreamBody};
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,9 +39,6 @@ use tokio::net::TcpStream;
 
 /// The client type every attempt uses.
 pub type UpstreamClient = Client<HttpsConnector<EgressConnector>, Full<Bytes>>;
-
-/// How long an idle pooled upstream connection is kept.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The environment variables [`Egress::from_env`] reads (upper and lower case).
 pub const PROXY_ENV: [&str; 8] = [
@@ -55,16 +62,22 @@ pub fn build_client() -> UpstreamClient {
     build_client_with(Egress::from_env())
 }
 
-/// [`build_client`] whose connections leave through `egress`.
-pub fn build_client_with(egress: Egress) -> UpstreamClient {
+/// The TCP connector of every upstream client: TCP_NODELAY, a 10 s connect timeout,
+/// through `egress`.
+pub(crate) fn egress_connector(egress: Egress) -> EgressConnector {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(Duration::from_secs(10)));
-    let connector = EgressConnector {
+    EgressConnector {
         direct: http,
         egress: Arc::new(egress),
-    };
+    }
+}
+
+/// [`build_client`] whose connections leave through `egress`.
+pub fn build_client_with(egress: Egress) -> UpstreamClient {
+    let connector = egress_connector(egress);
     // ring, named explicitly: rustls' process default would be ambiguous (and panic) if
     // another crate of the build enabled aws-lc-rs too.
     let builder = match HttpsConnectorBuilder::new()
@@ -84,7 +97,7 @@ pub fn build_client_with(egress: Egress) -> UpstreamClient {
     Client::builder(TokioExecutor::new())
         .timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_idle_timeout(IDLE_TIMEOUT)
         .build(https)
 }
 

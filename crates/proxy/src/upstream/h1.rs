@@ -1,0 +1,693 @@
+//! The HTTP/1.1 wire format of an upstream exchange, without I/O: the request head
+//! written into a reusable buffer, the response head parsed out of the read buffer,
+//! how the response body is framed (RFC 9112 section 6.3), and the chunked decoder.
+//!
+//! Everything here works on byte buffers handed in by the connection
+//! ([`super::conn`]), so that every rule can be tested on its own, byte by byte and
+//! split at any point.
+
+use std::io;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version};
+
+/// Most header lines a response head may have (hyper's limit too).
+pub(crate) const MAX_HEADERS: usize = 100;
+/// Most bytes a response head may take.
+pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most bytes of a chunk-size line (with its extensions) or of one trailer line.
+const MAX_LINE_BYTES: usize = 4 * 1024;
+/// Most bytes of all trailer lines of a chunked body.
+const MAX_TRAILER_BYTES: usize = 16 * 1024;
+
+/// An error of the wire format: the upstream's answer is not HTTP/1.1 keypool can read.
+pub(crate) fn invalid(what: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+/// The `Host` header of `uri`: the host, with the port when it is not the scheme's
+/// default (what an HTTP/1.1 client sends when the caller set none).
+fn host_of(uri: &Uri) -> Option<(&str, Option<u16>)> {
+    let host = uri.host()?;
+    let default = match uri.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    };
+    Some((host, uri.port_u16().filter(|&p| p != default)))
+}
+
+/// Writes the request head of `method` to `uri` with `headers` and a body of
+/// `content_length` bytes into `out` (cleared first): the request line in origin
+/// form, `host` (unless `headers` has one), every header of `headers` (names as
+/// `http` keeps them, lower case), `content-length`, and the blank line.
+///
+/// `headers` must not carry framing of its own (`content-length`,
+/// `transfer-encoding`, `connection`): the body's length is this function's to say,
+/// and any such header is left out.
+pub(crate) fn write_head(
+    out: &mut Vec<u8>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    content_length: usize,
+) {
+    out.clear();
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    match uri.path_and_query() {
+        Some(pq) if !pq.as_str().is_empty() => out.extend_from_slice(pq.as_str().as_bytes()),
+        _ => out.push(b'/'),
+    }
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    if !headers.contains_key(HOST)
+        && let Some((host, port)) = host_of(uri)
+    {
+        out.extend_from_slice(b"host: ");
+        out.extend_from_slice(host.as_bytes());
+        if let Some(port) = port {
+            out.push(b':');
+            write_decimal(out, u64::from(port));
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    for (name, value) in headers {
+        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == CONNECTION {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"content-length: ");
+    write_decimal(out, content_length as u64);
+    out.extend_from_slice(b"\r\n\r\n");
+}
+
+fn write_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// A response head, parsed.
+#[derive(Debug)]
+pub(crate) struct Head {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+}
+
+/// What [`parse_head`] found at the start of the read buffer.
+#[derive(Debug)]
+pub(crate) enum Parsed {
+    /// Not a whole head yet: read more.
+    Partial,
+    /// A whole head (taken out of the buffer).
+    Head(Head),
+}
+
+/// Where one header line's name and value lie in the head's bytes.
+#[derive(Clone, Copy)]
+pub(crate) struct Span {
+    name: (usize, usize),
+    value: (usize, usize),
+}
+
+/// Parses the response head at the start of `buf`. A whole head is taken out of
+/// `buf` (what follows, the start of the body, stays); its header values share the
+/// head's bytes instead of being copied. `spans` is scratch space the caller keeps
+/// between heads (cleared here).
+///
+/// # Errors
+/// `InvalidData` when the bytes are not an HTTP/1.x response head, it has more than
+/// [`MAX_HEADERS`] header lines, or it is not whole within [`MAX_HEAD_BYTES`].
+pub(crate) fn parse_head(buf: &mut BytesMut, spans: &mut Vec<Span>) -> io::Result<Parsed> {
+    // Neither array is initialised: httparse writes only the lines it finds.
+    let mut lines =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut response = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut response,
+        buf,
+        &mut lines,
+    );
+    let len = match parsed {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD_BYTES => {
+            return Err(invalid("the upstream's response head is too large"));
+        }
+        Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(invalid("the upstream's response head has too many headers"));
+        }
+        Err(_) => return Err(invalid("the upstream's answer is not an HTTP/1.1 response")),
+    };
+    let (Some(code), Some(minor)) = (response.code, response.version) else {
+        return Err(invalid("the upstream's answer is not an HTTP/1.1 response"));
+    };
+    let status =
+        StatusCode::from_u16(code).map_err(|_| invalid("the upstream's status is invalid"))?;
+    let version = if minor == 0 {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let base = buf.as_ptr() as usize;
+    let offset = |s: &[u8]| {
+        let start = s.as_ptr() as usize - base;
+        (start, start + s.len())
+    };
+    spans.clear();
+    spans.extend(response.headers.iter().map(|line| Span {
+        name: offset(line.name.as_bytes()),
+        value: offset(line.value),
+    }));
+    let head = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    for span in spans.iter() {
+        let name = HeaderName::from_bytes(&head[span.name.0..span.name.1])
+            .map_err(|_| invalid("the upstream sent an invalid header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(span.value.0..span.value.1))
+            .map_err(|_| invalid("the upstream sent an invalid header value"))?;
+        headers.append(name, value);
+    }
+    Ok(Parsed::Head(Head {
+        status,
+        version,
+        headers,
+    }))
+}
+
+/// How a response body ends (RFC 9112, 6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// Exactly this many bytes.
+    Length(u64),
+    /// Chunked transfer coding.
+    Chunked,
+    /// Until the upstream closes the connection.
+    UntilClose,
+}
+
+/// The framing of `head`'s body, answering `method`, and whether the connection may
+/// carry another request once the body has been read.
+///
+/// # Errors
+/// `InvalidData` for a `content-length` that is not one number (or several that
+/// differ).
+pub(crate) fn framing(method: &Method, head: &Head) -> io::Result<(Framing, bool)> {
+    let headers = &head.headers;
+    let mut keep_alive = head.version == Version::HTTP_11
+        && !headers
+            .get_all(CONNECTION)
+            .iter()
+            .any(|v| has_token(v.as_bytes(), b"close"));
+    if method == Method::HEAD
+        || head.status == StatusCode::NO_CONTENT
+        || head.status == StatusCode::NOT_MODIFIED
+    {
+        return Ok((Framing::Length(0), keep_alive));
+    }
+    if headers.contains_key(TRANSFER_ENCODING) {
+        // A length beside a transfer coding is ignored, and the connection not reused
+        // (RFC 9112, 6.3 item 3); a coding that does not end in chunked is read until
+        // the close.
+        let chunked = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .is_some_and(|v| last_token(v.as_bytes()).eq_ignore_ascii_case(b"chunked"));
+        if headers.contains_key(CONTENT_LENGTH) || !chunked {
+            keep_alive = false;
+        }
+        return Ok(if chunked {
+            (Framing::Chunked, keep_alive)
+        } else {
+            (Framing::UntilClose, false)
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|&b| b == b',') {
+            let n = parse_decimal(trim(part))
+                .ok_or_else(|| invalid("the upstream sent an invalid content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(invalid("the upstream sent conflicting content-lengths"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(n) => (Framing::Length(n), keep_alive),
+        None => (Framing::UntilClose, false),
+    })
+}
+
+fn trim(bytes: &[u8]) -> &[u8] {
+    let start = bytes
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(bytes.len());
+    let end = bytes
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
+    &bytes[start..end]
+}
+
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|t| trim(t).eq_ignore_ascii_case(token))
+}
+
+fn last_token(value: &[u8]) -> &[u8] {
+    trim(value.rsplit(|&b| b == b',').next().unwrap_or(b""))
+}
+
+/// A non-empty run of ASCII digits as a number (`None` past `u64`).
+fn parse_decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        d.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))?
+    })
+}
+
+/// What [`Chunked::decode`] got out of the buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Decoded {
+    /// Data of the body.
+    Data(Bytes),
+    /// The buffer holds no more of the body yet: read more.
+    NeedMore,
+    /// The body is complete (the last chunk and the trailers were read).
+    End,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// At a chunk-size line.
+    Size,
+    /// Inside a chunk: this many data bytes to go.
+    Data(u64),
+    /// After a chunk's data: its CRLF.
+    DataEnd,
+    /// After the last chunk: trailer lines until an empty one (this many bytes so far).
+    Trailers(usize),
+    /// Done.
+    End,
+}
+
+/// The chunked transfer coding's decoder (RFC 9112, 7.1): chunk extensions and
+/// trailers are read and dropped; data comes out as slices of the read buffer.
+#[derive(Debug, Clone)]
+pub(crate) struct Chunked {
+    state: State,
+}
+
+impl Default for Chunked {
+    fn default() -> Self {
+        Self { state: State::Size }
+    }
+}
+
+impl Chunked {
+    /// Decodes what `buf` holds: the next data (taken out of `buf`), `NeedMore`
+    /// (everything usable was consumed), or `End`.
+    ///
+    /// # Errors
+    /// `InvalidData` when the bytes are not the chunked coding (or a line is too long).
+    pub(crate) fn decode(&mut self, buf: &mut BytesMut) -> io::Result<Decoded> {
+        loop {
+            match self.state {
+                State::End => return Ok(Decoded::End),
+                State::Size => {
+                    let Some(line) = take_line(buf)? else {
+                        return Ok(Decoded::NeedMore);
+                    };
+                    let size = chunk_size(&line)?;
+                    self.state = if size == 0 {
+                        State::Trailers(0)
+                    } else {
+                        State::Data(size)
+                    };
+                }
+                State::Data(rest) => {
+                    if buf.is_empty() {
+                        return Ok(Decoded::NeedMore);
+                    }
+                    let n = usize::try_from(rest).unwrap_or(usize::MAX).min(buf.len());
+                    let data = buf.split_to(n).freeze();
+                    let rest = rest - n as u64;
+                    self.state = if rest == 0 {
+                        State::DataEnd
+                    } else {
+                        State::Data(rest)
+                    };
+                    return Ok(Decoded::Data(data));
+                }
+                State::DataEnd => {
+                    if buf.len() < 2 {
+                        if buf.first().is_some_and(|&b| b != b'\r') {
+                            return Err(invalid(
+                                "a chunk of the upstream's body is not ended by CRLF",
+                            ));
+                        }
+                        return Ok(Decoded::NeedMore);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err(invalid(
+                            "a chunk of the upstream's body is not ended by CRLF",
+                        ));
+                    }
+                    buf.advance(2);
+                    self.state = State::Size;
+                }
+                State::Trailers(seen) => {
+                    let Some(line) = take_line(buf)? else {
+                        return Ok(Decoded::NeedMore);
+                    };
+                    if line.is_empty() {
+                        self.state = State::End;
+                    } else {
+                        let seen = seen + line.len() + 2;
+                        if seen > MAX_TRAILER_BYTES {
+                            return Err(invalid("the upstream's trailers are too large"));
+                        }
+                        self.state = State::Trailers(seen);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Takes one CRLF-ended line out of `buf` (without its CRLF); `None` when the buffer
+/// holds no whole line yet.
+fn take_line(buf: &mut BytesMut) -> io::Result<Option<BytesMut>> {
+    match memchr::memchr(b'\n', buf) {
+        Some(end) => {
+            if end == 0 || buf[end - 1] != b'\r' {
+                return Err(invalid(
+                    "a line of the upstream's chunked body is not ended by CRLF",
+                ));
+            }
+            let mut line = buf.split_to(end + 1);
+            line.truncate(end - 1);
+            Ok(Some(line))
+        }
+        None if buf.len() > MAX_LINE_BYTES => {
+            Err(invalid("a line of the upstream's chunked body is too long"))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The size of a chunk-size line: hex digits, then optional whitespace and
+/// `;extensions`.
+fn chunk_size(line: &[u8]) -> io::Result<u64> {
+    let digits = line
+        .iter()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    let rest = &line[digits..];
+    if digits == 0 || digits > 16 {
+        return Err(invalid("the upstream sent an invalid chunk size"));
+    }
+    let after = trim(rest);
+    if !after.is_empty() && after[0] != b';' {
+        return Err(invalid("the upstream sent an invalid chunk size"));
+    }
+    line[..digits].iter().try_fold(0u64, |n, &d| {
+        let v = match d {
+            b'0'..=b'9' => d - b'0',
+            b'a'..=b'f' => d - b'a' + 10,
+            _ => d - b'A' + 10,
+        };
+        n.checked_mul(16)
+            .map(|n| n + u64::from(v))
+            .ok_or_else(|| invalid("the upstream sent an invalid chunk size"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn head(bytes: &[u8]) -> (Head, BytesMut) {
+        let mut buf = BytesMut::from(bytes);
+        match parse_head(&mut buf, &mut Vec::new()).unwrap() {
+            Parsed::Head(head) => (head, buf),
+            Parsed::Partial => panic!("partial"),
+        }
+    }
+
+    #[test]
+    fn the_request_head_is_origin_form_with_host_and_length() {
+        let uri: Uri = "http://127.0.0.1:9000/v1/messages?beta=true"
+            .parse()
+            .unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-api-key", HeaderValue::from_static("sk-ant-x"));
+        headers.insert(CONTENT_LENGTH, HeaderValue::from_static("999"));
+        headers.insert(CONNECTION, HeaderValue::from_static("close"));
+        let mut out = b"stale".to_vec();
+        write_head(&mut out, &Method::POST, &uri, &headers, 42);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /v1/messages?beta=true HTTP/1.1\r\nhost: 127.0.0.1:9000\r\nx-api-key: sk-ant-x\r\ncontent-length: 42\r\n\r\n"
+        );
+        let mut out = Vec::new();
+        let https: Uri = "https://api.anthropic.com:443/v1/messages".parse().unwrap();
+        write_head(&mut out, &Method::POST, &https, &HeaderMap::new(), 0);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /v1/messages HTTP/1.1\r\nhost: api.anthropic.com\r\ncontent-length: 0\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn a_head_is_taken_out_and_the_body_stays() {
+        let (h, rest) = head(
+            b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 3\r\nX-A: 1\r\nx-a: 2\r\ncontent-length: 4\r\n\r\nbody",
+        );
+        assert_eq!(h.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(h.version, Version::HTTP_11);
+        assert_eq!(h.headers["retry-after"], "3");
+        let all: Vec<_> = h.headers.get_all("x-a").iter().collect();
+        assert_eq!(all, ["1", "2"]);
+        assert_eq!(&rest[..], b"body");
+        assert_eq!(
+            framing(&Method::POST, &h).unwrap(),
+            (Framing::Length(4), true)
+        );
+    }
+
+    #[test]
+    fn partial_heads_wait_and_garbage_is_refused() {
+        let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\ncontent-le"[..]);
+        assert!(matches!(
+            parse_head(&mut buf, &mut Vec::new()).unwrap(),
+            Parsed::Partial
+        ));
+        assert_eq!(buf.len(), 27);
+        let mut garbage = BytesMut::from(&b"SSH-2.0-OpenSSH\r\n\r\n"[..]);
+        assert_eq!(
+            parse_head(&mut garbage, &mut Vec::new())
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::InvalidData
+        );
+        let mut huge = BytesMut::from(&b"HTTP/1.1 200 OK\r\n"[..]);
+        huge.extend(std::iter::repeat_n(b'a', MAX_HEAD_BYTES));
+        assert!(parse_head(&mut huge, &mut Vec::new()).is_err());
+        let mut many = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for i in 0..=MAX_HEADERS {
+            many.extend_from_slice(format!("x-{i}: v\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        assert!(parse_head(&mut BytesMut::from(&many[..]), &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let f = |raw: &str| {
+            let (h, _) = head(raw.as_bytes());
+            framing(&Method::POST, &h)
+        };
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").unwrap(),
+            (Framing::Chunked, true)
+        );
+        // a length beside chunked: chunked wins, the connection is not reused
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n")
+                .unwrap(),
+            (Framing::Chunked, false)
+        );
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n").unwrap(),
+            (Framing::UntilClose, false)
+        );
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, Chunked\r\n\r\n").unwrap(),
+            (Framing::Chunked, true)
+        );
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\n\r\n").unwrap(),
+            (Framing::UntilClose, false)
+        );
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\nconnection: keep-alive, Close\r\ncontent-length: 0\r\n\r\n")
+                .unwrap(),
+            (Framing::Length(0), false)
+        );
+        assert_eq!(
+            f("HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n").unwrap(),
+            (Framing::Length(2), false)
+        );
+        assert_eq!(
+            f("HTTP/1.1 204 No Content\r\ncontent-length: 7\r\n\r\n").unwrap(),
+            (Framing::Length(0), true)
+        );
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\ncontent-length: 3, 3\r\ncontent-length: 3\r\n\r\n").unwrap(),
+            (Framing::Length(3), true)
+        );
+        assert!(f("HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n").is_err());
+        assert!(f("HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n").is_err());
+        assert!(f("HTTP/1.1 200 OK\r\ncontent-length: 99999999999999999999999\r\n\r\n").is_err());
+    }
+
+    fn decode_all(chunks: &[&[u8]]) -> io::Result<(Vec<u8>, bool)> {
+        let mut decoder = Chunked::default();
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for chunk in chunks {
+            buf.extend_from_slice(chunk);
+            loop {
+                match decoder.decode(&mut buf)? {
+                    Decoded::Data(d) => out.extend_from_slice(&d),
+                    Decoded::NeedMore => break,
+                    Decoded::End => return Ok((out, true)),
+                }
+            }
+        }
+        Ok((out, false))
+    }
+
+    #[test]
+    fn chunked_bodies_decode_with_extensions_and_trailers() {
+        let body: &[u8] = b"5;name=value\r\nhello\r\nA \r\n0123456789\r\n0\r\nx-trailer: 1\r\n\r\n";
+        assert_eq!(
+            decode_all(&[body]).unwrap(),
+            (b"hello0123456789".to_vec(), true)
+        );
+        // nothing after the end is consumed
+        let mut decoder = Chunked::default();
+        let mut buf = BytesMut::from(&b"0\r\n\r\nNEXT"[..]);
+        assert_eq!(decoder.decode(&mut buf).unwrap(), Decoded::End);
+        assert_eq!(&buf[..], b"NEXT");
+        for bad in [
+            &b"z\r\n"[..],
+            b"5\r\nhelloX\r\n",
+            b"5\nhello\r\n",
+            b"11111111111111111\r\n",
+            b"5 x\r\n",
+        ] {
+            assert!(
+                decode_all(&[bad]).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let long = vec![b'1'; MAX_LINE_BYTES + 1];
+        assert!(decode_all(&[&long]).is_err());
+    }
+
+    /// The chunked coding of `parts`, with an extension on every other size line.
+    fn encode(parts: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (i, p) in parts.iter().filter(|p| !p.is_empty()).enumerate() {
+            out.extend_from_slice(format!("{:x}", p.len()).as_bytes());
+            if i % 2 == 1 {
+                out.extend_from_slice(b";ext=1");
+            }
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(p);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        out
+    }
+
+    proptest! {
+        /// Any body, chunked any way and delivered split at any points, decodes to
+        /// itself and ends exactly at the end of the coding.
+        #[test]
+        fn chunked_round_trips_at_any_split(
+            parts in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..8),
+            cuts in proptest::collection::vec(any::<usize>(), 0..10),
+        ) {
+            let wire = encode(&parts);
+            let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
+            cuts.push(0);
+            cuts.push(wire.len());
+            cuts.sort_unstable();
+            let pieces: Vec<&[u8]> = cuts.windows(2).map(|w| &wire[w[0]..w[1]]).collect();
+            let (out, ended) = decode_all(&pieces).unwrap();
+            prop_assert!(ended);
+            prop_assert_eq!(out, parts.concat());
+        }
+
+        /// A head split anywhere is partial until its last byte arrives, then parses to
+        /// the same head, leaving the body's bytes.
+        #[test]
+        fn heads_parse_the_same_at_any_split(cut in 0usize..200, n in 0u64..100_000) {
+            let raw = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nrequest-id: req_1\r\ncontent-length: {n}\r\n\r\nBODY"
+            );
+            let cut = cut % raw.len();
+            let mut buf = BytesMut::from(&raw.as_bytes()[..cut]);
+            let whole = raw.len() - 4;
+            if cut < whole {
+                prop_assert!(matches!(parse_head(&mut buf, &mut Vec::new()).unwrap(), Parsed::Partial));
+            }
+            buf.extend_from_slice(&raw.as_bytes()[cut..]);
+            let Parsed::Head(h) = parse_head(&mut buf, &mut Vec::new()).unwrap() else {
+                return Err(TestCaseError::fail("not parsed"));
+            };
+            prop_assert_eq!(&buf[..], b"BODY");
+            prop_assert_eq!(framing(&Method::POST, &h).unwrap(), (Framing::Length(n), true));
+            prop_assert_eq!(h.headers["request-id"].to_str().unwrap(), "req_1");
+        }
+
+        /// Arbitrary bytes never panic the decoder, and it never hands out more data
+        /// than it was given.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let mut decoder = Chunked::default();
+            let mut buf = BytesMut::from(&bytes[..]);
+            let mut out = 0;
+            while let Ok(Decoded::Data(d)) = decoder.decode(&mut buf) {
+                out += d.len();
+            }
+            prop_assert!(out <= bytes.len());
+            let _ = parse_head(&mut BytesMut::from(&bytes[..]), &mut Vec::new());
+        }
+    }
+}
