@@ -17,7 +17,7 @@ pub struct Imported<C> {
 
 /// Every entry of `entries`, as records built by `record`.
 pub(crate) fn export<V: Clone, R>(
-    entries: &DashMap<AccountId, V>,
+    entries: &DashMap<AccountId, V, crate::Hasher>,
     record: impl Fn(AccountId, V) -> R,
 ) -> Vec<R> {
     entries
@@ -31,7 +31,7 @@ pub(crate) fn export<V: Clone, R>(
 /// sees every value taken while the entry is still locked (the books update their
 /// signals there). Returns how many records were taken.
 pub(crate) fn import<V>(
-    entries: &DashMap<AccountId, V>,
+    entries: &DashMap<AccountId, V, crate::Hasher>,
     records: impl IntoIterator<Item = (AccountId, V)>,
     replaces: impl Fn(&V, &V) -> bool,
     on_taken: impl Fn(&AccountId, &V),

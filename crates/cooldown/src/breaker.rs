@@ -194,7 +194,7 @@ impl CircuitBreaker {
 #[derive(Debug)]
 pub struct CircuitBreakers {
     settings: ArcSwap<BreakerSettings>,
-    breakers: DashMap<String, Mutex<CircuitBreaker>>,
+    breakers: DashMap<String, Mutex<CircuitBreaker>, crate::Hasher>,
 }
 
 impl Default for CircuitBreakers {
@@ -208,7 +208,7 @@ impl CircuitBreakers {
     pub fn new(config: &CooldownConfig) -> Self {
         Self {
             settings: ArcSwap::from_pointee(config.settings().breaker.clone()),
-            breakers: DashMap::new(),
+            breakers: DashMap::default(),
         }
     }
 

@@ -79,7 +79,7 @@ pub struct CooldownCorrection {
 #[derive(Debug)]
 pub struct CooldownBook {
     config: ArcSwap<CooldownConfig>,
-    entries: DashMap<AccountId, CooldownEntry>,
+    entries: DashMap<AccountId, CooldownEntry, crate::Hasher>,
     signals: Signals<CooldownSignal>,
 }
 
@@ -94,7 +94,7 @@ impl CooldownBook {
     pub fn new(config: CooldownConfig) -> Self {
         Self {
             config: ArcSwap::from_pointee(config),
-            entries: DashMap::new(),
+            entries: DashMap::default(),
             signals: Signals::default(),
         }
     }

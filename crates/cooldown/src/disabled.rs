@@ -122,7 +122,7 @@ pub fn disable_reason(classification: &Classification) -> String {
 #[derive(Debug)]
 pub struct DisabledBook {
     auto_disable_on_error: AtomicBool,
-    entries: DashMap<AccountId, DisabledAccount>,
+    entries: DashMap<AccountId, DisabledAccount, crate::Hasher>,
 }
 
 impl Default for DisabledBook {
@@ -136,7 +136,7 @@ impl DisabledBook {
     pub fn new(config: &CooldownConfig) -> Self {
         Self {
             auto_disable_on_error: AtomicBool::new(config.settings().auto_disable_on_error),
-            entries: DashMap::new(),
+            entries: DashMap::default(),
         }
     }
 

@@ -70,6 +70,11 @@ mod signal;
 mod state;
 mod window;
 
+/// The hasher of the books' per-account maps: `foldhash` (randomly seeded per map),
+/// not SipHash, since a request looks several accounts up in several books. Their
+/// keys are configured account ids.
+type Hasher = foldhash::fast::RandomState;
+
 pub use book::Imported;
 pub use breaker::{BreakerOutcome, BreakerState, CircuitBreaker, CircuitBreakers};
 pub use classify::{

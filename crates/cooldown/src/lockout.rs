@@ -65,7 +65,7 @@ pub struct LockoutRecord {
 pub struct LockoutBook {
     config: ArcSwap<CooldownConfig>,
     /// Per account: its locked models (few; a linear scan).
-    entries: DashMap<AccountId, Vec<(Box<str>, Lockout)>>,
+    entries: DashMap<AccountId, Vec<(Box<str>, Lockout)>, crate::Hasher>,
     signals: Signals<CooldownSignal>,
     /// Accounts with an entry: a success on an account of a book that holds none costs
     /// one load.
@@ -83,7 +83,7 @@ impl LockoutBook {
     pub fn new(config: CooldownConfig) -> Self {
         Self {
             config: ArcSwap::from_pointee(config),
-            entries: DashMap::new(),
+            entries: DashMap::default(),
             signals: Signals::default(),
             accounts: AtomicUsize::new(0),
         }

@@ -142,14 +142,14 @@ impl WindowSignal {
 /// signals until it moves (or until a block it saw expires).
 #[derive(Debug)]
 pub(crate) struct Signals<S> {
-    map: DashMap<AccountId, Arc<S>>,
+    map: DashMap<AccountId, Arc<S>, crate::Hasher>,
     epoch: AtomicU64,
 }
 
 impl<S> Default for Signals<S> {
     fn default() -> Self {
         Self {
-            map: DashMap::new(),
+            map: DashMap::default(),
             epoch: AtomicU64::new(0),
         }
     }

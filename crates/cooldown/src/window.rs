@@ -251,7 +251,7 @@ pub struct WindowRecord {
 #[derive(Debug)]
 pub struct WindowBook {
     default_threshold: std::sync::atomic::AtomicU64,
-    entries: DashMap<AccountId, WindowState>,
+    entries: DashMap<AccountId, WindowState, crate::Hasher>,
     signals: Signals<WindowSignal>,
 }
 
@@ -266,7 +266,7 @@ impl WindowBook {
     pub fn new(config: &CooldownConfig) -> Self {
         let book = Self {
             default_threshold: std::sync::atomic::AtomicU64::new(0),
-            entries: DashMap::new(),
+            entries: DashMap::default(),
             signals: Signals::default(),
         };
         book.set_config(config);

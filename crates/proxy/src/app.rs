@@ -54,7 +54,7 @@ struct Inner {
     metrics: Metrics,
     /// Per pool: the `hedge_budget` ratio (its bits) the budget was made for, and the
     /// budget. A reload that changes the ratio gets a new budget on the next request.
-    budgets: DashMap<PoolKey, (u64, Option<Arc<HedgeBudget>>)>,
+    budgets: DashMap<PoolKey, (u64, Option<Arc<HedgeBudget>>), foldhash::fast::RandomState>,
     ids: AtomicU64,
     seed: u64,
     /// Request body bytes held by the whole process (`max_body_bytes_in_flight`).
@@ -105,7 +105,7 @@ impl App {
             inner: Arc::new(Inner {
                 store,
                 metrics: Metrics::new(),
-                budgets: DashMap::new(),
+                budgets: DashMap::default(),
                 ids: AtomicU64::new(0),
                 seed,
                 body_budget: Arc::new(BodyBudget::new()),

@@ -119,7 +119,7 @@ struct CachedSnapshot {
 struct Inner {
     config: ArcSwap<Config>,
     state: RuntimeState,
-    snapshots: DashMap<PoolKey, CachedSnapshot>,
+    snapshots: DashMap<PoolKey, CachedSnapshot, foldhash::fast::RandomState>,
     generation: AtomicU64,
     backend: Backend,
     boot: Mutex<Option<BootState>>,
@@ -317,7 +317,7 @@ impl Store {
             alerts: AlertQueue::default(),
             config: ArcSwap::from_pointee(config),
             state,
-            snapshots: DashMap::new(),
+            snapshots: DashMap::default(),
             generation: AtomicU64::new(0),
             backend,
             boot: Mutex::new(Some(boot)),

@@ -33,6 +33,12 @@ pub use secret::Secret;
 use crate::StoreError;
 use crate::resolve::PoolKey;
 
+/// The maps a request looks names up in (org, URL config, key, account, model alias):
+/// hashed with `foldhash` (randomly seeded per map) rather than SipHash, since every
+/// request hashes several names. Their keys come from the config; a request's names
+/// are only looked up, never inserted.
+pub(crate) type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// The default `[server] max_body_bytes`: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
 
@@ -391,8 +397,8 @@ pub struct Org {
     /// The distinct `model` overrides of its accounts: a request may be sent as any.
     pub(crate) override_models: Vec<Arc<str>>,
     pub(crate) accounts: Vec<AccountId>,
-    pub(crate) groups: HashMap<Arc<str>, Arc<Group>>,
-    pub(crate) urls: HashMap<Arc<str>, Arc<UrlConfig>>,
+    pub(crate) groups: Map<Arc<str>, Arc<Group>>,
+    pub(crate) urls: Map<Arc<str>, Arc<UrlConfig>>,
 }
 
 impl Org {
@@ -730,10 +736,10 @@ pub struct Config {
     pub(crate) server: ServerSettings,
     pub(crate) cooldown: keypool_cooldown::CooldownConfig,
     pub(crate) admin: AdminSettings,
-    pub(crate) orgs: HashMap<Arc<str>, Arc<Org>>,
-    pub(crate) accounts: HashMap<AccountId, Arc<Account>>,
-    pub(crate) keys_by_hash: HashMap<KeyHash, Arc<LbKey>>,
-    pub(crate) legacy: HashMap<Arc<str>, LegacyEntry>,
+    pub(crate) orgs: Map<Arc<str>, Arc<Org>>,
+    pub(crate) accounts: Map<AccountId, Arc<Account>>,
+    pub(crate) keys_by_hash: Map<KeyHash, Arc<LbKey>>,
+    pub(crate) legacy: Map<Arc<str>, LegacyEntry>,
     pub(crate) prices: keypool_ledger::PriceTable,
     /// What loads but looks wrong (secrets that cannot work), for `check-config` and
     /// the log at load.
@@ -750,7 +756,7 @@ pub struct Config {
 /// `[[models]]` (issue 24): what a request's `model` is tried as.
 #[derive(Debug, Clone, Default)]
 pub struct ModelRoutes {
-    pub(crate) aliases: HashMap<Arc<str>, Arc<keypool_selector::ModelChain>>,
+    pub(crate) aliases: Map<Arc<str>, Arc<keypool_selector::ModelChain>>,
     pub(crate) fallbacks: Vec<(keypool_ledger::ModelGlob, Vec<Arc<str>>)>,
 }
 

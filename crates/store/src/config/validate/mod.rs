@@ -210,9 +210,9 @@ pub(super) fn parse_and_validate(
             .into_iter()
             .map(|(k, b)| (k, Arc::new(b.into_org(&accounts))))
             .collect(),
-        accounts,
-        keys_by_hash,
-        legacy,
+        accounts: accounts.into_iter().collect(),
+        keys_by_hash: keys_by_hash.into_iter().collect(),
+        legacy: legacy.into_iter().collect(),
         prices: price_table,
         warnings,
         usage,
@@ -402,8 +402,8 @@ impl OrgBuilder {
             suspended: self.suspended,
             team_usd_per_month: self.limits.as_ref().and_then(|l| l.usd_per_month),
             accounts: self.accounts,
-            groups: self.groups,
-            urls: self.urls,
+            groups: self.groups.into_iter().collect(),
+            urls: self.urls.into_iter().collect(),
         }
     }
 }
