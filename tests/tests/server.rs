@@ -232,3 +232,94 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
     assert_eq!(h.sim().total_stats().requests, 0);
     h.finish().await;
 }
+
+/// keypool's own HTTP/1.1 server (issue 22) keeps what hyper's did for a client that
+/// asks to continue, one that speaks HTTP/1.0, and an idle connection at the drain.
+#[tokio::test]
+async fn expect_continue_http_10_and_idle_connections_at_the_drain() {
+    use keypool_tests::raw::{read_head, status_of};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut h = Harness::builder()
+        .account(AccountSpec::new("a", Script::ok()))
+        .start()
+        .await;
+    let addr = h.base_url().trim_start_matches("http://").to_owned();
+    let key = h.key(keypool_tests::KEY);
+    let body = serde_json::to_vec(&message_body(MODEL, false)).unwrap();
+    let head = |key: &str| {
+        format!(
+            "POST /acme/team/v1/messages HTTP/1.1\r\nhost: keypool\r\nx-api-key: {key}\r\n\
+             content-type: application/json\r\nexpect: 100-continue\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+    };
+    // `100 Continue` once the request path reads the body, then the answer
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    socket.write_all(head(&key).as_bytes()).await.unwrap();
+    let interim = read_head(&mut socket, Duration::from_secs(5)).await;
+    assert_eq!(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+    socket.write_all(&body).await.unwrap();
+    let answer = read_head(&mut socket, Duration::from_secs(5)).await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    // a wrong key: answered at once, never invited to send its body
+    let mut refused = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    refused
+        .write_all(head("sk-lb-wrong").as_bytes())
+        .await
+        .unwrap();
+    let answer = read_head(&mut refused, Duration::from_secs(5)).await;
+    assert_eq!(status_of(&answer), 401, "{answer}");
+    assert_eq!(h.sim().total_stats().requests, 1);
+
+    // HTTP/1.0: answered in kind, closed unless it asks to keep the connection
+    let mut old = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    old.write_all(b"GET /healthz HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut all = String::new();
+    tokio::time::timeout(Duration::from_secs(5), old.read_to_string(&mut all))
+        .await
+        .expect("an HTTP/1.0 connection without keep-alive closes after its answer")
+        .unwrap();
+    assert!(all.starts_with("HTTP/1.0 200 OK\r\n"), "{all}");
+    assert!(all.ends_with("\r\n\r\nok\n"), "{all}");
+    let mut kept = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    for _ in 0..2 {
+        kept.write_all(b"GET /healthz HTTP/1.0\r\nconnection: keep-alive\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = read_head(&mut kept, Duration::from_secs(5)).await;
+        assert!(answer.starts_with("HTTP/1.0 200 OK\r\n"), "{answer}");
+        assert!(answer.contains("connection: keep-alive\r\n"), "{answer}");
+        // the body, `ok\n`, with the head or after it
+        while !answer.ends_with("\r\n\r\nok\n") {
+            let mut more = [0u8; 16];
+            let n = kept.read(&mut more).await.unwrap();
+            assert!(n > 0, "closed before the body: {answer}");
+            answer.push_str(std::str::from_utf8(&more[..n]).unwrap());
+        }
+    }
+
+    // an idle keep-alive connection is closed by the drain, which then ends at once
+    let mut idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: keypool\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_head(&mut idle, Duration::from_secs(5)).await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    let started = std::time::Instant::now();
+    h.begin_shutdown();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), idle.read_to_end(&mut rest))
+        .await
+        .expect("the drain closes an idle connection")
+        .unwrap();
+    h.wait_proxy_stopped().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the drain waited for idle connections: {:?}",
+        started.elapsed()
+    );
+    drop((socket, refused, kept));
+    h.finish().await;
+}

@@ -96,10 +96,21 @@ impl Protocols {
     }
 }
 
+/// How the graceful drain reaches a connection: hyper's connections through the
+/// `watcher`, keypool's own HTTP/1.1 ones ([`crate::h1_server`]) through `drain`
+/// (`true` once the server drains; the server waits until every receiver is gone).
+pub(crate) struct DrainSignals {
+    pub watcher: Watcher,
+    pub drain: tokio::sync::watch::Receiver<bool>,
+}
+
 /// Serves one accepted connection to its end (errors are logged at debug level: a
-/// client that goes away is not keypool's problem). `watcher` lets the graceful drain
+/// client that goes away is not keypool's problem). `drain` lets the graceful drain
 /// end it; a connection still in its first bytes when the drain starts closes at its
 /// first-bytes deadline at the latest.
+///
+/// A plain-TCP HTTP/1.1 connection is served by keypool's own server
+/// ([`crate::h1_server`]); TLS and HTTP/2 connections by hyper.
 pub(crate) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
@@ -107,7 +118,7 @@ pub(crate) async fn serve(
     tls: Option<tokio_rustls::TlsAcceptor>,
     protocols: &Protocols,
     app: App,
-    watcher: Watcher,
+    drain: DrainSignals,
 ) {
     let _ = stream.set_nodelay(true);
     let deadline = tokio::time::Instant::now() + protocols.first_bytes;
@@ -116,13 +127,47 @@ pub(crate) async fn serve(
         side,
         deadline,
     };
+    let DrainSignals { watcher, drain } = drain;
     let Some(acceptor) = tls else {
-        return handshaken(stream, false, accepted, protocols, app, watcher).await;
+        return plain(stream, accepted, protocols, app, watcher, drain).await;
     };
+    drop(drain);
     match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => handshaken(stream, true, accepted, protocols, app, watcher).await,
         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
         Err(_) => tracing::debug!(%peer, "no TLS handshake within header_read_timeout; closed"),
+    }
+}
+
+/// A plain-TCP connection: its first bytes by the deadline, then keypool's HTTP/1.1
+/// server, or hyper's HTTP/2 (h2c) one.
+async fn plain(
+    mut stream: TcpStream,
+    accepted: Accepted,
+    protocols: &Protocols,
+    app: App,
+    watcher: Watcher,
+    drain: tokio::sync::watch::Receiver<bool>,
+) {
+    let Some((prefix, protocol)) = first_bytes(&mut stream, accepted.deadline, accepted.peer).await
+    else {
+        return;
+    };
+    let info = ClientInfo {
+        peer: accepted.peer,
+        side: accepted.side,
+        tls: false,
+        protocol,
+    };
+    match protocol {
+        Protocol::Http1 => {
+            drop(watcher);
+            crate::h1_server::serve(stream, prefix, info, protocols.first_bytes, app, drain).await;
+        }
+        Protocol::Http2 => {
+            drop(drain);
+            speak(Rewind::new(prefix, stream), info, protocols, app, watcher).await;
+        }
     }
 }
 

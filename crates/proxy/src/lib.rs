@@ -82,6 +82,8 @@ mod context;
 pub mod error;
 pub mod explain;
 mod failover;
+mod h1;
+mod h1_server;
 pub mod headers;
 mod limits;
 pub mod log;

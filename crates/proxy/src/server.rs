@@ -279,6 +279,8 @@ async fn serve(
         settings.header_read_timeout_ms,
     )));
     let graceful = GracefulShutdown::new();
+    // keypool's own HTTP/1.1 connections drain through this (see connection::DrainSignals)
+    let (drain, drain_signal) = tokio::sync::watch::channel(false);
     let accept_admin = async |admin: &Option<TcpListener>| match admin {
         Some(listener) => listener.accept().await,
         None => std::future::pending().await,
@@ -295,9 +297,13 @@ async fn serve(
             Side::Public => tls.map(TlsCertificates::acceptor),
             Side::Admin => None,
         };
-        let (app, protocols, watcher) = (app.clone(), protocols.clone(), graceful.watcher());
+        let signals = connection::DrainSignals {
+            watcher: graceful.watcher(),
+            drain: drain_signal.clone(),
+        };
+        let (app, protocols) = (app.clone(), protocols.clone());
         tokio::spawn(async move {
-            connection::serve(stream, peer, side, tls, &protocols, app, watcher).await;
+            connection::serve(stream, peer, side, tls, &protocols, app, signals).await;
             drop(open);
         });
     };
@@ -343,6 +349,7 @@ async fn serve(
             }
         }
     }
+    drop(drain_signal);
     app.begin_drain();
     drop(public);
     drop(admin);
@@ -351,8 +358,12 @@ async fn serve(
         grace_ms = settings.shutdown_grace_ms,
         "draining requests in flight"
     );
+    let _ = drain.send(true);
+    let drained = async {
+        tokio::join!(graceful.shutdown(), drain.closed());
+    };
     tokio::select! {
-        () = graceful.shutdown() => tracing::info!("all connections drained"),
+        () = drained => tracing::info!("all connections drained"),
         () = tokio::time::sleep(grace) => tracing::warn!("shutdown grace elapsed; closing what is still in flight"),
     }
 }

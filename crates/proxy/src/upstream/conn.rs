@@ -37,8 +37,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::h1::{self, Chunked, Decoded, Framing, Parsed};
 use super::{BoxError, Egress, EgressConnector};
+use crate::h1::{self, Chunked, Decoded, Framing, Parsed};
 
 /// How long an idle connection is kept.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);

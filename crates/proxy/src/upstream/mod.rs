@@ -14,7 +14,6 @@
 //! through the same proxy as its API calls ([`Egress::for_account`]).
 
 mod conn;
-mod h1;
 
 pub use conn::{IDLE_TIMEOUT, MAX_IDLE_PER_ORIGIN};
 pub(crate) use conn::{Upstream, UpstreamBody};

@@ -1,0 +1,622 @@
+//! keypool's own HTTP/1.1 server for plain-TCP connections (issue 22): what an L7
+//! proxy's client side does, in the connection's one task.
+//!
+//! hyper's server dispatches each request through a boxed service future (copied into
+//! the connection's slot), hands the request body over a channel, and arms a boxed
+//! timer per request; here the connection's task parses a head out of its read buffer
+//! ([`crate::h1::parse_request`], hyper's limits and framing rules), awaits
+//! [`App::handle`] in place, and writes the answer with one vectored write (a stream:
+//! its head, then one write per frame in the chunked coding). TLS connections and
+//! HTTP/2 keep hyper ([`crate::connection`]).
+//!
+//! What it keeps of hyper's behaviour, each tested by the suites in `tests/`:
+//! - The head of every request must be whole within `header_read_timeout` of the
+//!   moment the server waits for it (after the previous answer), else the connection
+//!   is closed without an answer. A head that is not HTTP/1.x, too large (more than 100
+//!   lines or ~400 KiB) or badly framed gets `400`, `431` or `414` and the close.
+//! - The request body is read only when the request path reads it
+//!   ([`RequestBody`]): an unauthenticated client's body is never read, and
+//!   `expect: 100-continue` is answered when the body is first read. A body left
+//!   unread closes the connection after the answer.
+//! - While a request is answered, the connection is watched: a client that closes it
+//!   cancels the request (its upstream call is dropped); bytes it sends ahead
+//!   (pipelining) are kept for the next request.
+//! - Keep-alive as HTTP/1.1 says (`connection: close`, HTTP/1.0 without `keep-alive`, a
+//!   request with both a length and a transfer coding, an answer that says close). A
+//!   drain lets the request in progress finish, then closes; an idle connection closes
+//!   at once.
+//! - Answers carry `date` and `content-length` (a stream: `transfer-encoding:
+//!   chunked`, or the close for an HTTP/1.0 client); `HEAD` answers have no body.
+
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::CONNECTION;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::watch;
+
+use crate::App;
+use crate::body::ProxyBody;
+use crate::connection::ClientInfo;
+use crate::h1::{
+    self, BodyFraming, Chunked, Decoded, ParsedRequest, RequestError, ResponseFraming, Span,
+};
+
+/// Bytes of a next request a client may send ahead while its previous one is answered
+/// (more are left in the socket until then).
+const MAX_AHEAD: usize = 64 * 1024;
+/// A read buffer with less room than this grows by [`READ_CHUNK`] before a read.
+const MIN_READ_ROOM: usize = 1024;
+const READ_CHUNK: usize = 8 * 1024;
+
+/// Serves one plain-TCP HTTP/1.1 connection to its end; `prefix` is what the protocol
+/// detection already read. `drain` says `true` when the server drains.
+pub(crate) async fn serve(
+    stream: TcpStream,
+    prefix: Vec<u8>,
+    info: ClientInfo,
+    header_read_timeout: Duration,
+    app: App,
+    mut drain: watch::Receiver<bool>,
+) {
+    let (read, write) = stream.into_split();
+    let mut conn = Conn {
+        write,
+        inbound: Some(Inbound {
+            read,
+            buf: BytesMut::from(&prefix[..]),
+            spans: Vec::new(),
+        }),
+        slot: Arc::new(Mutex::new(None)),
+        out: Vec::with_capacity(512),
+        info,
+    };
+    let timer = tokio::time::sleep(header_read_timeout);
+    tokio::pin!(timer);
+    loop {
+        let deadline = tokio::time::Instant::now() + header_read_timeout;
+        timer.as_mut().reset(deadline);
+        let head = match conn.read_head(timer.as_mut(), &mut drain).await {
+            Ok(Some(head)) => head,
+            Ok(None) => break,
+            Err(Some(error)) => {
+                tracing::debug!(peer = %info.peer, ?error, "bad request head; answered and closed");
+                let _ = conn.write_error(error.status()).await;
+                break;
+            }
+            Err(None) => break,
+        };
+        let draining = *drain.borrow();
+        match conn.exchange(&app, head).await {
+            Ok(true) if !draining => {}
+            Ok(_) => break,
+            Err(e) => {
+                tracing::debug!(peer = %info.peer, error = %e, "connection ended with an error");
+                break;
+            }
+        }
+    }
+    let _ = conn.write.shutdown().await;
+}
+
+/// The connection's read side: the socket's read half and what was read but not yet
+/// used.
+struct Inbound {
+    read: OwnedReadHalf,
+    buf: BytesMut,
+    /// Scratch space of the head parser.
+    spans: Vec<Span>,
+}
+
+impl Inbound {
+    /// Reads into the buffer: the bytes read, 0 at the end of the stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < MIN_READ_ROOM {
+            self.buf.reserve(READ_CHUNK);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.read), cx, &mut self.buf)
+    }
+
+    /// While a request is answered: takes in what the client sends ahead (up to
+    /// [`MAX_AHEAD`]); `Ready` when the client closed (or the socket failed).
+    fn poll_closed(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        while self.buf.len() < MAX_AHEAD {
+            match self.poll_fill(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(()),
+                Poll::Ready(Ok(_)) => {}
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// Where a request body puts the read side back when it ends or is dropped, and
+/// whether it was read to its end.
+type Slot = Arc<Mutex<Option<(Inbound, bool)>>>;
+
+struct Conn {
+    write: OwnedWriteHalf,
+    /// The read side, unless a request body has it.
+    inbound: Option<Inbound>,
+    slot: Slot,
+    /// The answer's head.
+    out: Vec<u8>,
+    info: ClientInfo,
+}
+
+impl Conn {
+    /// Waits for the next request head: `Ok(None)` when the client closed between
+    /// requests, the head timed out or the server drains while the connection is
+    /// idle; `Err(Some)` for a head to answer with an error, `Err(None)` for a failed
+    /// socket.
+    async fn read_head(
+        &mut self,
+        mut timer: Pin<&mut tokio::time::Sleep>,
+        drain: &mut watch::Receiver<bool>,
+    ) -> Result<Option<h1::RequestHead>, Option<RequestError>> {
+        let Some(inbound) = self.inbound.as_mut() else {
+            return Err(None);
+        };
+        loop {
+            if !inbound.buf.is_empty() {
+                match h1::parse_request(&mut inbound.buf, &mut inbound.spans) {
+                    Ok(ParsedRequest::Head(head)) => return Ok(Some(head)),
+                    Ok(ParsedRequest::Partial) => {}
+                    Err(e) => return Err(Some(e)),
+                }
+            }
+            let idle = inbound.buf.is_empty();
+            let fill = poll_fn(|cx| inbound.poll_fill(cx));
+            let read = if idle {
+                // an idle connection also ends when the server drains
+                tokio::select! {
+                    biased;
+                    _ = drain.changed() => Ok(None),
+                    () = timer.as_mut() => Ok(None),
+                    read = fill => read.map(Some),
+                }
+            } else {
+                tokio::select! {
+                    biased;
+                    () = timer.as_mut() => Ok(None),
+                    read = fill => read.map(Some),
+                }
+            };
+            match read {
+                Ok(Some(0)) if idle => return Ok(None),
+                // closed in the middle of a head: nothing to answer
+                Ok(Some(0)) => return Err(None),
+                Ok(Some(_)) => {}
+                Ok(None) if idle => return Ok(None),
+                Ok(None) => {
+                    tracing::debug!(peer = %self.info.peer, "no complete request head within header_read_timeout; closed");
+                    return Err(None);
+                }
+                Err(_) => return Err(None),
+            }
+        }
+    }
+
+    /// Answers one request: `Ok(true)` when the connection may carry another.
+    async fn exchange(&mut self, app: &App, head: h1::RequestHead) -> io::Result<bool> {
+        let h1::RequestHead {
+            method,
+            uri,
+            version,
+            headers,
+            body,
+            keep_alive,
+            expect_continue,
+        } = head;
+        let body = match body {
+            BodyFraming::Length(0) => RequestBody::empty(),
+            framing => RequestBody {
+                inbound: self.inbound.take(),
+                state: match framing {
+                    BodyFraming::Length(n) => State::Length(n),
+                    BodyFraming::Chunked => State::Chunked(Chunked::default()),
+                },
+                expect_continue,
+                slot: Some(self.slot.clone()),
+            },
+        };
+        let mut request = Request::new(body);
+        *request.method_mut() = method.clone();
+        *request.uri_mut() = uri;
+        *request.version_mut() = version;
+        *request.headers_mut() = headers;
+        request.extensions_mut().insert(self.info);
+        let Some(response) = self.answer(app, request).await else {
+            // the client closed: the request was cancelled
+            return Ok(false);
+        };
+        let body_read = self.take_back();
+        let (parts, body) = response.into_parts();
+        let says_close = parts
+            .headers
+            .get_all(CONNECTION)
+            .iter()
+            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+        let mut keep_alive = keep_alive && body_read && !says_close && self.inbound.is_some();
+        let bodiless = method == Method::HEAD
+            || parts.status == StatusCode::NO_CONTENT
+            || parts.status == StatusCode::NOT_MODIFIED;
+        let framing = match body.size_hint().exact() {
+            _ if bodiless => ResponseFraming::None(body.size_hint().exact().filter(|&n| n > 0)),
+            Some(n) => ResponseFraming::Length(n),
+            None if version == Version::HTTP_11 => ResponseFraming::Chunked,
+            None => {
+                keep_alive = false;
+                ResponseFraming::UntilClose
+            }
+        };
+        let keep_alive_10 = keep_alive && version == Version::HTTP_10;
+        let date = DATE.with(CachedDate::now);
+        h1::write_response_head(
+            &mut self.out,
+            version,
+            parts.status,
+            &parts.headers,
+            framing,
+            keep_alive_10,
+            &date,
+        );
+        if bodiless {
+            self.write_all(&[]).await?;
+        } else {
+            self.write_body(body, framing).await?;
+        }
+        Ok(keep_alive)
+    }
+
+    /// Awaits the answer while watching the connection: `None` when the client closed
+    /// (the request is dropped, which cancels its upstream call).
+    async fn answer(
+        &mut self,
+        app: &App,
+        request: Request<RequestBody>,
+    ) -> Option<Response<ProxyBody>> {
+        let handling = app.handle(request);
+        tokio::pin!(handling);
+        poll_fn(|cx| {
+            if let Poll::Ready(response) = handling.as_mut().poll(cx) {
+                return Poll::Ready(Some(response));
+            }
+            self.poll_client_gone(cx).map(|()| None)
+        })
+        .await
+    }
+
+    /// `Ready` when the client closed; only while this task holds the read side (a
+    /// body being read watches it itself).
+    fn poll_client_gone(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.inbound.is_none()
+            && let Some((inbound, read)) = self
+                .slot
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+        {
+            self.inbound = Some(inbound);
+            if !read {
+                // unread body bytes would be taken for the next request
+                self.inbound = None;
+                return Poll::Pending;
+            }
+        }
+        match self.inbound.as_mut() {
+            Some(inbound) => inbound.poll_closed(cx),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Takes the read side back from the request body: whether the body was read to
+    /// its end (or there was none). A body left unread closes the connection.
+    fn take_back(&mut self) -> bool {
+        if self.inbound.is_some() {
+            return true;
+        }
+        match self
+            .slot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            Some((inbound, true)) => {
+                self.inbound = Some(inbound);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Writes the head (in `out`) and the body.
+    async fn write_body(
+        &mut self,
+        mut body: ProxyBody,
+        framing: ResponseFraming,
+    ) -> io::Result<()> {
+        if let Some(bytes) = body.full_bytes().cloned() {
+            return self.write_all(&bytes).await;
+        }
+        if matches!(framing, ResponseFraming::Length(0)) {
+            return self.write_all(&[]).await;
+        }
+        // A stream: the head at once, then every frame as it comes.
+        self.write_all(&[]).await?;
+        let chunked = framing == ResponseFraming::Chunked;
+        loop {
+            let frame = poll_fn(|cx| {
+                if let Poll::Ready(frame) = Pin::new(&mut body).poll_frame(cx) {
+                    return Poll::Ready(Some(frame));
+                }
+                self.poll_client_gone(cx).map(|()| None)
+            })
+            .await;
+            let data = match frame {
+                // the client closed: dropping the body ends the stream as client_gone
+                None => return Err(io::ErrorKind::ConnectionAborted.into()),
+                Some(None) => break,
+                Some(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) if !data.is_empty() => data,
+                    _ => continue,
+                },
+                Some(Some(Err(never))) => match never {},
+            };
+            if chunked {
+                let mut size = [0u8; 18];
+                let size = h1::chunk_size_line(&mut size, data.len());
+                write_vectored_all(&mut self.write, &[size, &data, b"\r\n"]).await?;
+            } else {
+                self.write.write_all(&data).await?;
+            }
+        }
+        if chunked {
+            self.write.write_all(b"0\r\n\r\n").await?;
+        }
+        Ok(())
+    }
+
+    /// Writes the head (in `out`) and `body` with one vectored write (more when the
+    /// socket takes less).
+    async fn write_all(&mut self, body: &[u8]) -> io::Result<()> {
+        write_vectored_all(&mut self.write, &[&self.out, body]).await
+    }
+
+    /// The automatic answer to a head that cannot be served, then the close.
+    async fn write_error(&mut self, status: StatusCode) -> io::Result<()> {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(CONNECTION, HeaderValue::from_static("close"));
+        let date = DATE.with(CachedDate::now);
+        h1::write_response_head(
+            &mut self.out,
+            Version::HTTP_11,
+            status,
+            &headers,
+            ResponseFraming::Length(0),
+            false,
+            &date,
+        );
+        self.write_all(&[]).await
+    }
+}
+
+/// Writes every byte of `parts`, in order.
+async fn write_vectored_all(write: &mut OwnedWriteHalf, parts: &[&[u8]]) -> io::Result<()> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut done = 0;
+    while done < total {
+        let mut skip = done;
+        let mut slices = [IoSlice::new(&[]); 3];
+        let mut n = 0;
+        for part in parts {
+            if skip >= part.len() {
+                skip -= part.len();
+                continue;
+            }
+            slices[n] = IoSlice::new(&part[skip..]);
+            skip = 0;
+            n += 1;
+        }
+        let written = write.write_vectored(&slices[..n]).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        done += written;
+    }
+    Ok(())
+}
+
+/// Where the reading of a request body is.
+enum State {
+    /// This many bytes to go.
+    Length(u64),
+    Chunked(Chunked),
+    /// Read to its end.
+    Done,
+}
+
+/// A request body, read from the connection as the request path reads it. It holds
+/// the connection's read side until it ends or is dropped, then gives it back.
+pub(crate) struct RequestBody {
+    inbound: Option<Inbound>,
+    state: State,
+    /// `expect: 100-continue` not answered yet.
+    expect_continue: bool,
+    slot: Option<Slot>,
+}
+
+impl std::fmt::Debug for RequestBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestBody")
+            .field("done", &matches!(self.state, State::Done))
+            .finish_non_exhaustive()
+    }
+}
+
+impl RequestBody {
+    fn empty() -> Self {
+        Self {
+            inbound: None,
+            state: State::Done,
+            expect_continue: false,
+            slot: None,
+        }
+    }
+
+    /// Writes `100 Continue` (at most a few bytes into an idle socket's buffer).
+    fn poll_continue(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+        let Some(inbound) = self.inbound.as_ref() else {
+            return Poll::Ready(Ok(()));
+        };
+        let stream = inbound.read.as_ref();
+        let mut written = 0;
+        while written < CONTINUE.len() {
+            match stream.try_write(&CONTINUE[written..]) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if written > 0 {
+                        // practically never: the rest goes out once the socket takes it
+                        continue;
+                    }
+                    std::task::ready!(stream.poll_write_ready(cx))?;
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        self.expect_continue = false;
+        Poll::Ready(Ok(()))
+    }
+
+    fn fail(&mut self, error: io::Error) -> Poll<Option<io::Result<Frame<Bytes>>>> {
+        // the connection cannot be read on: the read side is not given back
+        self.inbound = None;
+        self.state = State::Done;
+        Poll::Ready(Some(Err(error)))
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        if let (Some(inbound), Some(slot)) = (self.inbound.take(), self.slot.as_ref()) {
+            let read = matches!(self.state, State::Done);
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some((inbound, read));
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<io::Result<Frame<Bytes>>>> {
+        let this = self.get_mut();
+        if this.expect_continue
+            && let Err(e) = std::task::ready!(this.poll_continue(cx))
+        {
+            return this.fail(e);
+        }
+        loop {
+            let Some(inbound) = this.inbound.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match &mut this.state {
+                State::Done => return Poll::Ready(None),
+                State::Length(0) => {
+                    this.state = State::Done;
+                    return Poll::Ready(None);
+                }
+                State::Length(rest) if !inbound.buf.is_empty() => {
+                    let n = usize::try_from(*rest)
+                        .unwrap_or(usize::MAX)
+                        .min(inbound.buf.len());
+                    let data = inbound.buf.split_to(n).freeze();
+                    *rest -= n as u64;
+                    if *rest == 0 {
+                        this.state = State::Done;
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                State::Length(_) => {}
+                State::Chunked(decoder) => match decoder.decode(&mut inbound.buf) {
+                    Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                    Ok(Decoded::End) => {
+                        this.state = State::Done;
+                        return Poll::Ready(None);
+                    }
+                    Ok(Decoded::NeedMore) => {}
+                    Err(e) => return this.fail(e),
+                },
+            }
+            match std::task::ready!(inbound.poll_fill(cx)) {
+                Ok(0) => {
+                    return this.fail(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the client closed the connection before the end of its body",
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) => return this.fail(e),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done) || matches!(self.state, State::Length(0))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.state {
+            State::Done => SizeHint::with_exact(0),
+            State::Length(n) => SizeHint::with_exact(n),
+            State::Chunked(_) => SizeHint::default(),
+        }
+    }
+}
+
+/// The `date` header's value, formatted once a second per thread.
+struct CachedDate {
+    second: std::cell::Cell<u64>,
+    text: std::cell::Cell<[u8; 29]>,
+}
+
+impl CachedDate {
+    /// The date now, as IMF-fixdate (`Wed, 02 Dec 2026 07:34:49 GMT`).
+    fn now(&self) -> [u8; 29] {
+        let now = std::time::SystemTime::now();
+        let second = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if second != self.second.get() {
+            let text = httpdate::fmt_http_date(now);
+            if let Ok(fixed) = <[u8; 29]>::try_from(text.as_bytes()) {
+                self.text.set(fixed);
+                self.second.set(second);
+            }
+        }
+        self.text.get()
+    }
+}
+
+thread_local! {
+    static DATE: CachedDate = const {
+        CachedDate {
+            second: std::cell::Cell::new(0),
+            text: std::cell::Cell::new(*b"Thu, 01 Jan 1970 00:00:00 GMT"),
+        }
+    };
+}
