@@ -1,4 +1,4 @@
-//! The keypool server: the hyper service that composes the library crates into the
+//! The keypool server: the HTTP service that composes the library crates into the
 //! request path of SPEC 3 and 4.
 //!
 //! A request arrives; [`App::handle`] routes it ([`route`]), enforces the body limit,
@@ -6,11 +6,11 @@
 //! the body (`keypool-providers`), captures the pool's snapshot and plans the attempts
 //! (`keypool-selector` over the health books of `keypool-cooldown`, read through
 //! [`availability::HealthAvailability`]), then walks the plan: one attempt per account,
-//! each built by the provider adapter and sent with one pooled upstream client,
+//! each built by the provider adapter and sent with the worker's pooled upstream client,
 //! streams held until their commit point (`keypool-sse` + the providers' commit gate),
 //! hedge/race partners run side by side, every outcome credited to the account that
 //! produced it. Whatever goes wrong ends in [`reject::Reject::respond`]: an Anthropic-shaped
-//! error, never a panic or a bare hyper error.
+//! error, never a panic or a bare HTTP-library error.
 //!
 //! ```no_run
 //! use keypool_proxy::{App, run};
@@ -32,7 +32,14 @@
 //!   drain; [`run_workers`], the same on one single-threaded runtime per worker thread.
 //! - `balance`: each accepted connection goes to the worker with the fewest open ones.
 //! - [`connection`]: one connection: TLS, HTTP/1.1 or HTTP/2 from its first bytes
-//!   (bounded by the header read timeout), [`connection::ClientInfo`].
+//!   (bounded by the header read timeout), [`connection::ClientInfo`]; plain-TCP
+//!   HTTP/1.1 goes to `h1_server`, TLS and HTTP/2 to hyper.
+//! - `h1_server`: keypool's own HTTP/1.1 server (issue 22): one task per connection,
+//!   the request path awaited in place, the request body read from the socket as the
+//!   path reads it, the answer written with one vectored write.
+//! - `h1`: the HTTP/1.1 wire format without I/O, both roles (request heads parsed with
+//!   hyper's rules, response heads written; upstream request heads written, response
+//!   heads parsed, RFC 9112 framing, the chunked decoder).
 //! - [`tls`]: [`TlsCertificates`], the listener's certificate, reloadable.
 //! - `app`: [`App`], steps 1–4 of SPEC 3 (limits, resolution, key, body), the fixed
 //!   routes (`HEAD`, `/healthz`, `/readyz`, `/metrics`).
@@ -57,7 +64,9 @@
 //! - [`reject`]: [`reject::Reject`] and [`reject::Reject::respond`], the one function
 //!   that turns a rejection into a response.
 //! - [`metrics`]: the Prometheus registry of SPEC 10.
-//! - [`upstream`]: the pooled HTTP/1.1 + HTTP/2 client (rustls, plain HTTP for loopback).
+//! - [`upstream`]: the attempts' own pooled HTTP/1.1 client (plain TCP or rustls, no
+//!   connection task; `upstream::conn`), the hyper client of OAuth refreshes and alert
+//!   webhooks (HTTP/1.1 + HTTP/2), and the egress (direct, `HTTPS_PROXY`, `proxy_url`).
 //! - [`signals`] (Unix): `SIGTERM`/`SIGINT` shutdown, `SIGHUP` reload.
 //! - `admin`: the admin API and the `/admin/ui` status page (`docs/ADMIN.md`); off
 //!   (404) without `admin.token`.
