@@ -49,6 +49,7 @@
 //! - [`upstream`]: the upstream request head (allowlist, auth, beta merge, URI).
 //! - [`request_body`]: [`inspect_request`] and the splicing [`override_model`].
 //! - [`response`]: rate limits, usage (JSON bodies and SSE frames), upstream errors.
+//! - `answer_scan`: the allocation-free reader behind [`check_answer_body`].
 //! - [`stream_start`]: [`is_valid_first_frame`] and the [`CommitGate`] of SPEC 3.8.
 //! - [`sanitise`]: keypool's Anthropic-shaped error bodies and the 429/402 pass-through.
 //! - [`openai`]: the Chat Completions ↔ Messages translation, `x-ratelimit-*` headers.
@@ -56,6 +57,7 @@
 //!   end, content), so the proxy names no provider's events.
 //! - [`error`]: [`ProvidersError`], the crate's one error type.
 
+mod answer_scan;
 pub mod anthropic;
 pub mod error;
 pub mod openai;

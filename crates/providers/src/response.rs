@@ -169,12 +169,41 @@ struct Answer {
 /// `input_tokens`; a native chat completion (an `openai` account) has `choices` (its
 /// usage read by [`crate::openai::usage_from_chat_json`]).
 ///
+/// The body is read by an allocation-free scanner (the private `answer_scan` module),
+/// which gives the verdict serde_json would give and leaves its rare corners to
+/// serde_json.
+///
 /// # Errors
 /// [`AnswerProblem::NotJson`] or [`AnswerProblem::NotAnAnswer`].
 pub fn check_answer_body(
     endpoint: crate::Endpoint,
     body: &[u8],
 ) -> Result<Option<Usage>, AnswerProblem> {
+    use crate::answer_scan::{Stop, scan_answer};
+    let members = match scan_answer(body) {
+        Ok(members) => members,
+        Err(Stop::Syntax) => return Err(AnswerProblem::NotJson),
+        Err(Stop::Data) => return Err(AnswerProblem::NotAnAnswer),
+        Err(Stop::Unsure) => answer_members_serde(body)?,
+    };
+    answer_of(endpoint, body, members)
+}
+
+/// [`check_answer_body`] through serde_json alone: the reference the scanner is tested
+/// against.
+#[cfg(test)]
+pub(crate) fn check_answer_body_serde(
+    endpoint: crate::Endpoint,
+    body: &[u8],
+) -> Result<Option<Usage>, AnswerProblem> {
+    answer_of(endpoint, body, answer_members_serde(body)?)
+}
+
+/// The members of an answer the check reads, through serde_json: the fallback of
+/// [`crate::answer_scan`] for the corners it leaves, and its reference in tests.
+pub(crate) fn answer_members_serde(
+    body: &[u8],
+) -> Result<crate::answer_scan::AnswerMembers, AnswerProblem> {
     if body.trim_ascii_start().first() != Some(&b'{') {
         return Err(AnswerProblem::NotJson);
     }
@@ -185,9 +214,23 @@ pub fn check_answer_body(
             AnswerProblem::NotJson
         }
     })?;
+    Ok(crate::answer_scan::AnswerMembers {
+        is_message: answer.kind.as_deref() == Some("message"),
+        usage: answer.usage,
+        input_tokens: answer.input_tokens,
+        has_choices: answer.choices.is_some(),
+    })
+}
+
+/// The endpoint's rules over the members of a well-formed body.
+fn answer_of(
+    endpoint: crate::Endpoint,
+    body: &[u8],
+    answer: crate::answer_scan::AnswerMembers,
+) -> Result<Option<Usage>, AnswerProblem> {
     let update = match endpoint {
         crate::Endpoint::Messages => {
-            if answer.kind.as_deref() != Some("message") {
+            if !answer.is_message {
                 return Err(AnswerProblem::NotAnAnswer);
             }
             answer.usage
@@ -201,7 +244,7 @@ pub fn check_answer_body(
         }
         // A native OpenAI answer: a `chat.completion` object with its `choices`.
         crate::Endpoint::ChatCompletions => {
-            if answer.choices.is_none() {
+            if !answer.has_choices {
                 return Err(AnswerProblem::NotAnAnswer);
             }
             return Ok(crate::openai::usage_from_chat_json(body));
