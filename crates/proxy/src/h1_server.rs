@@ -352,39 +352,49 @@ impl Conn {
         if matches!(framing, ResponseFraming::Length(0)) {
             return self.write_all(&[]).await;
         }
-        // A stream: the head at once, then every frame as it comes.
-        self.write_all(&[]).await?;
+        // A stream: the head with every frame ready now (those held to the commit point)
+        // in one write, then each burst of frames that arrived together in one write.
         let chunked = framing == ResponseFraming::Chunked;
+        let mut head = true;
+        let mut frames: Vec<Bytes> = Vec::new();
         loop {
-            let frame = poll_fn(|cx| {
-                if let Poll::Ready(frame) = Pin::new(&mut body).poll_frame(cx) {
-                    return Poll::Ready(Some(frame));
+            let ended = poll_fn(|cx| {
+                if let Poll::Ready(ended) = gather(&mut body, cx, &mut frames) {
+                    return Poll::Ready(Some(ended));
+                }
+                if head {
+                    // nothing to send with it: the head goes alone, now
+                    return Poll::Ready(Some(false));
                 }
                 self.poll_client_gone(cx).map(|()| None)
             })
             .await;
-            let data = match frame {
-                // the client closed: dropping the body ends the stream as client_gone
-                None => return Err(io::ErrorKind::ConnectionAborted.into()),
-                Some(None) => break,
-                Some(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) if !data.is_empty() => data,
-                    _ => continue,
-                },
-                Some(Some(Err(never))) => match never {},
-            };
+            // the client closed: dropping the body ends the stream as client_gone
+            let ended = ended.ok_or(io::ErrorKind::ConnectionAborted)?;
+            let mut sizes = vec![[0u8; 18]; if chunked { frames.len() } else { 0 }];
+            let mut parts: Vec<&[u8]> = Vec::with_capacity(frames.len() * 3 + 2);
+            if std::mem::take(&mut head) {
+                parts.push(&self.out);
+            }
             if chunked {
-                let mut size = [0u8; 18];
-                let size = h1::chunk_size_line(&mut size, data.len());
-                write_vectored_all(&mut self.write, &[size, &data, b"\r\n"]).await?;
+                for (frame, size) in frames.iter().zip(sizes.iter_mut()) {
+                    parts.push(h1::chunk_size_line(size, frame.len()));
+                    parts.push(frame);
+                    parts.push(b"\r\n");
+                }
+                if ended {
+                    parts.push(b"0\r\n\r\n");
+                }
             } else {
-                self.write.write_all(&data).await?;
+                parts.extend(frames.iter().map(|f| &f[..]));
+            }
+            write_vectored_all(&mut self.write, &parts).await?;
+            drop(parts);
+            frames.clear();
+            if ended {
+                return Ok(());
             }
         }
-        if chunked {
-            self.write.write_all(b"0\r\n\r\n").await?;
-        }
-        Ok(())
     }
 
     /// Writes the head (in `out`) and `body` with one vectored write (more when the
@@ -411,30 +421,55 @@ impl Conn {
     }
 }
 
-/// Writes every byte of `parts`, in order.
+/// Writes every byte of `parts`, in order, with as few vectored writes as the socket
+/// allows.
 async fn write_vectored_all(write: &mut OwnedWriteHalf, parts: &[&[u8]]) -> io::Result<()> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let mut done = 0;
+    let mut slices = Vec::with_capacity(parts.len());
     while done < total {
         let mut skip = done;
-        let mut slices = [IoSlice::new(&[]); 3];
-        let mut n = 0;
+        slices.clear();
         for part in parts {
             if skip >= part.len() {
                 skip -= part.len();
                 continue;
             }
-            slices[n] = IoSlice::new(&part[skip..]);
+            slices.push(IoSlice::new(&part[skip..]));
             skip = 0;
-            n += 1;
         }
-        let written = write.write_vectored(&slices[..n]).await?;
+        let written = write.write_vectored(&slices).await?;
         if written == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
         done += written;
     }
     Ok(())
+}
+
+/// Most frames of a stream written together.
+const MAX_BATCH: usize = 64;
+
+/// Takes the frames of `body` ready now into `frames` (at most [`MAX_BATCH`]):
+/// `Ready(true)` at the body's end, `Ready(false)` with frames to write, `Pending` when
+/// none is ready.
+fn gather(body: &mut ProxyBody, cx: &mut Context<'_>, frames: &mut Vec<Bytes>) -> Poll<bool> {
+    while frames.len() < MAX_BATCH {
+        match Pin::new(&mut *body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data()
+                    && !data.is_empty()
+                {
+                    frames.push(data);
+                }
+            }
+            Poll::Ready(Some(Err(never))) => match never {},
+            Poll::Ready(None) => return Poll::Ready(true),
+            Poll::Pending if frames.is_empty() => return Poll::Pending,
+            Poll::Pending => break,
+        }
+    }
+    Poll::Ready(false)
 }
 
 /// Where the reading of a request body is.
