@@ -253,16 +253,54 @@ impl Aggregates {
             .as_ref()
             .map(|d| d.lock().unwrap_or_else(PoisonError::into_inner));
         for (group, add) in queue.groups.into_iter().flatten() {
-            for mut key in group.keys() {
-                if key.dimension == Dimension::Model && !self.totals.contains_key(&key) {
-                    key = self.admit_model(key);
+            // The group's names move into its day's key, then its month's: the names
+            // are cloned only for an aggregate new to a map. (An `entry` with an owned
+            // key would count up and down the names' shared `Arc`s twice per key, and
+            // the org's is shared by every request of every thread.)
+            // A model is admitted per period (MAX_MODELS), so each of its keys has its
+            // own name.
+            if group.dimension == Dimension::Model {
+                for mut key in group.keys() {
+                    if !self.totals.contains_key(&key) {
+                        key = self.admit_model(key);
+                    }
+                    self.add_to(key, &add, deltas.as_deref_mut());
                 }
-                if let Some(deltas) = deltas.as_mut() {
-                    deltas.entry(key.clone()).or_default().add(&add);
+                continue;
+            }
+            let month = Period::Month(group.day.month());
+            let mut key = AggregateKey {
+                period: Period::Day(group.day),
+                dimension: group.dimension,
+                org: group.org,
+                key: group.key,
+            };
+            key = self.add_to(key, &add, deltas.as_deref_mut());
+            key.period = month;
+            self.add_to(key, &add, deltas.as_deref_mut());
+        }
+    }
+
+    /// Adds `add` to `key`'s totals (and deltas); gives the key back.
+    fn add_to(
+        &self,
+        key: AggregateKey,
+        add: &Totals,
+        deltas: Option<&mut HashMap<AggregateKey, Totals, Hasher>>,
+    ) -> AggregateKey {
+        if let Some(deltas) = deltas {
+            match deltas.get_mut(&key) {
+                Some(totals) => totals.add(add),
+                None => {
+                    deltas.insert(key.clone(), *add);
                 }
-                self.totals.entry(key).or_default().add(&add);
             }
         }
+        match self.totals.get_mut(&key) {
+            Some(mut totals) => totals.add(add),
+            None => self.totals.entry(key.clone()).or_default().add(add),
+        }
+        key
     }
 
     /// Adds the folded groups to the per-caller totals since start (only groups with

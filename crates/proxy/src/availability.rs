@@ -323,16 +323,16 @@ mod tests {
         ids: &[&AccountId],
     ) -> Vec<CandidateSignals> {
         ids.iter()
-            .map(|id| CandidateSignals {
-                cooldown: health.cooldowns.signal(id),
-                lockout: health.lockouts.signal(id),
-                window: health.windows.signal_with_threshold(
-                    id,
-                    config
-                        .account(id.as_str())
-                        .and_then(|a| a.window_threshold())
-                        .map(|t| t.get()),
-                ),
+            .map(|id| {
+                let account = config.account(id.as_str()).expect("a configured account");
+                CandidateSignals {
+                    cooldown: health.cooldowns.signal(id),
+                    lockout: health.lockouts.signal(id),
+                    window: health
+                        .windows
+                        .signal_with_threshold(id, account.window_threshold().map(|t| t.get())),
+                    account: account.clone(),
+                }
             })
             .collect()
     }

@@ -333,7 +333,12 @@ impl Table {
 
     fn get_or_insert(&mut self, id: &AccountId) -> (&mut Averages, &mut RecentTtft) {
         let next = u32::try_from(self.averages.len()).unwrap_or(NO_SLOT);
-        let slot = *self.slots.entry(id.clone()).or_insert(next);
+        // Looked up first: the id is cloned (a count on an `Arc` every thread shares)
+        // only for an account new to the table.
+        let slot = match self.slots.get(id) {
+            Some(&slot) => slot,
+            None => *self.slots.entry(id.clone()).or_insert(next),
+        };
         if slot == next {
             self.averages.push(Averages::default());
             self.recent.push(RecentTtft::default());

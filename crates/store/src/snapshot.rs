@@ -10,7 +10,7 @@ use keypool_cooldown::{CooldownSignal, PoolHealth, WindowSignal};
 use keypool_core::UnixMs;
 use keypool_selector::Candidate;
 
-use crate::config::Config;
+use crate::config::{Account, Config};
 
 /// One candidate's health signals (see `keypool_cooldown`'s `signal` module): whether
 /// the account may be cooling, out of a window (of the account or of a model family)
@@ -23,6 +23,8 @@ pub struct CandidateSignals {
     pub window: Arc<WindowSignal>,
     /// The latest end of its model lockouts (SPEC 16).
     pub lockout: Arc<CooldownSignal>,
+    /// The account as the snapshot's config has it (see [`Snapshot::account`]).
+    pub account: Arc<Account>,
 }
 
 impl CandidateSignals {
@@ -45,6 +47,9 @@ pub struct Snapshot {
     candidates: Arc<[Candidate]>,
     signals: Arc<[CandidateSignals]>,
     kept: Arc<[ArcSwapOption<KeptSurvivors>; SURVIVOR_SCOPES]>,
+    /// The config the snapshot was taken from (kept alive, so that its address names
+    /// it: [`Snapshot::account`]).
+    config: Arc<Config>,
 }
 
 /// The filters' survivors of a snapshot, kept for the requests that follow (see
@@ -62,27 +67,41 @@ pub struct KeptSurvivors {
 
 impl Snapshot {
     /// Resolves the signals of `candidates` (already in snapshot order) in `health`,
-    /// handing the window book each account's threshold from `config`.
-    pub fn new(candidates: Vec<Candidate>, health: &PoolHealth, config: &Config) -> Self {
-        let signals = candidates
-            .iter()
-            .map(|c| CandidateSignals {
-                cooldown: health.cooldowns.signal(&c.id),
-                lockout: health.lockouts.signal(&c.id),
-                window: health.windows.signal_with_threshold(
-                    &c.id,
-                    config
-                        .account(c.id.as_str())
-                        .and_then(|a| a.window_threshold())
-                        .map(|t| t.get()),
-                ),
+    /// handing the window book each account's threshold from `config`. Every candidate
+    /// must be one of `config`'s accounts (those that are not are left out).
+    pub fn new(candidates: Vec<Candidate>, health: &PoolHealth, config: &Arc<Config>) -> Self {
+        let (candidates, signals): (Vec<_>, Vec<_>) = candidates
+            .into_iter()
+            .filter_map(|c| {
+                let account = config.account(c.id.as_str())?.clone();
+                let signals = CandidateSignals {
+                    cooldown: health.cooldowns.signal(&c.id),
+                    lockout: health.lockouts.signal(&c.id),
+                    window: health
+                        .windows
+                        .signal_with_threshold(&c.id, account.window_threshold().map(|t| t.get())),
+                    account,
+                };
+                Some((c, signals))
             })
-            .collect();
+            .unzip();
         Self {
             candidates: candidates.into(),
-            signals,
+            signals: signals.into(),
             kept: Arc::new(std::array::from_fn(|_| ArcSwapOption::empty())),
+            config: config.clone(),
         }
+    }
+
+    /// The configured account of candidate `index`, when `config` is the one this
+    /// snapshot was taken from (a request and its snapshot almost always share it; a
+    /// reload between the two makes this `None`, and the caller looks the id up in its
+    /// own config). Saves the request path a lookup by id per attempt: with a large
+    /// pool served in turn, that lookup's hash slot and key were cold every time.
+    pub fn account(&self, index: usize, config: &Config) -> Option<&Arc<Account>> {
+        std::ptr::eq(Arc::as_ptr(&self.config), config)
+            .then(|| self.signals.get(index).map(|s| &s.account))
+            .flatten()
     }
 
     /// The survivors kept by [`Snapshot::keep_survivors`] for requests of `scope`

@@ -125,6 +125,35 @@ async fn reload_swaps_config_keeps_state_and_rejects_invalid_files() {
 }
 
 #[tokio::test]
+async fn a_snapshot_names_its_accounts_only_for_the_config_it_was_taken_from() {
+    let dir = TempDir::new("snapshot-accounts").unwrap();
+    let path = dir.path().join("keypool.toml");
+    std::fs::write(&path, config_text(2, "state_file = \"\"")).unwrap();
+    let store = Store::open(keypool_store::config::Config::load(&path).unwrap())
+        .await
+        .unwrap();
+    let before = store.config();
+    let snapshot = store.snapshot(&before.resolve("acme", "team").unwrap(), now_ms());
+    for (i, candidate) in snapshot.iter().enumerate() {
+        let account = snapshot
+            .account(i, &before)
+            .expect("the snapshot's own config");
+        assert!(std::sync::Arc::ptr_eq(
+            account,
+            before.account(candidate.id.as_str()).unwrap()
+        ));
+    }
+    assert!(snapshot.account(snapshot.len(), &before).is_none());
+    // another config (a reload between the request and its snapshot): not answered,
+    // the caller looks the id up in its own config
+    std::fs::write(&path, config_text(2, "state_file = \"\"")).unwrap();
+    store.reload(&path).unwrap();
+    let after = store.config();
+    assert!(!std::sync::Arc::ptr_eq(&before, &after));
+    assert!(snapshot.account(0, &after).is_none());
+}
+
+#[tokio::test]
 async fn memory_counters_rotate_per_pool() {
     let store = Store::open(config(&config_text(2, "state_file = \"\"")))
         .await

@@ -135,8 +135,11 @@ impl<'c> Walker<'c> {
     /// an `openai` account): the walk skips it.
     fn account_at(&self, position: usize) -> Option<Arc<Account>> {
         let index = self.planned.plan.get(position)?;
-        let id = &self.planned.snapshot[index].id;
-        let account = self.call.config.account(id.as_str())?;
+        let snapshot = &self.planned.snapshot;
+        let account = match snapshot.account(index, self.call.config) {
+            Some(account) => account,
+            None => self.call.config.account(snapshot[index].id.as_str())?,
+        };
         self.call
             .endpoint
             .upstream_for(account.provider())
