@@ -250,10 +250,25 @@ impl App {
         B: Body<Data = Bytes> + Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        let info = request.extensions().get::<ClientInfo>().copied();
+        self.handle_from(info, request).await
+    }
+
+    /// [`App::handle`] for a request whose connection facts the server hands over
+    /// directly (keypool's own HTTP/1.1 server: no extensions map per request).
+    pub(crate) async fn handle_from<B>(
+        &self,
+        info: Option<ClientInfo>,
+        request: Request<B>,
+    ) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let mut ctx =
             RequestContext::new(self.metrics(), self.request_id(), &self.inner.unresolved);
         let (parts, body) = request.into_parts();
-        let mut response = self.dispatch(&mut ctx, parts, body).await;
+        let mut response = self.dispatch(&mut ctx, info, parts, body).await;
         ctx.answered(response.status().as_u16());
         if let Ok(value) = HeaderValue::from_str(&ctx.id) {
             response.headers_mut().insert(X_REQUEST_ID, value);
@@ -264,6 +279,7 @@ impl App {
     async fn dispatch<B>(
         &self,
         ctx: &mut RequestContext<'_>,
+        info: Option<ClientInfo>,
         parts: Parts,
         body: B,
     ) -> Response<ProxyBody>
@@ -281,7 +297,6 @@ impl App {
         if let Some(internal) = internal_route(&route) {
             ctx.internal(internal);
         }
-        let info = parts.extensions.get::<ClientInfo>().copied();
         let side = info.map_or(Side::Public, |i| i.side);
         let split = self.store().config().server().admin_listen.is_some();
         if !connection::serves(side, split, &route) {

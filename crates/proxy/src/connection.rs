@@ -1,19 +1,21 @@
 //! One accepted connection, from its first byte to its close: TLS (on the public
 //! listener, when configured), the choice of HTTP/1.1 or HTTP/2 from the first bytes,
-//! and the hyper connection, with the facts the request path reads about it
-//! ([`ClientInfo`], in every request's extensions).
+//! and the server that speaks it: keypool's own HTTP/1.1 server ([`crate::h1_server`])
+//! for plain-TCP HTTP/1.1, hyper for TLS and HTTP/2; with the facts the request path
+//! reads about the connection ([`ClientInfo`]).
 //!
-//! **The first bytes are bounded like a request head.** hyper's HTTP/1 server bounds the
-//! time to a complete head (`header_read_timeout`), but its HTTP/2 server and
+//! **The first bytes are bounded like a request head.** The HTTP/1.1 servers bound the
+//! time to a complete head (`header_read_timeout`), but hyper's HTTP/2 server and
 //! hyper-util's HTTP/1-or-h2c detection wait for a client's first bytes without any
 //! timeout: a client that connects and sends nothing would hold its connection (and
 //! its file descriptor) forever. So this module does the detection itself: the TLS
 //! handshake, if any, and the first bytes (up to the 24 of the HTTP/2 connection
 //! preface, or until they cannot be that preface) must arrive within
 //! `header_read_timeout` of the accept, else the connection is closed. The bytes read
-//! are then replayed to hyper ([`Rewind`]). HTTP/1.1 keeps hyper's own head timeout
-//! for every request after that; an HTTP/2 request's body is bounded by the request
-//! path's body timeouts and budgets exactly as an HTTP/1.1 body is.
+//! are then replayed to the server (hyper's through [`Rewind`]). HTTP/1.1 keeps its
+//! server's head timeout for every request after that; an HTTP/2 request's body is
+//! bounded by the request path's body timeouts and budgets exactly as an HTTP/1.1 body
+//! is.
 
 use std::io;
 use std::net::SocketAddr;
@@ -52,8 +54,9 @@ pub enum Protocol {
 }
 
 /// What the request path knows about the connection of a request: put into every
-/// request's extensions by the server (absent for a request handed to
-/// [`App::handle`] directly, which then counts as the public side).
+/// request's extensions by hyper's connections, handed to the request path directly by
+/// keypool's own HTTP/1.1 server (absent for a request handed to [`App::handle`]
+/// without it, which then counts as the public side).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientInfo {
     /// The client's address (the load balancer's, behind one).

@@ -235,7 +235,6 @@ impl Conn {
         *request.uri_mut() = uri;
         *request.version_mut() = version;
         *request.headers_mut() = headers;
-        request.extensions_mut().insert(self.info);
         let Some(response) = self.answer(app, request).await else {
             // the client closed: the request was cancelled
             return Ok(false);
@@ -286,7 +285,7 @@ impl Conn {
         app: &App,
         request: Request<RequestBody>,
     ) -> Option<Response<ProxyBody>> {
-        let handling = app.handle(request);
+        let handling = app.handle_from(Some(self.info), request);
         tokio::pin!(handling);
         poll_fn(|cx| {
             if let Poll::Ready(response) = handling.as_mut().poll(cx) {
