@@ -6,10 +6,12 @@
 //! - as the clients' server ([`crate::h1_server`]): the request head parsed (with
 //!   hyper's limits and framing rules, which the server replaced), the response head
 //!   written;
-//! - both: the chunked decoder.
+//! - both: the chunked decoder, and [`BodyReader`], a body's framing read from a
+//!   connection's buffer.
 //!
 //! Everything here works on byte buffers handed in by a connection, so that every rule
-//! can be tested on its own, byte by byte and split at any point.
+//! can be tested on its own, byte by byte and split at any point; the only I/O named is
+//! the read that fills a buffer ([`Source`], [`poll_read_into`]).
 
 use std::io;
 
@@ -90,8 +92,13 @@ pub(crate) fn write_head(
     out.extend_from_slice(b"\r\n\r\n");
 }
 
-fn write_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
+fn write_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(decimal(n, &mut [0; 20]));
+}
+
+/// `n` in decimal, in `digits` (without the formatting machinery; the request line
+/// shares it).
+pub(crate) fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
     let mut i = digits.len();
     loop {
         i -= 1;
@@ -101,7 +108,7 @@ fn write_decimal(out: &mut Vec<u8>, mut n: u64) {
             break;
         }
     }
-    out.extend_from_slice(&digits[i..]);
+    &digits[i..]
 }
 
 /// A response head, parsed.
@@ -561,6 +568,127 @@ pub(crate) fn chunk_size_line(out: &mut [u8; 18], len: usize) -> &[u8] {
     out[16] = b'\r';
     out[17] = b'\n';
     &out[i..]
+}
+
+/// Where a connection's bytes come from, for [`BodyReader::poll_next`]: its read
+/// buffer and the read that fills it (the only I/O this module names).
+pub(crate) trait Source {
+    /// The bytes read but not yet used.
+    fn buffer(&mut self) -> &mut BytesMut;
+    /// Reads more into [`Source::buffer`]: the bytes read, 0 at the end of the stream.
+    fn poll_fill(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<usize>>;
+}
+
+/// Reads from `io` into the spare room of `buf`, first growing it by `chunk` bytes when
+/// less than a KiB is left: the bytes read, 0 at the end of the stream. The one read of
+/// both roles' connections.
+pub(crate) fn poll_read_into(
+    io: &mut (impl tokio::io::AsyncRead + Unpin),
+    buf: &mut BytesMut,
+    chunk: usize,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<io::Result<usize>> {
+    if buf.capacity() - buf.len() < 1024 {
+        buf.reserve(chunk);
+    }
+    tokio_util::io::poll_read_buf(std::pin::Pin::new(io), cx, buf)
+}
+
+/// How far the reading of a framed body is, for both roles (a request's body, an
+/// answer's body).
+#[derive(Debug)]
+pub(crate) enum BodyReader {
+    /// This many bytes to go.
+    Length(u64),
+    /// The chunked coding.
+    Chunked(Chunked),
+    /// Everything until the peer closes (an answer only).
+    UntilClose,
+    /// Read to its end.
+    Done,
+}
+
+impl BodyReader {
+    /// The reader of a body framed as `framing` says.
+    pub(crate) fn new(framing: Framing) -> Self {
+        match framing {
+            Framing::Length(n) => Self::Length(n),
+            Framing::Chunked => Self::Chunked(Chunked::default()),
+            Framing::UntilClose => Self::UntilClose,
+        }
+    }
+
+    /// The next data of the body from `source` (and whether the body ended with it),
+    /// `None` at its end, or the error that ends it: bytes that are not the chunked
+    /// coding, a failed read, or the peer closing before the end (`closed` says so).
+    pub(crate) fn poll_next(
+        &mut self,
+        source: &mut impl Source,
+        cx: &mut std::task::Context<'_>,
+        closed: &'static str,
+    ) -> std::task::Poll<Option<io::Result<(Bytes, bool)>>> {
+        use std::task::Poll;
+        loop {
+            let buf = source.buffer();
+            match self {
+                Self::Done | Self::Length(0) => {
+                    *self = Self::Done;
+                    return Poll::Ready(None);
+                }
+                Self::Length(rest) if !buf.is_empty() => {
+                    let n = usize::try_from(*rest).unwrap_or(usize::MAX).min(buf.len());
+                    let data = buf.split_to(n).freeze();
+                    *rest -= n as u64;
+                    let last = *rest == 0;
+                    if last {
+                        *self = Self::Done;
+                    }
+                    return Poll::Ready(Some(Ok((data, last))));
+                }
+                Self::Chunked(decoder) => match decoder.decode(buf) {
+                    Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok((data, false)))),
+                    Ok(Decoded::End) => {
+                        *self = Self::Done;
+                        return Poll::Ready(None);
+                    }
+                    Ok(Decoded::NeedMore) => {}
+                    Err(e) => return Poll::Ready(Some(Err(e))),
+                },
+                Self::UntilClose if !buf.is_empty() => {
+                    return Poll::Ready(Some(Ok((buf.split().freeze(), false))));
+                }
+                Self::Length(_) | Self::UntilClose => {}
+            }
+            match std::task::ready!(source.poll_fill(cx)) {
+                Ok(0) if matches!(self, Self::UntilClose) => {
+                    *self = Self::Done;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => {
+                    return Poll::Ready(Some(Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        closed,
+                    ))));
+                }
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Some(Err(e))),
+            }
+        }
+    }
+
+    /// Whether the body was read to its end.
+    pub(crate) fn is_done(&self) -> bool {
+        matches!(self, Self::Done | Self::Length(0))
+    }
+
+    /// The bytes left, when known.
+    pub(crate) fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            Self::Done => http_body::SizeHint::with_exact(0),
+            Self::Length(n) => http_body::SizeHint::with_exact(*n),
+            Self::Chunked(_) | Self::UntilClose => http_body::SizeHint::default(),
+        }
+    }
 }
 
 /// What [`Chunked::decode`] got out of the buffer.

@@ -48,14 +48,13 @@ use crate::App;
 use crate::body::ProxyBody;
 use crate::connection::ClientInfo;
 use crate::h1::{
-    self, BodyFraming, Chunked, Decoded, ParsedRequest, RequestError, ResponseFraming, Span,
+    self, BodyFraming, BodyReader, Framing, ParsedRequest, RequestError, ResponseFraming, Span,
 };
 
 /// Bytes of a next request a client may send ahead while its previous one is answered
 /// (more are left in the socket until then).
 const MAX_AHEAD: usize = 64 * 1024;
-/// A read buffer with less room than this grows by [`READ_CHUNK`] before a read.
-const MIN_READ_ROOM: usize = 1024;
+/// How much a connection's read buffer grows by when it runs out of room.
 const READ_CHUNK: usize = 8 * 1024;
 
 /// Serves one plain-TCP HTTP/1.1 connection to its end; `prefix` is what the protocol
@@ -117,13 +116,20 @@ struct Inbound {
     spans: Vec<Span>,
 }
 
+impl h1::Source for Inbound {
+    fn buffer(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
+
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        h1::poll_read_into(&mut self.read, &mut self.buf, READ_CHUNK, cx)
+    }
+}
+
 impl Inbound {
     /// Reads into the buffer: the bytes read, 0 at the end of the stream.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.buf.capacity() - self.buf.len() < MIN_READ_ROOM {
-            self.buf.reserve(READ_CHUNK);
-        }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.read), cx, &mut self.buf)
+        h1::Source::poll_fill(self, cx)
     }
 
     /// While a request is answered: takes in what the client sends ahead (up to
@@ -222,10 +228,10 @@ impl Conn {
             BodyFraming::Length(0) => RequestBody::empty(),
             framing => RequestBody {
                 inbound: self.inbound.take(),
-                state: match framing {
-                    BodyFraming::Length(n) => State::Length(n),
-                    BodyFraming::Chunked => State::Chunked(Chunked::default()),
-                },
+                reader: BodyReader::new(match framing {
+                    BodyFraming::Length(n) => Framing::Length(n),
+                    BodyFraming::Chunked => Framing::Chunked,
+                }),
                 expect_continue,
                 slot: Some(self.slot.clone()),
             },
@@ -471,20 +477,11 @@ fn gather(body: &mut ProxyBody, cx: &mut Context<'_>, frames: &mut Vec<Bytes>) -
     Poll::Ready(false)
 }
 
-/// Where the reading of a request body is.
-enum State {
-    /// This many bytes to go.
-    Length(u64),
-    Chunked(Chunked),
-    /// Read to its end.
-    Done,
-}
-
 /// A request body, read from the connection as the request path reads it. It holds
 /// the connection's read side until it ends or is dropped, then gives it back.
 pub(crate) struct RequestBody {
     inbound: Option<Inbound>,
-    state: State,
+    reader: BodyReader,
     /// `expect: 100-continue` not answered yet.
     expect_continue: bool,
     slot: Option<Slot>,
@@ -493,7 +490,7 @@ pub(crate) struct RequestBody {
 impl std::fmt::Debug for RequestBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RequestBody")
-            .field("done", &matches!(self.state, State::Done))
+            .field("done", &self.reader.is_done())
             .finish_non_exhaustive()
     }
 }
@@ -502,7 +499,7 @@ impl RequestBody {
     fn empty() -> Self {
         Self {
             inbound: None,
-            state: State::Done,
+            reader: BodyReader::Done,
             expect_continue: false,
             slot: None,
         }
@@ -536,7 +533,7 @@ impl RequestBody {
     fn fail(&mut self, error: io::Error) -> Poll<Option<io::Result<Frame<Bytes>>>> {
         // the connection cannot be read on: the read side is not given back
         self.inbound = None;
-        self.state = State::Done;
+        self.reader = BodyReader::Done;
         Poll::Ready(Some(Err(error)))
     }
 }
@@ -544,7 +541,7 @@ impl RequestBody {
 impl Drop for RequestBody {
     fn drop(&mut self) {
         if let (Some(inbound), Some(slot)) = (self.inbound.take(), self.slot.as_ref()) {
-            let read = matches!(self.state, State::Done);
+            let read = self.reader.is_done();
             *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some((inbound, read));
         }
     }
@@ -564,61 +561,23 @@ impl Body for RequestBody {
         {
             return this.fail(e);
         }
-        loop {
-            let Some(inbound) = this.inbound.as_mut() else {
-                return Poll::Ready(None);
-            };
-            match &mut this.state {
-                State::Done => return Poll::Ready(None),
-                State::Length(0) => {
-                    this.state = State::Done;
-                    return Poll::Ready(None);
-                }
-                State::Length(rest) if !inbound.buf.is_empty() => {
-                    let n = usize::try_from(*rest)
-                        .unwrap_or(usize::MAX)
-                        .min(inbound.buf.len());
-                    let data = inbound.buf.split_to(n).freeze();
-                    *rest -= n as u64;
-                    if *rest == 0 {
-                        this.state = State::Done;
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                State::Length(_) => {}
-                State::Chunked(decoder) => match decoder.decode(&mut inbound.buf) {
-                    Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
-                    Ok(Decoded::End) => {
-                        this.state = State::Done;
-                        return Poll::Ready(None);
-                    }
-                    Ok(Decoded::NeedMore) => {}
-                    Err(e) => return this.fail(e),
-                },
-            }
-            match std::task::ready!(inbound.poll_fill(cx)) {
-                Ok(0) => {
-                    return this.fail(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the client closed the connection before the end of its body",
-                    ));
-                }
-                Ok(_) => {}
-                Err(e) => return this.fail(e),
-            }
+        let Some(inbound) = this.inbound.as_mut() else {
+            return Poll::Ready(None);
+        };
+        const CLOSED: &str = "the client closed the connection before the end of its body";
+        match std::task::ready!(this.reader.poll_next(inbound, cx, CLOSED)) {
+            Some(Ok((data, _))) => Poll::Ready(Some(Ok(Frame::data(data)))),
+            None => Poll::Ready(None),
+            Some(Err(e)) => this.fail(e),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.state, State::Done) || matches!(self.state, State::Length(0))
+        self.reader.is_done()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.state {
-            State::Done => SizeHint::with_exact(0),
-            State::Length(n) => SizeHint::with_exact(n),
-            State::Chunked(_) => SizeHint::default(),
-        }
+        self.reader.size_hint()
     }
 }
 

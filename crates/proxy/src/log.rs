@@ -189,18 +189,8 @@ impl RequestLog {
 ///
 /// # Errors
 /// What `out` answers.
-pub fn write_u64(out: &mut impl fmt::Write, mut n: u64) -> fmt::Result {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    buf[i..]
+pub fn write_u64(out: &mut impl fmt::Write, n: u64) -> fmt::Result {
+    crate::h1::decimal(n, &mut [0; 20])
         .iter()
         .try_for_each(|&digit| out.write_char(char::from(digit)))
 }
@@ -590,22 +580,14 @@ fn has_special_byte(word: u64) -> bool {
 /// on the stack and copied at once.
 #[inline(always)]
 fn number(out: &mut String, name: &str, value: Option<u64>) -> fmt::Result {
-    let Some(mut n) = value else {
+    let Some(n) = value else {
         return Ok(());
     };
     let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.reserve(name.len() + digits.len() - i);
+    let digits = crate::h1::decimal(n, &mut digits);
+    out.reserve(name.len() + digits.len());
     out.push_str(name);
-    for &digit in &digits[i..] {
+    for &digit in digits {
         out.push(char::from(digit));
     }
     Ok(())

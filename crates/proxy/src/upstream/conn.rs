@@ -38,7 +38,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::{BoxError, Egress, EgressConnector};
-use crate::h1::{self, Chunked, Decoded, Framing, Parsed};
+use crate::h1::{self, BodyReader, Parsed};
 
 /// How long an idle connection is kept.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -48,8 +48,7 @@ pub const MAX_IDLE_PER_ORIGIN: usize = 512;
 /// An idle connection taken after this long is probed with a system call (see the
 /// module docs); one idle for less is judged by the readiness already seen.
 pub const PROBE_AFTER: Duration = Duration::from_secs(1);
-/// A read buffer with less room than this grows by [`READ_CHUNK`] before a read.
-const MIN_READ_ROOM: usize = 1024;
+/// How much a connection's read buffer grows by when it runs out of room.
 const READ_CHUNK: usize = 16 * 1024;
 /// A pooled connection's read buffer larger than this is given back to the allocator.
 const MAX_KEPT_BUFFER: usize = 64 * 1024;
@@ -190,14 +189,9 @@ impl Upstream {
         };
         let answer = conn.read_head().await.map_err(SendError::Io)?;
         let (framing, keep_alive) = h1::framing(&head.method, &answer).map_err(SendError::Io)?;
-        let state = match framing {
-            Framing::Length(n) => State::Length(n),
-            Framing::Chunked => State::Chunked(Chunked::default()),
-            Framing::UntilClose => State::UntilClose,
-        };
         let mut response = Response::new(UpstreamBody {
             conn: Some(conn),
-            state,
+            reader: BodyReader::new(framing),
             keep_alive,
             upstream: Arc::downgrade(self),
         });
@@ -504,10 +498,7 @@ impl Conn {
 
     /// Reads into the read buffer: the number of bytes read, 0 at the end of the stream.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.read.capacity() - self.read.len() < MIN_READ_ROOM {
-            self.read.reserve(READ_CHUNK);
-        }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
+        h1::Source::poll_fill(self, cx)
     }
 
     /// Reads the answer's head, skipping interim (1xx) answers.
@@ -535,13 +526,14 @@ impl Conn {
     }
 }
 
-/// Where the reading of a response body is.
-enum State {
-    /// This many bytes to go.
-    Length(u64),
-    Chunked(Chunked),
-    /// Everything until the upstream closes.
-    UntilClose,
+impl h1::Source for Conn {
+    fn buffer(&mut self) -> &mut BytesMut {
+        &mut self.read
+    }
+
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        h1::poll_read_into(&mut self.io, &mut self.read, READ_CHUNK, cx)
+    }
 }
 
 /// The body of an upstream answer, read from its connection as it is polled. The
@@ -551,7 +543,7 @@ pub(crate) struct UpstreamBody {
     /// `None` once the body ended (or failed). Boxed once per connection, so that the
     /// body (which moves with the answer and into the client's stream) stays small.
     conn: Option<Box<Conn>>,
-    state: State,
+    reader: BodyReader,
     keep_alive: bool,
     upstream: Weak<Upstream>,
 }
@@ -592,56 +584,22 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<io::Result<Frame<Bytes>>>> {
         let this = self.get_mut();
-        loop {
-            let Some(conn) = this.conn.as_mut() else {
-                return Poll::Ready(None);
-            };
-            match &mut this.state {
-                State::Length(0) => {
+        let Some(conn) = this.conn.as_deref_mut() else {
+            return Poll::Ready(None);
+        };
+        const CLOSED: &str = "the upstream closed the connection before the end of the body";
+        match ready!(this.reader.poll_next(conn, cx, CLOSED)) {
+            Some(Ok((data, last))) => {
+                if last {
                     this.end();
-                    return Poll::Ready(None);
                 }
-                State::Length(rest) if !conn.read.is_empty() => {
-                    let n = usize::try_from(*rest)
-                        .unwrap_or(usize::MAX)
-                        .min(conn.read.len());
-                    let data = conn.read.split_to(n).freeze();
-                    *rest -= n as u64;
-                    if *rest == 0 {
-                        this.end();
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                State::Length(_) => {}
-                State::Chunked(decoder) => match decoder.decode(&mut conn.read) {
-                    Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
-                    Ok(Decoded::End) => {
-                        this.end();
-                        return Poll::Ready(None);
-                    }
-                    Ok(Decoded::NeedMore) => {}
-                    Err(e) => return this.fail(e),
-                },
-                State::UntilClose if !conn.read.is_empty() => {
-                    let data = conn.read.split().freeze();
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                State::UntilClose => {}
+                Poll::Ready(Some(Ok(Frame::data(data))))
             }
-            match ready!(conn.poll_fill(cx)) {
-                Ok(0) if matches!(this.state, State::UntilClose) => {
-                    this.conn = None;
-                    return Poll::Ready(None);
-                }
-                Ok(0) => {
-                    return this.fail(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the upstream closed the connection before the end of the body",
-                    ));
-                }
-                Ok(_) => {}
-                Err(e) => return this.fail(e),
+            None => {
+                this.end();
+                Poll::Ready(None)
             }
+            Some(Err(e)) => this.fail(e),
         }
     }
 
@@ -650,10 +608,9 @@ impl Body for UpstreamBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match (&self.state, &self.conn) {
-            (_, None) => SizeHint::with_exact(0),
-            (State::Length(n), Some(_)) => SizeHint::with_exact(*n),
-            _ => SizeHint::default(),
+        match &self.conn {
+            None => SizeHint::with_exact(0),
+            Some(_) => self.reader.size_hint(),
         }
     }
 }
