@@ -26,8 +26,12 @@
 //! is not a plain `u64` in a known member (a `-`, a fraction, an exponent, more than
 //! `u64::MAX`: serde_json computes a float then, which may overflow, a syntax error); `usage`
 //! as an array (serde_json reads a struct from a sequence); skipped values nested deeper
-//! than [`MAX_SKIPPED_DEPTH`].
+//! than [`MAX_SKIPPED_DEPTH`](crate::json_scan::MAX_SKIPPED_DEPTH).
 
+use crate::json_scan::Cursor;
+#[cfg(test)]
+use crate::json_scan::MAX_SKIPPED_DEPTH;
+pub(crate) use crate::json_scan::Stop;
 use crate::response::UsageUpdate;
 
 /// The top-level members of an answer that its check reads.
@@ -42,22 +46,6 @@ pub(crate) struct AnswerMembers {
     /// Whether `choices` is there and not `null`.
     pub(crate) has_choices: bool,
 }
-
-/// Why [`scan_answer`] stopped before the end of the body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stop {
-    /// serde_json meets a syntax or end-of-input error first.
-    Syntax,
-    /// serde_json meets a data error first: a known member twice, of the wrong type or
-    /// out of range.
-    Data,
-    /// A corner this reader leaves to serde_json.
-    Unsure,
-}
-
-/// Deepest nesting of a skipped value this reader follows (serde_json has no limit
-/// there); deeper is [`Stop::Unsure`].
-pub(crate) const MAX_SKIPPED_DEPTH: usize = 512;
 
 /// Reads the members of `body` the answer check needs, validating the whole body.
 ///
@@ -95,117 +83,8 @@ pub(crate) fn scan_answer(body: &[u8]) -> Result<AnswerMembers, Stop> {
     })
 }
 
-/// A position in the body.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
+/// The answer's own readers of a known member's value.
 impl<'a> Cursor<'a> {
-    /// The byte at the cursor.
-    fn peek(&self) -> Option<u8> {
-        self.bytes.get(self.at).copied()
-    }
-
-    /// Skips JSON whitespace; returns the byte after it.
-    fn skip_ws(&mut self) -> Option<u8> {
-        let byte = self.peek()?;
-        if byte > b' ' {
-            // Nothing to skip: the common case of compact JSON.
-            return Some(byte);
-        }
-        while let Some(&byte) = self.bytes.get(self.at) {
-            if !matches!(byte, b' ' | b'\n' | b'\r' | b'\t') {
-                return Some(byte);
-            }
-            self.at += 1;
-        }
-        None
-    }
-
-    /// Consumes `word` (`null`, `true`, `false`), which starts at the cursor.
-    fn literal(&mut self, word: &[u8]) -> Result<(), Stop> {
-        if self.bytes[self.at..].starts_with(word) {
-            self.at += word.len();
-            Ok(())
-        } else {
-            Err(Stop::Syntax)
-        }
-    }
-
-    /// Consumes the `:` after a key.
-    fn colon(&mut self) -> Result<(), Stop> {
-        if self.skip_ws() == Some(b':') {
-            self.at += 1;
-            Ok(())
-        } else {
-            Err(Stop::Syntax)
-        }
-    }
-
-    /// Reads the members of an object whose `{` was just consumed, through its `}`.
-    /// `member` is called with each key (raw, without escapes) before its colon, and
-    /// reads the colon and the value.
-    fn members(
-        &mut self,
-        mut member: impl FnMut(&mut Self, &[u8]) -> Result<(), Stop>,
-    ) -> Result<(), Stop> {
-        match self.skip_ws() {
-            Some(b'}') => {
-                self.at += 1;
-                return Ok(());
-            }
-            Some(b'"') => {}
-            _ => return Err(Stop::Syntax),
-        }
-        loop {
-            self.at += 1;
-            let key = self.plain_str()?;
-            member(self, key)?;
-            match self.skip_ws() {
-                Some(b',') => {
-                    self.at += 1;
-                    if self.skip_ws() != Some(b'"') {
-                        return Err(Stop::Syntax);
-                    }
-                }
-                Some(b'}') => {
-                    self.at += 1;
-                    return Ok(());
-                }
-                _ => return Err(Stop::Syntax),
-            }
-        }
-    }
-
-    /// A known member: a data error if seen before (serde's derive checks at the key),
-    /// else its colon and value, kept in `slot`.
-    fn member_once<T>(
-        &mut self,
-        slot: &mut Option<T>,
-        read: impl FnOnce(&mut Self) -> Result<T, Stop>,
-    ) -> Result<(), Stop> {
-        if slot.is_some() {
-            return Err(Stop::Data);
-        }
-        self.colon()?;
-        *slot = Some(read(self)?);
-        Ok(())
-    }
-
-    /// An unknown member's colon and value, skipped.
-    #[inline(always)]
-    fn skip_member_value(&mut self) -> Result<(), Stop> {
-        self.colon()?;
-        // Most values are strings: skipped here, without a call.
-        if self.skip_ws() == Some(b'"') {
-            self.at += 1;
-            self.skip_string()
-        } else {
-            self.skip_value()
-        }
-    }
-
     /// An `Option<String>` value (borrowed: escapes are left to serde_json).
     fn optional_str(&mut self) -> Result<Option<&'a [u8]>, Stop> {
         match self.skip_ws() {
@@ -288,305 +167,10 @@ impl<'a> Cursor<'a> {
             Err(stop) => stop,
         }
     }
-
-    /// A non-negative integer starting at the cursor (a digit) that fits a `u64` and has
-    /// no fraction or exponent; other numbers are [`Stop::Unsure`].
-    fn plain_u64(&mut self) -> Result<u64, Stop> {
-        let start = self.at;
-        let mut value: u64 = 0;
-        while let Some(digit @ b'0'..=b'9') = self.peek() {
-            // Cannot overflow within 19 digits; longer numbers are counted again below.
-            value = value.wrapping_mul(10).wrapping_add(u64::from(digit - b'0'));
-            self.at += 1;
-        }
-        let digits = &self.bytes[start..self.at];
-        if digits.len() > 1 && digits[0] == b'0' {
-            // A leading zero.
-            return Err(Stop::Syntax);
-        }
-        if digits.len() > 19 {
-            value = digits
-                .iter()
-                .try_fold(0u64, |value, &digit| {
-                    value.checked_mul(10)?.checked_add(u64::from(digit - b'0'))
-                })
-                .ok_or(Stop::Unsure)?;
-        }
-        match self.peek() {
-            Some(b'.' | b'e' | b'E') => Err(Stop::Unsure),
-            _ => Ok(value),
-        }
-    }
-
-    /// A string read as a `str` (its bytes returned), its opening quote consumed:
-    /// without escapes (else [`Stop::Unsure`]), control characters or invalid UTF-8.
-    #[inline(always)]
-    fn plain_str(&mut self) -> Result<&'a [u8], Stop> {
-        let start = self.at;
-        self.at = string_stop::<true>(self.bytes, start);
-        let ascii = self.peek().is_none_or(|b| b < 0x80);
-        if !ascii {
-            self.at = string_stop::<false>(self.bytes, self.at);
-        }
-        match self.peek() {
-            Some(b'"') => {
-                let text = &self.bytes[start..self.at];
-                self.at += 1;
-                if !ascii && std::str::from_utf8(text).is_err() {
-                    return Err(Stop::Syntax);
-                }
-                Ok(text)
-            }
-            Some(b'\\') => Err(Stop::Unsure),
-            _ => Err(Stop::Syntax),
-        }
-    }
-
-    /// A skipped string, its opening quote consumed (serde_json's `ignore_str`).
-    #[inline(always)]
-    fn skip_string(&mut self) -> Result<(), Stop> {
-        loop {
-            self.at = string_stop::<false>(self.bytes, self.at);
-            match self.peek() {
-                Some(b'"') => {
-                    self.at += 1;
-                    return Ok(());
-                }
-                Some(b'\\') => {
-                    self.at += 1;
-                    self.skip_escape()?;
-                }
-                _ => return Err(Stop::Syntax),
-            }
-        }
-    }
-
-    /// The rest of an escape after its backslash: one of `"\/bfnrt`, or `u` and four hex
-    /// digits (any code unit, surrogates unpaired or not).
-    #[inline(always)]
-    fn skip_escape(&mut self) -> Result<(), Stop> {
-        let length = match self.peek() {
-            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => 1,
-            Some(b'u') => match self.bytes.get(self.at + 1..self.at + 5) {
-                Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => 5,
-                _ => return Err(Stop::Syntax),
-            },
-            _ => return Err(Stop::Syntax),
-        };
-        self.at += length;
-        Ok(())
-    }
-
-    /// A skipped number (serde_json's `ignore_integer`: the JSON grammar, no value).
-    fn skip_number(&mut self) -> Result<(), Stop> {
-        if self.peek() == Some(b'-') {
-            self.at += 1;
-        }
-        match self.peek() {
-            Some(b'0') => {
-                self.at += 1;
-                if self.peek().is_some_and(|b| b.is_ascii_digit()) {
-                    return Err(Stop::Syntax);
-                }
-            }
-            Some(b'1'..=b'9') => self.skip_digits(),
-            _ => return Err(Stop::Syntax),
-        }
-        if self.peek() == Some(b'.') {
-            self.at += 1;
-            if !self.skip_digits_at_least_one() {
-                return Err(Stop::Syntax);
-            }
-        }
-        if matches!(self.peek(), Some(b'e' | b'E')) {
-            self.at += 1;
-            if matches!(self.peek(), Some(b'+' | b'-')) {
-                self.at += 1;
-            }
-            if !self.skip_digits_at_least_one() {
-                return Err(Stop::Syntax);
-            }
-        }
-        Ok(())
-    }
-
-    /// Skips `[0-9]*`.
-    fn skip_digits(&mut self) {
-        while self.peek().is_some_and(|b| b.is_ascii_digit()) {
-            self.at += 1;
-        }
-    }
-
-    /// Skips `[0-9]*`; whether there was a digit.
-    fn skip_digits_at_least_one(&mut self) -> bool {
-        let start = self.at;
-        self.skip_digits();
-        self.at > start
-    }
-
-    /// A skipped object key and its colon (serde_json's `ignore_value` inside an object).
-    fn skip_key(&mut self) -> Result<(), Stop> {
-        if self.skip_ws() != Some(b'"') {
-            return Err(Stop::Syntax);
-        }
-        self.at += 1;
-        self.skip_string()?;
-        self.colon()
-    }
-
-    /// A skipped value of any kind (serde_json's `ignore_value`).
-    fn skip_value(&mut self) -> Result<(), Stop> {
-        match self.skip_ws() {
-            Some(b'"') => {
-                self.at += 1;
-                self.skip_string()
-            }
-            Some(b'[' | b'{') => self.skip_container(),
-            _ => self.skip_scalar(),
-        }
-    }
-
-    /// A skipped number or literal at the cursor.
-    fn skip_scalar(&mut self) -> Result<(), Stop> {
-        match self.peek() {
-            Some(b'-' | b'0'..=b'9') => self.skip_number(),
-            Some(b'n') => self.literal(b"null"),
-            Some(b't') => self.literal(b"true"),
-            Some(b'f') => self.literal(b"false"),
-            _ => Err(Stop::Syntax),
-        }
-    }
-
-    /// A skipped array or object at the cursor, without recursion.
-    fn skip_container(&mut self) -> Result<(), Stop> {
-        let mut open = OpenContainers::default();
-        loop {
-            // A value starts here.
-            match self.skip_ws() {
-                Some(b'"') => {
-                    self.at += 1;
-                    self.skip_string()?;
-                }
-                Some(b'[') => {
-                    self.at += 1;
-                    if self.skip_ws() == Some(b']') {
-                        self.at += 1;
-                    } else {
-                        open.push(false)?;
-                        continue;
-                    }
-                }
-                Some(b'{') => {
-                    self.at += 1;
-                    if self.skip_ws() == Some(b'}') {
-                        self.at += 1;
-                    } else {
-                        open.push(true)?;
-                        self.skip_key()?;
-                        continue;
-                    }
-                }
-                _ => self.skip_scalar()?,
-            }
-            // A value ended: close the containers it ends, then go on to the next element.
-            loop {
-                let Some(in_object) = open.innermost() else {
-                    return Ok(());
-                };
-                match self.skip_ws() {
-                    Some(b',') => {
-                        self.at += 1;
-                        if in_object {
-                            self.skip_key()?;
-                        }
-                        break;
-                    }
-                    Some(b'}') if in_object => open.pop(),
-                    Some(b']') if !in_object => open.pop(),
-                    _ => return Err(Stop::Syntax),
-                }
-                self.at += 1;
-            }
-        }
-    }
-}
-
-/// The arrays and objects a skipped value is inside, innermost last: one bit each (set
-/// for an object), up to [`MAX_SKIPPED_DEPTH`].
-#[derive(Default)]
-struct OpenContainers {
-    bits: [u64; MAX_SKIPPED_DEPTH / 64],
-    depth: usize,
-}
-
-impl OpenContainers {
-    /// Opens an object (`object`) or an array; [`Stop::Unsure`] past
-    /// [`MAX_SKIPPED_DEPTH`].
-    fn push(&mut self, object: bool) -> Result<(), Stop> {
-        let Some(word) = self.bits.get_mut(self.depth / 64) else {
-            return Err(Stop::Unsure);
-        };
-        let bit = 1u64 << (self.depth % 64);
-        if object {
-            *word |= bit;
-        } else {
-            *word &= !bit;
-        }
-        self.depth += 1;
-        Ok(())
-    }
-
-    /// Closes the innermost container.
-    fn pop(&mut self) {
-        self.depth -= 1;
-    }
-
-    /// Whether the innermost open container is an object; `None` when none is open.
-    fn innermost(&self) -> Option<bool> {
-        let top = self.depth.checked_sub(1)?;
-        Some(self.bits[top / 64] >> (top % 64) & 1 == 1)
-    }
-}
-
-/// The index of the first `"`, `\` or control character (U+0000 to U+001F) at or after
-/// `from`, or `bytes.len()`: the end of a run of plain string bytes; with `ASCII_ONLY`,
-/// of plain ASCII bytes. Eight bytes at a time (Mycroft's zero-byte test, as
-/// serde_json's `skip_to_escape`).
-#[inline(always)]
-fn string_stop<const ASCII_ONLY: bool>(bytes: &[u8], from: usize) -> usize {
-    const ONES: u64 = u64::MAX / 255;
-    const HIGH_BITS: u64 = ONES << 7;
-    let mut at = from;
-    let chunks_end = bytes.len().saturating_sub(7);
-    while at < chunks_end {
-        let mut chunk = [0; 8];
-        chunk.copy_from_slice(&bytes[at..at + 8]);
-        let word = u64::from_le_bytes(chunk);
-        let control = word.wrapping_sub(ONES * 0x20) & !word;
-        let quote = word ^ (ONES * u64::from(b'"'));
-        let quote = quote.wrapping_sub(ONES) & !quote;
-        let backslash = word ^ (ONES * u64::from(b'\\'));
-        let backslash = backslash.wrapping_sub(ONES) & !backslash;
-        let non_ascii = if ASCII_ONLY { word } else { 0 };
-        let found = (control | quote | backslash | non_ascii) & HIGH_BITS;
-        if found != 0 {
-            // The lowest flagged byte is exact (a false positive needs a borrow from a
-            // real match below it).
-            return at + found.trailing_zeros() as usize / 8;
-        }
-        at += 8;
-    }
-    while let Some(&byte) = bytes.get(at) {
-        if byte == b'"' || byte == b'\\' || byte < 0x20 || (ASCII_ONLY && byte >= 0x80) {
-            return at;
-        }
-        at += 1;
-    }
-    at
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::Endpoint;
     use crate::response::{
@@ -918,12 +502,12 @@ mod tests {
     const ALPHABET: &[u8] =
         b"{}[]\":,.-+0123456789eE \n\t\rtrueflsnabcdpgimo_\\/u\x00\x1f\x7f\xc3\xa9\xff\xed";
 
-    fn jsonish_byte() -> impl Strategy<Value = u8> {
+    pub(crate) fn jsonish_byte() -> impl Strategy<Value = u8> {
         prop_oneof![9 => prop::sample::select(ALPHABET), 1 => any::<u8>()]
     }
 
     /// Pieces of JSON text, so that random sequences often reach deep states.
-    const TOKENS: &[&str] = &[
+    pub(crate) const TOKENS: &[&str] = &[
         "{",
         "}",
         "[",
@@ -956,7 +540,7 @@ mod tests {
     ];
 
     #[derive(Debug, Clone)]
-    enum Mutation {
+    pub(crate) enum Mutation {
         Insert(prop::sample::Index, u8),
         Delete(prop::sample::Index),
         Replace(prop::sample::Index, u8),
@@ -973,7 +557,7 @@ mod tests {
         Bracket(prop::sample::Index, u8),
     }
 
-    fn mutation() -> impl Strategy<Value = Mutation> {
+    pub(crate) fn mutation() -> impl Strategy<Value = Mutation> {
         let index = any::<prop::sample::Index>;
         prop_oneof![
             (index(), jsonish_byte()).prop_map(|(i, b)| Mutation::Insert(i, b)),
@@ -988,7 +572,7 @@ mod tests {
         ]
     }
 
-    fn mutate(body: &mut Vec<u8>, mutation: &Mutation) {
+    pub(crate) fn mutate(body: &mut Vec<u8>, mutation: &Mutation) {
         let len = body.len();
         match mutation {
             Mutation::Insert(at, byte) => body.insert(at.index(len + 1), *byte),
@@ -1065,7 +649,7 @@ mod tests {
     /// A JSON-ish value, written by hand so that it can hold what `serde_json::Value`
     /// cannot: duplicate keys, escapes in keys, numbers of every shape, invalid bytes.
     #[derive(Debug, Clone)]
-    enum Json {
+    pub(crate) enum Json {
         /// A scalar token as written: a number, a literal or a quoted string.
         Token(Vec<u8>),
         Array(Vec<Json>),
@@ -1080,7 +664,7 @@ mod tests {
     }
 
     impl Json {
-        fn write(&self, ws: &[u8], out: &mut Vec<u8>) {
+        pub(crate) fn write(&self, ws: &[u8], out: &mut Vec<u8>) {
             match self {
                 Json::Token(token) => out.extend_from_slice(token),
                 Json::Array(items) => {
@@ -1135,7 +719,7 @@ mod tests {
 
     /// Numbers of every shape: plain, at the edges of `u64`, negative, fractional,
     /// with exponents, overflowing `f64`, malformed.
-    fn number() -> impl Strategy<Value = Vec<u8>> {
+    pub(crate) fn number() -> impl Strategy<Value = Vec<u8>> {
         const EDGES: &[&str] = &[
             "0",
             "-0",
@@ -1174,7 +758,7 @@ mod tests {
 
     /// A quoted string made of plain text, escapes (valid or not), raw control
     /// characters and invalid UTF-8.
-    fn string_token() -> impl Strategy<Value = Vec<u8>> {
+    pub(crate) fn string_token() -> impl Strategy<Value = Vec<u8>> {
         const ESCAPES: &[&str] = &[
             "\\n",
             "\\\"",
@@ -1226,7 +810,7 @@ mod tests {
         ]
     }
 
-    fn literal() -> impl Strategy<Value = Vec<u8>> {
+    pub(crate) fn literal() -> impl Strategy<Value = Vec<u8>> {
         prop_oneof![
             9 => prop::sample::select(&["null", "true", "false"][..]),
             1 => prop::sample::select(&["nul", "tru", "nulll", "fals"][..]),
@@ -1236,7 +820,7 @@ mod tests {
 
     /// Keys: mostly the ones the check reads (so that duplicates are common), some
     /// escaped, some anything.
-    fn key() -> impl Strategy<Value = Vec<u8>> {
+    pub(crate) fn key() -> impl Strategy<Value = Vec<u8>> {
         const KNOWN: &[&str] = &[
             "\"type\"",
             "\"usage\"",
@@ -1270,7 +854,7 @@ mod tests {
         .prop_map(Json::Token)
     }
 
-    fn value() -> impl Strategy<Value = Json> {
+    pub(crate) fn value() -> impl Strategy<Value = Json> {
         leaf().prop_recursive(4, 48, 6, |inner| {
             prop_oneof![
                 3 => prop::collection::vec(inner.clone(), 0..5).prop_map(Json::Array),
@@ -1291,7 +875,7 @@ mod tests {
 
     /// A whole body: a top-level object (or, rarely, another value), with whitespace of
     /// some style, sometimes followed by something.
-    fn structured_body() -> impl Strategy<Value = Vec<u8>> {
+    pub(crate) fn structured_body() -> impl Strategy<Value = Vec<u8>> {
         let top = prop_oneof![
             12 => prop::collection::vec((key(), value()), 0..7).prop_map(Json::Object),
             1 => value(),

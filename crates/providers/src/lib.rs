@@ -50,6 +50,8 @@
 //! - [`request_body`]: [`inspect_request`] and the splicing [`override_model`].
 //! - [`response`]: rate limits, usage (JSON bodies and SSE frames), upstream errors.
 //! - `answer_scan`: the allocation-free reader behind [`check_answer_body`].
+//! - `request_scan`: the single-pass reader behind [`inspect_request`].
+//! - `json_scan`: the JSON reading both share, giving serde_json's verdicts.
 //! - [`stream_start`]: [`is_valid_first_frame`] and the [`CommitGate`] of SPEC 3.8.
 //! - [`sanitise`]: keypool's Anthropic-shaped error bodies and the 429/402 pass-through.
 //! - [`openai`]: the Chat Completions ↔ Messages translation, `x-ratelimit-*` headers.
@@ -60,8 +62,10 @@
 mod answer_scan;
 pub mod anthropic;
 pub mod error;
+mod json_scan;
 pub mod openai;
 pub mod request_body;
+mod request_scan;
 pub mod response;
 pub mod sanitise;
 pub mod stream_start;

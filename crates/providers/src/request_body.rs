@@ -52,12 +52,22 @@ struct Probe {
 /// request body, checking that it is a JSON object with a string `model` (SPEC 3.4).
 /// Other fields are skipped, not built.
 ///
+/// Done for every request, on bodies of up to hundreds of KB: the body is read by a
+/// single-pass scanner (the private `request_scan` module), which gives what serde_json
+/// gives and leaves every error and its rare corners to serde_json.
+///
 /// # Errors
 /// [`ProvidersError::InvalidJson`], [`ProvidersError::BodyNotObject`],
 /// [`ProvidersError::MissingModel`], [`ProvidersError::ModelNotString`] or
 /// [`ProvidersError::StreamNotBoolean`]: all answered
 /// `400 invalid_request_error` by the proxy, with no upstream call.
 pub fn inspect_request(body: &[u8]) -> Result<RequestInfo, ProvidersError> {
+    crate::request_scan::scan_request(body).or_else(|_| inspect_request_serde(body))
+}
+
+/// [`inspect_request`] through serde_json alone: the fallback of the scanner for errors
+/// and the corners it leaves, and its reference in tests.
+pub(crate) fn inspect_request_serde(body: &[u8]) -> Result<RequestInfo, ProvidersError> {
     let invalid = |err: serde_json::Error| ProvidersError::InvalidJson {
         reason: json_error_reason(&err),
     };
