@@ -11,15 +11,7 @@ use serde::Deserialize;
 /// A Messages answer as Anthropic writes it (341 bytes).
 const MESSAGE: &[u8] = br#"{"id":"msg_01XFDUDYJgAACzvnptvVo","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Hi! How can I help?"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":2095,"cache_creation_input_tokens":0,"cache_read_input_tokens":18240,"output_tokens":503,"service_tier":"standard"}}"#;
 
-/// A Messages answer with about `text_bytes` of text (with escapes) and a tool call.
-fn big_message(text_bytes: usize) -> Vec<u8> {
-    let line = "The quick brown fox said \\\"hi\\\" \\u00e9 and jumped over the lazy dog.\\n";
-    let text = line.repeat(text_bytes / line.len() + 1);
-    format!(
-        r#"{{"id":"msg_01XFDUDYJgAACzvnptvVoYEL","type":"message","role":"assistant","model":"claude-sonnet-4-5-20250929","content":[{{"type":"text","text":"{text}"}},{{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{{"location":"Paris","days":[1,2,3],"units":null}}}}],"stop_reason":"tool_use","stop_sequence":null,"usage":{{"input_tokens":2095,"cache_creation_input_tokens":0,"cache_read_input_tokens":18240,"output_tokens":503,"service_tier":"standard"}}}}"#
-    )
-    .into_bytes()
-}
+include!("support/big_message.rs");
 
 /// The answer struct the check deserialised into before the scanner.
 #[derive(Deserialize)]
