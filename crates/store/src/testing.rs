@@ -63,17 +63,24 @@ impl RedisServer {
     }
 
     fn start_as(durable: bool) -> Result<Self, String> {
-        let port = free_port().map_err(|e| format!("no free port: {e}"))?;
-        let dir = TempDir::new("redis")?;
-        let child = spawn(port, dir.path(), durable)?;
-        let mut server = Self {
-            child: Some(child),
-            port,
-            dir,
-            durable,
-        };
-        server.wait_ready()?;
-        Ok(server)
+        let free = || free_port().map_err(|e| format!("no free port: {e}"));
+        Self::start_on(free, durable)
+    }
+
+    /// Starts a server on a port from `port`, trying the next one when it cannot start.
+    fn start_on(port: impl FnMut() -> Result<u16, String>, durable: bool) -> Result<Self, String> {
+        on_a_free_port(port, |port| {
+            let dir = TempDir::new("redis")?;
+            let child = spawn(port, dir.path(), durable)?;
+            let mut server = Self {
+                child: Some(child),
+                port,
+                dir,
+                durable,
+            };
+            server.wait_ready()?;
+            Ok(server)
+        })
     }
 
     /// `redis://127.0.0.1:<port>/`.
@@ -598,6 +605,24 @@ fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Starts a server with `start` on a port from `port`, again on another port (at most
+/// five tries) when it fails to start: between finding a free port and the server
+/// binding it, a test running in parallel may take it (a listener, or the local end of
+/// an outgoing connection).
+fn on_a_free_port<T>(
+    mut port: impl FnMut() -> Result<u16, String>,
+    mut start: impl FnMut(u16) -> Result<T, String>,
+) -> Result<T, String> {
+    let mut last = String::new();
+    for _ in 0..5 {
+        match start(port()?) {
+            Ok(server) => return Ok(server),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 /// A folder under the system temp dir, removed when dropped.
 #[derive(Debug)]
 pub struct TempDir(PathBuf);
@@ -626,5 +651,36 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port taken between the free-port probe and the server's bind (by a listener
+    /// here; in a parallel test run, by anything) costs a retry on another port, not
+    /// the test.
+    #[test]
+    fn a_server_whose_port_was_taken_starts_on_another() {
+        let taken = TcpListener::bind("127.0.0.1:0").expect("a listener");
+        let taken_port = taken.local_addr().expect("its address").port();
+        let mut ports = vec![taken_port];
+        let next = || match ports.pop() {
+            Some(port) => Ok(port),
+            None => free_port().map_err(|e| e.to_string()),
+        };
+        let Some(server) =
+            skip_unless_ci("retry", "redis-server", RedisServer::start_on(next, false))
+        else {
+            return;
+        };
+        assert_ne!(server.port(), taken_port);
+        assert!(
+            server
+                .command("PING")
+                .expect("an answer")
+                .starts_with("+PONG")
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{TempDir, inline_command, skip_unless_ci};
+use super::{TempDir, inline_command, on_a_free_port, skip_unless_ci};
 
 /// How long a topology may take to come up (a fresh cluster agrees within a second or
 /// two; a sentinel sees its primary at once).
@@ -69,23 +69,6 @@ fn until(what: &str, mut ready: impl FnMut() -> Result<bool, String>) -> Result<
         std::thread::sleep(Duration::from_millis(50));
     }
     Err(format!("{what}: not within {START_WITHIN:?}"))
-}
-
-/// Starts a node with `start` on a port from `port`, again on another port (at most
-/// five tries) when it fails to start: between finding a free port and the server
-/// binding it, a test running in parallel may take it.
-fn on_a_free_port(
-    mut port: impl FnMut() -> Result<u16, String>,
-    mut start: impl FnMut(u16) -> Result<Node, String>,
-) -> Result<Node, String> {
-    let mut last = String::new();
-    for _ in 0..5 {
-        match start(port()?) {
-            Ok(node) => return Ok(node),
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
 }
 
 /// A port whose cluster bus port (port + 10000) is free too.
