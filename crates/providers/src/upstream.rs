@@ -213,11 +213,10 @@ pub fn build_upstream_head(
     )?;
 
     let mut headers = HeaderMap::with_capacity(FORWARDED_HEADERS.len() + 2);
-    for name in &FORWARDED_HEADERS {
-        for value in client_headers.get_all(name) {
-            if !contains_lb_key(value) {
-                headers.append(name.clone(), value.clone());
-            }
+    // one pass over the client's few headers rather than a lookup per forwarded name
+    for (name, value) in client_headers {
+        if FORWARDED_HEADERS.contains(name) && !contains_lb_key(value) {
+            headers.append(name.clone(), value.clone());
         }
     }
     if !account.provider.speaks_messages() {

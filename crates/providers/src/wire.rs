@@ -63,10 +63,13 @@ pub fn upstream_request_id(
     provider: keypool_core::Provider,
     headers: &http::HeaderMap,
 ) -> Option<&str> {
+    // as `HeaderName`s: a lookup by `&str` would parse the name on every answer
+    static REQUEST_ID: http::HeaderName = http::HeaderName::from_static("request-id");
+    static X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
     let name = if provider.speaks_messages() {
-        "request-id"
+        &REQUEST_ID
     } else {
-        "x-request-id"
+        &X_REQUEST_ID
     };
     headers.get(name).and_then(|v| v.to_str().ok())
 }

@@ -13,7 +13,7 @@
 //! failover walker asks the planner to try the bound account first
 //! (`PlanInput::with_prefer`) and re-binds the session to whichever account served.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use serde::Deserialize;
 
 /// The Claude Code session header.
@@ -37,7 +37,12 @@ pub fn session_id_with(headers: &HeaderMap, user_id: Option<&str>) -> Option<Str
 }
 
 fn session_id_of(headers: &HeaderMap, user_id: impl FnOnce() -> Option<String>) -> Option<String> {
-    for name in [CLAUDE_CODE_SESSION_HEADER, SESSION_HEADER] {
+    // as `HeaderName`s: a lookup by `&str` would parse the name on every request
+    static NAMES: [HeaderName; 2] = [
+        HeaderName::from_static(CLAUDE_CODE_SESSION_HEADER),
+        HeaderName::from_static(SESSION_HEADER),
+    ];
+    for name in &NAMES {
         if let Some(id) = headers
             .get(name)
             .and_then(|v| v.to_str().ok())

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use http::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use http::request::Parts;
-use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use keypool_providers::{Endpoint, inspect_request};
@@ -515,7 +515,8 @@ fn chosen_route(
     route: keypool_store::resolve::Route,
     presented: Option<&str>,
 ) -> Result<keypool_store::resolve::Route, Reject> {
-    let Some(value) = parts.headers.get(X_KEYPOOL_ROUTE) else {
+    static NAME: HeaderName = HeaderName::from_static(X_KEYPOOL_ROUTE);
+    let Some(value) = parts.headers.get(&NAME) else {
         return Ok(route);
     };
     let refused = || {
