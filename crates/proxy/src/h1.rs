@@ -33,21 +33,30 @@ pub(crate) fn invalid(what: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
 }
 
-/// The `Host` header of `uri`: the host, with the port when it is not the scheme's
-/// default (what an HTTP/1.1 client sends when the caller set none).
-fn host_of(uri: &Uri) -> Option<(&str, Option<u16>)> {
-    let host = uri.host()?;
+/// The `Host` header value of `uri`: the host, with the port when it is not the
+/// scheme's default (what an HTTP/1.1 client sends when the caller set none). An
+/// upstream connection computes it once, when it is made ([`write_head`] is given it).
+pub(crate) fn host_header(uri: &Uri) -> Box<[u8]> {
+    let Some(host) = uri.host() else {
+        return Box::default();
+    };
     let default = match uri.scheme_str() {
         Some("https") => 443,
         _ => 80,
     };
-    Some((host, uri.port_u16().filter(|&p| p != default)))
+    let mut out = host.as_bytes().to_vec();
+    if let Some(port) = uri.port_u16().filter(|&p| p != default) {
+        out.push(b':');
+        write_decimal(&mut out, u64::from(port));
+    }
+    out.into_boxed_slice()
 }
 
 /// Writes the request head of `method` to `uri` with `headers` and a body of
 /// `content_length` bytes into `out` (cleared first): the request line in origin
-/// form, `host` (unless `headers` has one), every header of `headers` (names as
-/// `http` keeps them, lower case), `content-length`, and the blank line.
+/// form, `host` (the connection's [`host_header`], unless `headers` has one or it is
+/// empty), every header of `headers` (names as `http` keeps them, lower case),
+/// `content-length`, and the blank line.
 ///
 /// `headers` must not carry framing of its own (`content-length`,
 /// `transfer-encoding`, `connection`): the body's length is this function's to say,
@@ -56,6 +65,7 @@ pub(crate) fn write_head(
     out: &mut Vec<u8>,
     method: &Method,
     uri: &Uri,
+    host: &[u8],
     headers: &HeaderMap,
     content_length: usize,
 ) {
@@ -67,15 +77,9 @@ pub(crate) fn write_head(
         _ => out.push(b'/'),
     }
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    if !headers.contains_key(HOST)
-        && let Some((host, port)) = host_of(uri)
-    {
+    if !host.is_empty() && !headers.contains_key(HOST) {
         out.extend_from_slice(b"host: ");
-        out.extend_from_slice(host.as_bytes());
-        if let Some(port) = port {
-            out.push(b':');
-            write_decimal(out, u64::from(port));
-        }
+        out.extend_from_slice(host);
         out.extend_from_slice(b"\r\n");
     }
     for (name, value) in headers {
@@ -109,6 +113,136 @@ pub(crate) fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
         }
     }
     &digits[i..]
+}
+
+/// Header names that Anthropic's SDKs, Claude Code and the Anthropic API send on
+/// every exchange, in lower case and by length. [`header_name`] looks a line's name up
+/// here before `HeaderName::from_bytes`, which would lower-case it into a new
+/// allocation (a name that is not one of `http`'s standard headers) and search
+/// `http`'s standard table.
+macro_rules! known_names {
+    ($($name:literal,)*) => {
+        const KNOWN_STRS: &[&str] = &[$($name),*];
+        static KNOWN_NAMES: [HeaderName; KNOWN_STRS.len()] = [$(HeaderName::from_static($name)),*];
+    };
+}
+
+known_names! {
+    "date",
+    "host",
+    "x-app",
+    "accept",
+    "x-api-key",
+    "connection",
+    "request-id",
+    "user-agent",
+    "retry-after",
+    "content-type",
+    "authorization",
+    "anthropic-beta",
+    "content-length",
+    "x-should-retry",
+    "x-stainless-os",
+    "accept-encoding",
+    "x-stainless-arch",
+    "x-stainless-lang",
+    "anthropic-version",
+    "transfer-encoding",
+    "x-stainless-runtime",
+    "x-stainless-timeout",
+    "x-stainless-retry-count",
+    "anthropic-organization-id",
+    "x-stainless-package-version",
+    "x-stainless-runtime-version",
+    "anthropic-ratelimit-tokens-limit",
+    "anthropic-ratelimit-tokens-reset",
+    "anthropic-ratelimit-requests-limit",
+    "anthropic-ratelimit-requests-reset",
+    "anthropic-ratelimit-tokens-remaining",
+    "anthropic-ratelimit-requests-remaining",
+    "anthropic-dangerous-direct-browser-access",
+}
+
+/// Longest name in [`KNOWN_STRS`], plus one.
+const KNOWN_LEN_LIMIT: usize = 48;
+
+/// For each name length, the range of [`KNOWN_STRS`] with that length (the list is
+/// sorted by length: a list out of order does not compile).
+const KNOWN_BY_LEN: [(u8, u8); KNOWN_LEN_LIMIT] = {
+    let mut by_len = [(0u8, 0u8); KNOWN_LEN_LIMIT];
+    let mut i = 0;
+    while i < KNOWN_STRS.len() {
+        let len = KNOWN_STRS[i].len();
+        assert!(len < KNOWN_LEN_LIMIT, "a known header name is too long");
+        assert!(
+            i == 0 || KNOWN_STRS[i - 1].len() <= len,
+            "known header names must be sorted by length"
+        );
+        if by_len[len].1 == 0 {
+            by_len[len].0 = i as u8;
+        }
+        by_len[len].1 = i as u8 + 1;
+        i += 1;
+    }
+    by_len
+};
+
+/// The header name of a line's `bytes` (any case): one of [`KNOWN_NAMES`] without
+/// allocating or lower-casing, else what `HeaderName::from_bytes` makes of it.
+pub(crate) fn header_name(bytes: &[u8]) -> Result<HeaderName, http::header::InvalidHeaderName> {
+    if let Some(&(start, end)) = KNOWN_BY_LEN.get(bytes.len()) {
+        for i in usize::from(start)..usize::from(end) {
+            if lower_case_is(KNOWN_STRS[i].as_bytes(), bytes) {
+                return Ok(KNOWN_NAMES[i].clone());
+            }
+        }
+    }
+    other_header_name(bytes)
+}
+
+/// Kept out of [`header_name`]: inlined, `from_bytes`'s frame set-up is paid on
+/// every known name too.
+#[cold]
+#[inline(never)]
+fn other_header_name(bytes: &[u8]) -> Result<HeaderName, http::header::InvalidHeaderName> {
+    HeaderName::from_bytes(bytes)
+}
+
+/// Whether `bytes`, ASCII upper case made lower, is `lower` (of the same length).
+/// Eight bytes at a time, the last eight overlapping the word before when the length
+/// is not a multiple of eight: byte-wise `eq_ignore_ascii_case` costs several times
+/// more on the few header names of every request.
+fn lower_case_is(lower: &[u8], bytes: &[u8]) -> bool {
+    debug_assert_eq!(lower.len(), bytes.len());
+    let len = lower.len().min(bytes.len());
+    if len < 8 {
+        return lower
+            .iter()
+            .zip(bytes)
+            .all(|(k, g)| *k == g.to_ascii_lowercase());
+    }
+    let word =
+        |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
+    let same = |at: usize| lower_case_8(word(bytes, at)) == word(lower, at);
+    let mut at = 0;
+    while at + 8 <= len {
+        if !same(at) {
+            return false;
+        }
+        at += 8;
+    }
+    at == len || same(len - 8)
+}
+
+/// The eight bytes of `x` with ASCII `A`-`Z` made `a`-`z` (every other byte kept).
+fn lower_case_8(x: u64) -> u64 {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    let low7 = x & (0x7f * ONES);
+    // the high bit of each byte: low7 >= 'A', low7 > 'Z' (no carry leaves a byte)
+    let from_a = low7 + u64::from(0x80 - b'A') * ONES;
+    let past_z = low7 + u64::from(0x7f - b'Z') * ONES;
+    let upper = from_a & !past_z & !x & (0x80 * ONES);
+    x | (upper >> 2)
 }
 
 /// A response head, parsed.
@@ -187,7 +321,7 @@ pub(crate) fn parse_head(buf: &mut BytesMut, spans: &mut Vec<Span>) -> io::Resul
     let head = buf.split_to(len).freeze();
     let mut headers = HeaderMap::with_capacity(spans.len());
     for span in spans.iter() {
-        let name = HeaderName::from_bytes(&head[span.name.0..span.name.1])
+        let name = header_name(&head[span.name.0..span.name.1])
             .map_err(|_| invalid("the upstream sent an invalid header name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(span.value.0..span.value.1))
             .map_err(|_| invalid("the upstream sent an invalid header value"))?;
@@ -429,7 +563,7 @@ pub(crate) fn parse_request(
     let mut length: Option<u64> = None;
     let mut chunked = None;
     for span in spans.iter() {
-        let name = HeaderName::from_bytes(&head[span.name.0..span.name.1])
+        let name = header_name(&head[span.name.0..span.name.1])
             .map_err(|_| RequestError::Bad("header name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(span.value.0..span.value.1))
             .map_err(|_| RequestError::Bad("header value"))?;
@@ -871,17 +1005,42 @@ mod tests {
         headers.insert(CONTENT_LENGTH, HeaderValue::from_static("999"));
         headers.insert(CONNECTION, HeaderValue::from_static("close"));
         let mut out = b"stale".to_vec();
-        write_head(&mut out, &Method::POST, &uri, &headers, 42);
+        write_head(
+            &mut out,
+            &Method::POST,
+            &uri,
+            &host_header(&uri),
+            &headers,
+            42,
+        );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "POST /v1/messages?beta=true HTTP/1.1\r\nhost: 127.0.0.1:9000\r\nx-api-key: sk-ant-x\r\ncontent-length: 42\r\n\r\n"
         );
         let mut out = Vec::new();
         let https: Uri = "https://api.anthropic.com:443/v1/messages".parse().unwrap();
-        write_head(&mut out, &Method::POST, &https, &HeaderMap::new(), 0);
+        write_head(
+            &mut out,
+            &Method::POST,
+            &https,
+            &host_header(&https),
+            &HeaderMap::new(),
+            0,
+        );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "POST /v1/messages HTTP/1.1\r\nhost: api.anthropic.com\r\ncontent-length: 0\r\n\r\n"
+        );
+        // a caller's own host wins; an IPv6 host keeps its brackets
+        let v6: Uri = "http://[::1]:8080/v1/messages".parse().unwrap();
+        assert_eq!(&*host_header(&v6), b"[::1]:8080");
+        let mut own = HeaderMap::new();
+        own.insert(HOST, HeaderValue::from_static("example.test"));
+        let mut out = Vec::new();
+        write_head(&mut out, &Method::POST, &v6, &host_header(&v6), &own, 0);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /v1/messages HTTP/1.1\r\nhost: example.test\r\ncontent-length: 0\r\n\r\n"
         );
     }
 
@@ -1201,6 +1360,64 @@ mod tests {
         }
         out.extend_from_slice(b"0\r\n\r\n");
         out
+    }
+
+    #[test]
+    fn a_known_header_name_is_the_one_http_makes_in_any_case() {
+        assert_eq!(KNOWN_STRS.len(), KNOWN_NAMES.len());
+        for (known, name) in KNOWN_STRS.iter().zip(&KNOWN_NAMES) {
+            assert_eq!(name, &HeaderName::from_bytes(known.as_bytes()).unwrap());
+            let upper = known.to_ascii_uppercase();
+            assert_eq!(header_name(upper.as_bytes()).unwrap(), *name);
+            assert_eq!(header_name(known.as_bytes()).unwrap(), *name);
+        }
+        assert_eq!(header_name(b"X-Custom").unwrap(), "x-custom");
+        assert!(header_name(b"x api key").is_err());
+        assert!(header_name(b"").is_err());
+    }
+
+    proptest! {
+        /// The eight-byte lower-casing is `to_ascii_lowercase` on every byte.
+        #[test]
+        fn lower_case_8_is_ascii_lowercase(x in any::<u64>()) {
+            let bytes = x.to_le_bytes().map(|b| b.to_ascii_lowercase());
+            prop_assert_eq!(lower_case_8(x), u64::from_le_bytes(bytes));
+        }
+
+        /// `lower_case_is` is `eq_ignore_ascii_case` against a lower-case string.
+        #[test]
+        fn lower_case_is_agrees_with_std(
+            lower in "[a-z0-9-]{0,40}",
+            flips in proptest::collection::vec(any::<u8>(), 0..40),
+        ) {
+            let given: Vec<u8> = lower.bytes().zip(flips.iter().chain(std::iter::repeat(&0)))
+                .map(|(b, &f)| match f % 4 { 0 => b, 1 => b.to_ascii_uppercase(), _ => f })
+                .collect();
+            prop_assert_eq!(
+                lower_case_is(lower.as_bytes(), &given),
+                lower.as_bytes().eq_ignore_ascii_case(&given)
+            );
+        }
+
+        /// The known-name shortcut agrees with `http` on every name, valid or not,
+        /// known or not, in any case.
+        #[test]
+        fn header_name_agrees_with_http(
+            pick in 0..KNOWN_STRS.len() * 2,
+            flips in proptest::collection::vec(any::<bool>(), 0..48),
+            junk in proptest::collection::vec(any::<u8>(), 0..40),
+        ) {
+            let bytes: Vec<u8> = if pick < KNOWN_STRS.len() {
+                KNOWN_STRS[pick].bytes().zip(flips.iter().chain(std::iter::repeat(&false)))
+                    .map(|(b, &up)| if up { b.to_ascii_uppercase() } else { b })
+                    .collect()
+            } else {
+                junk
+            };
+            let ours = header_name(&bytes).ok();
+            let http = HeaderName::from_bytes(&bytes).ok();
+            prop_assert_eq!(ours, http);
+        }
     }
 
     proptest! {

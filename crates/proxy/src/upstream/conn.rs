@@ -244,6 +244,7 @@ impl Upstream {
             spans: Vec::new(),
             tls,
             authority: authority.into(),
+            host: h1::host_header(uri),
         }))
     }
 
@@ -437,6 +438,9 @@ pub(crate) struct Conn {
     spans: Vec<h1::Span>,
     tls: bool,
     authority: Box<str>,
+    /// The `host` header of every request on this connection (its origin's, computed
+    /// once: the pool keys connections by origin).
+    host: Box<[u8]>,
 }
 
 impl Conn {
@@ -476,6 +480,7 @@ impl Conn {
             &mut self.write,
             &head.method,
             &head.uri,
+            &self.host,
             &head.headers,
             body.len(),
         );
