@@ -164,7 +164,17 @@ known_names! {
 }
 
 /// Longest name in [`KNOWN_STRS`], plus one.
-const KNOWN_LEN_LIMIT: usize = 48;
+const KNOWN_LEN_LIMIT: usize = {
+    let mut longest = 0;
+    let mut i = 0;
+    while i < KNOWN_STRS.len() {
+        if KNOWN_STRS[i].len() > longest {
+            longest = KNOWN_STRS[i].len();
+        }
+        i += 1;
+    }
+    longest + 1
+};
 
 /// For each name length, the range of [`KNOWN_STRS`] with that length (the list is
 /// sorted by length: a list out of order does not compile).
@@ -173,7 +183,6 @@ const KNOWN_BY_LEN: [(u8, u8); KNOWN_LEN_LIMIT] = {
     let mut i = 0;
     while i < KNOWN_STRS.len() {
         let len = KNOWN_STRS[i].len();
-        assert!(len < KNOWN_LEN_LIMIT, "a known header name is too long");
         assert!(
             i == 0 || KNOWN_STRS[i - 1].len() <= len,
             "known header names must be sorted by length"
@@ -197,14 +206,6 @@ pub(crate) fn header_name(bytes: &[u8]) -> Result<HeaderName, http::header::Inva
             }
         }
     }
-    other_header_name(bytes)
-}
-
-/// Kept out of [`header_name`]: inlined, `from_bytes`'s frame set-up is paid on
-/// every known name too.
-#[cold]
-#[inline(never)]
-fn other_header_name(bytes: &[u8]) -> Result<HeaderName, http::header::InvalidHeaderName> {
     HeaderName::from_bytes(bytes)
 }
 
