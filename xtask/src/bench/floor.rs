@@ -4,7 +4,8 @@
 //!
 //! Rounds are interleaved (every target once per scenario, the order rotated each
 //! round) so that a drift of the shared machine cannot masquerade as a difference; the
-//! medians over the rounds are reported. CPU per request (CPU time of the target's
+//! medians over the rounds are reported, and each target of the issue is judged by the
+//! median of its two measurements' ratio within a round (the paired ratio). CPU per request (CPU time of the target's
 //! process group over the requests it served) is the headline: it is far less noisy
 //! than latency on a shared machine.
 //!
@@ -135,7 +136,7 @@ impl FloorPlan {
             }
         } else {
             Self {
-                rounds: 5,
+                rounds: 7,
                 seconds: Duration::from_secs(4),
                 stream_seconds: Duration::from_secs(6),
             }
@@ -263,57 +264,96 @@ impl FloorReport {
         }
     }
 
-    /// Checks issue 22's targets against the medians.
+    /// The median over the rounds of `f(a) / f(b)`, taken in each round that measured
+    /// both `a` and `b` in `scenario`: the paired comparison. Both ran minutes apart at
+    /// most in one round, so a drift of the shared machine between rounds (which moves
+    /// both) cancels in the ratio, where it would not between two medians taken over
+    /// different rounds' values.
+    pub fn paired_ratio(
+        &self,
+        a: &str,
+        b: &str,
+        scenario: FloorScenario,
+        f: impl Fn(&FloorSample) -> Option<f64>,
+    ) -> Option<f64> {
+        let of = |target: &str, round: u32| {
+            self.samples
+                .iter()
+                .find(|s| s.target == target && s.scenario == scenario && s.round == round)
+                .and_then(&f)
+        };
+        let mut rounds: Vec<u32> = self.samples.iter().map(|s| s.round).collect();
+        rounds.sort_unstable();
+        rounds.dedup();
+        median(
+            rounds
+                .into_iter()
+                .filter_map(|r| of(a, r).zip(of(b, r)))
+                .filter(|&(_, y)| y > 0.0)
+                .map(|(x, y)| x / y)
+                .collect(),
+        )
+    }
+
+    /// Checks issue 22's targets. Each target compares two measurements of the same
+    /// rounds, and is judged by their paired ratio ([`FloorReport::paired_ratio`]); the
+    /// medians are shown beside it.
     pub fn compute_verdicts(&mut self) {
         let m = |t: &str, s| self.medians(t, s);
+        let cpu = |s: &FloorSample| s.cpu_us;
+        let rps = |s: &FloorSample| (s.requests > 0).then_some(s.req_per_s);
+        let p99 = |s: &FloorSample| s.latency.map(|l| l.p99_us);
         let mut v = Vec::new();
         let us = |x: f64| format!("{x:.1} us");
         for scenario in [FloorScenario::C16, FloorScenario::C64] {
             let (k, n) = (m(KEYPOOL, scenario), m(NGINX, scenario));
             let both = k.cpu_us.zip(n.cpu_us);
+            let paired = self.paired_ratio(KEYPOOL, NGINX, scenario, cpu);
             v.push(Verdict {
                 goal: format!("CPU per request at {} <= nginx's", scenario.label()),
-                measured: both.map_or_else(
+                measured: both.zip(paired).map_or_else(
                     || "n/a (nginx or keypool not measured)".into(),
-                    |(k, n)| {
+                    |((k, n), p)| {
                         format!(
-                            "keypool {} vs nginx {} ({:+.0} %)",
+                            "keypool {} vs nginx {} (paired {:+.0} %)",
                             us(k),
                             us(n),
-                            (k / n - 1.0) * 100.0
+                            (p - 1.0) * 100.0
                         )
                     },
                 ),
-                met: both.map(|(k, n)| k <= n),
+                met: paired.map(|p| p <= 1.0),
             });
         }
         for scenario in [FloorScenario::C16, FloorScenario::C64] {
             let (k, n) = (m(KEYPOOL, scenario), m(NGINX, scenario));
             let both = k.req_per_s.zip(n.req_per_s);
+            let paired = self.paired_ratio(KEYPOOL, NGINX, scenario, rps);
             v.push(Verdict {
                 goal: format!("req/s at {} >= nginx's", scenario.label()),
-                measured: both.map_or_else(
+                measured: both.zip(paired).map_or_else(
                     || "n/a (nginx or keypool not measured)".into(),
-                    |(k, n)| {
+                    |((k, n), p)| {
                         format!(
-                            "keypool {k:.0} vs nginx {n:.0} ({:+.0} %)",
-                            (k / n - 1.0) * 100.0
+                            "keypool {k:.0} vs nginx {n:.0} (paired {:+.0} %)",
+                            (p - 1.0) * 100.0
                         )
                     },
                 ),
-                met: both.map(|(k, n)| k >= n),
+                met: paired.map(|p| p >= 1.0),
             });
         }
         for scenario in [FloorScenario::C64, FloorScenario::C64Busy] {
             let (k, n) = (m(KEYPOOL, scenario), m(NGINX, scenario));
             let both = k.p99_us.zip(n.p99_us);
+            let paired = self.paired_ratio(KEYPOOL, NGINX, scenario, p99);
             v.push(Verdict {
                 goal: format!("p99 at {} <= 1.5 x nginx's", scenario.label()),
-                measured: both.map_or_else(
+                measured: both.zip(paired).map_or_else(
                     || "n/a (nginx or keypool not measured)".into(),
-                    |(k, n)| format!("keypool {} vs nginx {} ({:.2} x)", us(k), us(n), k / n),
+                    |((k, n), p)| format!("keypool {} vs nginx {} (paired {p:.2} x)", us(k), us(n)),
                 ),
-                met: both.map(|(k, n)| k <= 1.5 * n),
+                met: paired.map(|p| p <= 1.5),
             });
         }
         let (ks, ds) = (
@@ -355,14 +395,16 @@ impl FloorReport {
             m(KEYPOOL_1000, FloorScenario::C16),
             m(KEYPOOL, FloorScenario::C16),
         );
-        let ratio = big.cpu_us.zip(small.cpu_us).map(|(b, s)| b / s - 1.0);
+        let ratio = self
+            .paired_ratio(KEYPOOL_1000, KEYPOOL, FloorScenario::C16, cpu)
+            .map(|r| r - 1.0);
         v.push(Verdict {
             goal: "1,000-account pool within 5 % of 8 accounts in CPU per request (c16)".into(),
             measured: ratio.map_or_else(
                 || "n/a".into(),
                 |r| {
                     format!(
-                        "{} vs {} ({:+.1} %)",
+                        "{} vs {} (paired {:+.1} %)",
                         us(big.cpu_us.unwrap_or(0.0)),
                         us(small.cpu_us.unwrap_or(0.0)),
                         r * 100.0
@@ -987,21 +1029,49 @@ mod tests {
         );
         assert_eq!(
             r.verdicts[0].measured,
-            "keypool 42.0 us vs nginx 37.0 us (+14 %)"
+            "keypool 42.0 us vs nginx 37.0 us (paired +14 %)"
         );
         assert_eq!(
             r.verdicts[5].measured,
-            "keypool 40000.0 us vs nginx 6500.0 us (6.15 x)"
+            "keypool 40000.0 us vs nginx 6500.0 us (paired 6.15 x)"
         );
         assert_eq!(
             r.verdicts[9].measured,
             "+3.0 us (42.0 us at info, 39.0 us at warn)"
         );
-        assert_eq!(r.verdicts[8].measured, "43.0 us vs 42.0 us (+2.4 %)");
+        assert_eq!(r.verdicts[8].measured, "43.0 us vs 42.0 us (paired +2.4 %)");
         assert!(
             r.verdicts[6].measured.starts_with("+102.0 us"),
             "{}",
             r.verdicts[6].measured
+        );
+    }
+
+    #[test]
+    fn paired_ratios_are_taken_within_each_round() {
+        let mut r = FloorReport::default();
+        // Round 1 ran on a quiet machine, rounds 2 and 3 on a loaded one; round 4
+        // measured only keypool and pairs with nothing.
+        for (round, k, n) in [(1, 10.0, 8.0), (2, 20.0, 19.0), (3, 30.0, 29.0)] {
+            r.samples
+                .push(sample(KEYPOOL, FloorScenario::C16, round, 1.0, k, 1.0));
+            r.samples
+                .push(sample(NGINX, FloorScenario::C16, round, 1.0, n, 1.0));
+        }
+        r.samples
+            .push(sample(KEYPOOL, FloorScenario::C16, 4, 1.0, 1.0, 1.0));
+        let cpu = |s: &FloorSample| s.cpu_us;
+        let paired = r.paired_ratio(KEYPOOL, NGINX, FloorScenario::C16, cpu);
+        assert_eq!(paired, Some(20.0 / 19.0));
+        // The medians of the values would compare 15 (rounds 1-4) with 19.
+        assert_eq!(r.medians(KEYPOOL, FloorScenario::C16).cpu_us, Some(15.0));
+        assert_eq!(
+            r.paired_ratio(KEYPOOL, HAPROXY, FloorScenario::C16, cpu),
+            None
+        );
+        assert_eq!(
+            r.paired_ratio(KEYPOOL, NGINX, FloorScenario::C64, cpu),
+            None
         );
     }
 
@@ -1028,7 +1098,7 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("| haproxy | SKIPPED: apt-get failed |"), "{t}");
-        assert!(t.contains("| CPU per request at c16 <= nginx's | keypool 42.0 us vs nginx 37.0 us (+14 %) | MISSED |"), "{t}");
+        assert!(t.contains("| CPU per request at c16 <= nginx's | keypool 42.0 us vs nginx 37.0 us (paired +14 %) | MISSED |"), "{t}");
         assert!(t.contains("| stated |"), "{t}");
         assert!(!t.contains("| c64 | haproxy"), "{t}");
     }
