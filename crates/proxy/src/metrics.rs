@@ -124,16 +124,16 @@ pub struct Metrics {
     fired: [AtomicU64; 2],
     wins: [AtomicU64; 2],
     stream_failures: AtomicU64,
-    ttft: Map<AccountId, Histogram<12>>,
-    total: Map<AccountId, Histogram<12>>,
-    in_flight: Map<AccountId, Arc<AtomicI64>>,
+    /// Per account: in flight, attempts started, TTFT and total latency, in one entry
+    /// (one lookup per attempt; the attempt's [`InFlight`] guard observes the
+    /// latencies without another).
+    accounts: Map<AccountId, Arc<AccountSeries>>,
     affinity: [AtomicU64; 3],
     queue_rejections: [AtomicU64; 2],
     body_budget_rejections: AtomicU64,
     local_failures: Map<&'static str, AtomicU64>,
     /// Per (org, caller, limit): requests a caller limit refused (SPEC 12).
     limit_rejections: Map<(Arc<str>, Arc<str>, &'static str), AtomicU64>,
-    account_attempts: Map<AccountId, AtomicU64>,
     account_failures: Map<(AccountId, &'static str), AtomicU64>,
     internal_requests: Map<(InternalRoute, u16), AtomicU64>,
     oauth_refreshes: oauth::Refreshes,
@@ -167,14 +167,40 @@ impl AffinityOutcome {
     }
 }
 
+/// One account's series.
+#[derive(Debug, Default)]
+struct AccountSeries {
+    /// Attempts and committed streams in flight.
+    in_flight: AtomicI64,
+    /// Upstream attempts started.
+    attempts: AtomicU64,
+    /// TTFT of served attempts.
+    ttft: Histogram<12>,
+    /// Total latency of served attempts.
+    total: Histogram<12>,
+}
+
 /// One attempt (or committed stream) in flight on an account: counted in
-/// [`Metrics::in_flight`] from [`Metrics::start_in_flight`] until it is dropped.
+/// [`Metrics::in_flight`] from [`Metrics::start_in_flight`] until it is dropped. It
+/// also records the attempt's latencies in its account's histograms.
 #[derive(Debug)]
-pub struct InFlight(Arc<AtomicI64>);
+pub struct InFlight(Arc<AccountSeries>);
+
+impl InFlight {
+    /// TTFT of the attempt, which was served.
+    pub fn ttft(&self, ms: u64) {
+        self.0.ttft.observe(latency_bucket(ms), ms);
+    }
+
+    /// Total latency of the attempt, which was served.
+    pub fn total(&self, ms: u64) {
+        self.0.total.observe(latency_bucket(ms), ms);
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -349,21 +375,11 @@ impl Metrics {
         self.stream_failures.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// TTFT of a served attempt.
-    pub fn ttft(&self, account: &AccountId, ms: u64) {
-        observe_account(&self.ttft, account, ms);
-    }
-
-    /// Total latency of a served attempt.
-    pub fn total(&self, account: &AccountId, ms: u64) {
-        observe_account(&self.total, account, ms);
-    }
-
     /// Requests `account` served (attempts that reached their commit point).
     pub fn served(&self, account: &AccountId) -> u64 {
-        self.ttft
+        self.accounts
             .get(account)
-            .map_or(0, |h| h.count.load(Ordering::Relaxed))
+            .map_or(0, |a| a.ttft.count.load(Ordering::Relaxed))
     }
 
     /// `(requests, attempts)`: requests counted so far in the attempts histogram and the
@@ -389,22 +405,24 @@ impl Metrics {
     /// Counts one attempt in flight on `account` until the returned guard is dropped
     /// (an attempt that wins a streaming answer hands its guard to the stream).
     pub fn start_in_flight(&self, account: &AccountId) -> InFlight {
-        let counter = with_value(&self.in_flight, account, || account.clone(), Arc::clone);
-        counter.fetch_add(1, Ordering::Relaxed);
-        with_value(
-            &self.account_attempts,
-            account,
-            || account.clone(),
-            increment,
-        );
-        InFlight(counter)
+        let series = with_value(&self.accounts, account, || account.clone(), Arc::clone);
+        series.in_flight.fetch_add(1, Ordering::Relaxed);
+        series.attempts.fetch_add(1, Ordering::Relaxed);
+        InFlight(series)
     }
 
     /// Attempts and committed streams in flight on `account` now.
     pub fn in_flight(&self, account: &AccountId) -> u64 {
-        self.in_flight
+        self.accounts
             .get(account)
-            .map_or(0, |c| c.load(Ordering::Relaxed).max(0) as u64)
+            .map_or(0, |a| a.in_flight.load(Ordering::Relaxed).max(0) as u64)
+    }
+
+    /// Upstream attempts started on `account`.
+    pub(crate) fn account_attempts(&self, account: &AccountId) -> u64 {
+        self.accounts
+            .get(account)
+            .map_or(0, |a| a.attempts.load(Ordering::Relaxed))
     }
 
     /// The Prometheus text exposition, with gauges read from `store` at `now`.
@@ -502,23 +520,36 @@ impl Metrics {
     /// The TTFT and total latency histograms by account.
     fn render_latencies(&self, out: &mut String) {
         let bounds: Vec<String> = LATENCY_BUCKETS_SECS.iter().map(f64::to_string).collect();
-        for (name, help, map) in [
+        let mut accounts: Vec<(AccountId, Arc<AccountSeries>)> = self
+            .accounts
+            .iter()
+            .map(|e| (e.key().clone(), e.value().clone()))
+            .collect();
+        accounts.sort_by(|a, b| a.0.cmp(&b.0));
+        fn ttft(a: &AccountSeries) -> &Histogram<12> {
+            &a.ttft
+        }
+        fn total(a: &AccountSeries) -> &Histogram<12> {
+            &a.total
+        }
+        for (name, help, histogram) in [
             (
                 "keypool_ttft_seconds",
                 "Time to first token of served attempts (first valid frame; response headers when not streaming), by account.",
-                &self.ttft,
+                ttft as fn(&AccountSeries) -> &Histogram<12>,
             ),
             (
                 "keypool_request_duration_seconds",
                 "Total latency of served attempts, by account.",
-                &self.total,
+                total,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-            let mut accounts: Vec<AccountId> = map.iter().map(|e| e.key().clone()).collect();
-            accounts.sort();
-            for account in accounts {
-                if let Some(h) = map.get(&account) {
+            // An account's histogram is rendered once it has a value (an account that
+            // only ever failed has none).
+            for (account, series) in &accounts {
+                let h = histogram(series);
+                if h.count.load(Ordering::Relaxed) > 0 {
                     let labels = format!("account=\"{}\"", escape(account.as_str()));
                     h.render(out, name, &labels, &bounds);
                 }
@@ -662,11 +693,6 @@ impl Metrics {
     }
 }
 
-fn observe_account(map: &Map<AccountId, Histogram<12>>, account: &AccountId, ms: u64) {
-    let bucket = latency_bucket(ms);
-    with_value(map, account, || account.clone(), |h| h.observe(bucket, ms));
-}
-
 /// Runs `f` on `key`'s value in `map`: under the shard's read lock when the key is there
 /// (every call after the first), else on a default value inserted with the key `owned`
 /// makes (only then: no clone of the key on the usual path).
@@ -751,6 +777,45 @@ mod tests {
         assert_eq!(m.in_flight(&a), 1);
         drop(second);
         assert_eq!(m.in_flight(&a), 0);
+    }
+
+    #[test]
+    fn an_attempt_guard_counts_its_account_and_records_its_latencies() {
+        let m = Metrics::new();
+        let (served, failed) = (AccountId::from("served"), AccountId::from("failed"));
+        let attempt = m.start_in_flight(&served);
+        attempt.ttft(40);
+        attempt.total(120);
+        drop(attempt);
+        drop(m.start_in_flight(&failed));
+        drop(m.start_in_flight(&failed));
+        assert_eq!(m.served(&served), 1);
+        assert_eq!(m.served(&failed), 0);
+        assert_eq!(m.account_attempts(&served), 1);
+        assert_eq!(m.account_attempts(&failed), 2);
+        assert_eq!(m.account_attempts(&AccountId::from("other")), 0);
+        let mut out = String::new();
+        m.render_latencies(&mut out);
+        // Only an account with a value has a histogram: the failed one has none.
+        assert!(!out.contains("failed"), "{out}");
+        assert!(
+            out.contains("keypool_ttft_seconds_bucket{account=\"served\",le=\"0.05\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("keypool_ttft_seconds_sum{account=\"served\"} 0.04\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "keypool_request_duration_seconds_bucket{account=\"served\",le=\"0.05\"} 0\n"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("keypool_request_duration_seconds_count{account=\"served\"} 1\n"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -94,12 +94,19 @@ fn credit_failure(
 }
 
 /// Credits a success (a complete answer, or a stream that completed) to its account:
-/// the cooldown book and breaker, the rating sample, the total-time metric.
-fn credit_success(app: &App, attempt: &Attempt<'_>, ttft_ms: u64, total_ms: u64, now: UnixMs) {
+/// the cooldown book and breaker, the rating sample, the total-time metric (through the
+/// attempt's `in_flight` guard).
+fn credit_success(
+    app: &App,
+    attempt: &Attempt<'_>,
+    in_flight: &InFlight,
+    (ttft_ms, total_ms): (u64, u64),
+    now: UnixMs,
+) {
     let store = app.store();
     store.record_success(attempt, now);
     store.record_rating(attempt.account, Sample::Success { ttft_ms, total_ms }, now);
-    app.metrics().total(attempt.account, total_ms);
+    in_flight.total(total_ms);
 }
 
 /// Writes the winner `ready` of the attempt `running` on `candidate`: a complete
@@ -114,7 +121,7 @@ pub(super) fn commit(
 ) -> Response<ProxyBody> {
     let app = call.app;
     let account = ready.account.id().clone();
-    app.metrics().ttft(&account, ready.ttft_ms);
+    running.in_flight.ttft(ready.ttft_ms);
     let status = match &ready.kind {
         ReadyKind::Full { status, .. } => status.as_u16(),
         ReadyKind::Stream { .. } => StatusCode::OK.as_u16(),
@@ -151,7 +158,8 @@ pub(super) fn commit(
                 snapshot_len,
                 model: ready.account.model().unwrap_or(call.model),
             };
-            credit_success(app, &attempt, ready.ttft_ms, total_ms, now_ms());
+            let times = (ready.ttft_ms, total_ms);
+            credit_success(app, &attempt, &running.in_flight, times, now_ms());
             if let Some(log) = ctx.log_mut() {
                 log.usage = usage;
             }
@@ -179,7 +187,7 @@ pub(super) fn commit(
                 snapshot_len,
                 ttft_ms: ready.ttft_ms,
                 log: ctx.take_log(),
-                _in_flight: running.in_flight,
+                in_flight: running.in_flight,
                 _capacity: running.capacity,
             };
             let idle = Duration::from_millis(call.config.server().stream_idle_timeout_ms);
@@ -206,8 +214,9 @@ struct StreamCompletion {
     snapshot_len: usize,
     ttft_ms: u64,
     log: Option<RequestLog>,
-    /// The account's in-flight count lasts until the stream ends.
-    _in_flight: InFlight,
+    /// The account's in-flight count lasts until the stream ends (and records its
+    /// total latency).
+    in_flight: InFlight,
     /// So does its concurrency slot.
     _capacity: Option<SlotGuard>,
 }
@@ -226,7 +235,8 @@ impl StreamFinish for StreamCompletion {
         };
         let outcome = match end {
             StreamEnd::Completed => {
-                credit_success(&this.app, &attempt, this.ttft_ms, total_ms, now);
+                let times = (this.ttft_ms, total_ms);
+                credit_success(&this.app, &attempt, &this.in_flight, times, now);
                 "completed"
             }
             StreamEnd::Failed(failure) => {

@@ -21,10 +21,7 @@ impl Metrics {
         ids.sort();
         out.push_str("# HELP keypool_account_upstream_requests_total Upstream attempts started, by account (hedge and race backups included).\n# TYPE keypool_account_upstream_requests_total counter\n");
         for id in &ids {
-            let n = self
-                .account_attempts
-                .get(*id)
-                .map_or(0, |n| n.load(Ordering::Relaxed));
+            let n = self.account_attempts(id);
             let _ = writeln!(
                 out,
                 "keypool_account_upstream_requests_total{{account=\"{}\"}} {n}",
