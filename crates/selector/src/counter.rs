@@ -23,9 +23,13 @@ pub trait Counter: Send + Sync {
 
 /// An in-memory counter per group: an atomic increment, no allocation after a group's
 /// first call.
+///
+/// The groups are hashed with `foldhash` (seeded per map) rather than SipHash: a
+/// group name comes from the configuration, never from a caller, and the lookup is on
+/// every request of a rotating pool.
 #[derive(Debug, Default)]
 pub struct MemoryCounter {
-    groups: DashMap<Box<str>, AtomicU64>,
+    groups: DashMap<Box<str>, AtomicU64, foldhash::fast::RandomState>,
 }
 
 impl MemoryCounter {

@@ -93,7 +93,9 @@ pub struct RuntimeState {
     pub limits: keypool_ledger::LimitBook,
     /// The tokens of OAuth accounts that renew themselves (SPEC 14).
     pub oauth: crate::oauth::TokenBook,
-    last_used: DashMap<AccountId, AtomicU64>,
+    /// When each account last served (hashed with `foldhash`: written on every request,
+    /// and the keys are the configuration's account ids).
+    last_used: DashMap<AccountId, AtomicU64, foldhash::fast::RandomState>,
 }
 
 impl RuntimeState {
@@ -106,7 +108,7 @@ impl RuntimeState {
             usage,
             limits: keypool_ledger::LimitBook::new(),
             oauth: crate::oauth::TokenBook::default(),
-            last_used: DashMap::new(),
+            last_used: DashMap::default(),
         }
     }
 
