@@ -225,6 +225,15 @@ pub struct FloorMedians {
     pub gap_p99_us: Option<f64>,
 }
 
+/// How [`FloorReport::paired`] compares two measurements of one round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paired {
+    /// `a / b` (CPU, req/s, p99 against a peer).
+    Ratio,
+    /// `a - b` (an added latency or cost).
+    Difference,
+}
+
 /// What the floor comparison found: `report.json`'s `floor`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FloorReport {
@@ -265,41 +274,18 @@ impl FloorReport {
         }
     }
 
-    /// The median over the rounds of `f(a) / f(b)`, taken in each round that measured
-    /// both `a` and `b` in `scenario`: the paired comparison. Both ran minutes apart at
-    /// most in one round, so a drift of the shared machine between rounds (which moves
-    /// both) cancels in the ratio, where it would not between two medians taken over
-    /// different rounds' values.
-    pub fn paired_ratio(
+    /// The median over the rounds of `f(a) / f(b)` (or `f(a) - f(b)`, `how`), taken in
+    /// each round that measured both `a` and `b` in `scenario`: the paired comparison.
+    /// Both ran minutes apart at most in one round, so a drift of the shared machine
+    /// between rounds (which moves both) cancels, where it would not between two medians
+    /// taken over different rounds' values.
+    pub fn paired(
         &self,
         a: &str,
         b: &str,
         scenario: FloorScenario,
+        how: Paired,
         f: impl Fn(&FloorSample) -> Option<f64>,
-    ) -> Option<f64> {
-        self.paired(a, b, scenario, f, |x, y| (y > 0.0).then(|| x / y))
-    }
-
-    /// The median over the rounds of `f(a) - f(b)`, paired as in
-    /// [`FloorReport::paired_ratio`] (an added latency, an added cost).
-    pub fn paired_difference(
-        &self,
-        a: &str,
-        b: &str,
-        scenario: FloorScenario,
-        f: impl Fn(&FloorSample) -> Option<f64>,
-    ) -> Option<f64> {
-        self.paired(a, b, scenario, f, |x, y| Some(x - y))
-    }
-
-    /// The median over the rounds that measured both `a` and `b` of `combine(f(a), f(b))`.
-    fn paired(
-        &self,
-        a: &str,
-        b: &str,
-        scenario: FloorScenario,
-        f: impl Fn(&FloorSample) -> Option<f64>,
-        combine: impl Fn(f64, f64) -> Option<f64>,
     ) -> Option<f64> {
         let of = |target: &str, round: u32| {
             self.samples
@@ -314,13 +300,16 @@ impl FloorReport {
             rounds
                 .into_iter()
                 .filter_map(|r| of(a, r).zip(of(b, r)))
-                .filter_map(|(x, y)| combine(x, y))
+                .filter_map(|(x, y)| match how {
+                    Paired::Ratio => (y > 0.0).then(|| x / y),
+                    Paired::Difference => Some(x - y),
+                })
                 .collect(),
         )
     }
 
     /// Checks issue 22's targets. Each target compares two measurements of the same
-    /// rounds, and is judged by their paired ratio ([`FloorReport::paired_ratio`]); the
+    /// rounds, and is judged by their paired ratio ([`FloorReport::paired`]); the
     /// medians are shown beside it.
     pub fn compute_verdicts(&mut self) {
         let m = |t: &str, s| self.medians(t, s);
@@ -332,7 +321,7 @@ impl FloorReport {
         for scenario in [FloorScenario::C16, FloorScenario::C64] {
             let (k, n) = (m(KEYPOOL, scenario), m(NGINX, scenario));
             let both = k.cpu_us.zip(n.cpu_us);
-            let paired = self.paired_ratio(KEYPOOL, NGINX, scenario, cpu);
+            let paired = self.paired(KEYPOOL, NGINX, scenario, Paired::Ratio, cpu);
             v.push(Verdict {
                 goal: format!("CPU per request at {} <= nginx's", scenario.label()),
                 measured: both.zip(paired).map_or_else(
@@ -352,7 +341,7 @@ impl FloorReport {
         for scenario in [FloorScenario::C16, FloorScenario::C64] {
             let (k, n) = (m(KEYPOOL, scenario), m(NGINX, scenario));
             let both = k.req_per_s.zip(n.req_per_s);
-            let paired = self.paired_ratio(KEYPOOL, NGINX, scenario, rps);
+            let paired = self.paired(KEYPOOL, NGINX, scenario, Paired::Ratio, rps);
             v.push(Verdict {
                 goal: format!("req/s at {} >= nginx's", scenario.label()),
                 measured: both.zip(paired).map_or_else(
@@ -370,7 +359,7 @@ impl FloorReport {
         for scenario in [FloorScenario::C64, FloorScenario::C64Busy] {
             let (k, n) = (m(KEYPOOL, scenario), m(NGINX, scenario));
             let both = k.p99_us.zip(n.p99_us);
-            let paired = self.paired_ratio(KEYPOOL, NGINX, scenario, p99);
+            let paired = self.paired(KEYPOOL, NGINX, scenario, Paired::Ratio, p99);
             v.push(Verdict {
                 goal: format!("p99 at {} <= 1.5 x nginx's", scenario.label()),
                 measured: both.zip(paired).map_or_else(
@@ -385,7 +374,13 @@ impl FloorReport {
             m(DIRECT, FloorScenario::Stream),
         );
         let stream = |f: fn(&FloorSample) -> Option<f64>| {
-            self.paired_difference(KEYPOOL, DIRECT, FloorScenario::Stream, f)
+            self.paired(
+                KEYPOOL,
+                DIRECT,
+                FloorScenario::Stream,
+                Paired::Difference,
+                f,
+            )
         };
         let ttft = stream(|s| s.net_ttft.map(|l| l.p99_us));
         v.push(Verdict {
@@ -416,7 +411,13 @@ impl FloorReport {
             m(KEYPOOL, FloorScenario::C16),
         );
         let ratio = self
-            .paired_ratio(KEYPOOL_1000, KEYPOOL, FloorScenario::C16, cpu)
+            .paired(
+                KEYPOOL_1000,
+                KEYPOOL,
+                FloorScenario::C16,
+                Paired::Ratio,
+                cpu,
+            )
             .map(|r| r - 1.0);
         v.push(Verdict {
             goal: "1,000-account pool within 5 % of 8 accounts in CPU per request (c16)".into(),
@@ -437,7 +438,13 @@ impl FloorReport {
         let line = small
             .cpu_us
             .zip(warn.cpu_us)
-            .zip(self.paired_difference(KEYPOOL, KEYPOOL_WARN, FloorScenario::C16, cpu))
+            .zip(self.paired(
+                KEYPOOL,
+                KEYPOOL_WARN,
+                FloorScenario::C16,
+                Paired::Difference,
+                cpu,
+            ))
             .map(|((i, w), d)| (i, w, d));
         v.push(Verdict {
             goal:
@@ -1085,21 +1092,21 @@ mod tests {
         r.samples
             .push(sample(KEYPOOL, FloorScenario::C16, 4, 1.0, 1.0, 1.0));
         let cpu = |s: &FloorSample| s.cpu_us;
-        let paired = r.paired_ratio(KEYPOOL, NGINX, FloorScenario::C16, cpu);
+        let paired = r.paired(KEYPOOL, NGINX, FloorScenario::C16, Paired::Ratio, cpu);
         assert_eq!(paired, Some(20.0 / 19.0));
         // The medians of the values would compare 15 (rounds 1-4) with 19.
         assert_eq!(r.medians(KEYPOOL, FloorScenario::C16).cpu_us, Some(15.0));
         assert_eq!(
-            r.paired_ratio(KEYPOOL, HAPROXY, FloorScenario::C16, cpu),
+            r.paired(KEYPOOL, HAPROXY, FloorScenario::C16, Paired::Ratio, cpu),
             None
         );
         assert_eq!(
-            r.paired_ratio(KEYPOOL, NGINX, FloorScenario::C64, cpu),
+            r.paired(KEYPOOL, NGINX, FloorScenario::C64, Paired::Ratio, cpu),
             None
         );
         // Differences pair the same way: 2, 1 and 1 µs.
         assert_eq!(
-            r.paired_difference(KEYPOOL, NGINX, FloorScenario::C16, cpu),
+            r.paired(KEYPOOL, NGINX, FloorScenario::C16, Paired::Difference, cpu),
             Some(1.0)
         );
     }

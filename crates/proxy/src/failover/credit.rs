@@ -100,7 +100,8 @@ fn credit_success(
     app: &App,
     attempt: &Attempt<'_>,
     in_flight: &InFlight,
-    (ttft_ms, total_ms): (u64, u64),
+    ttft_ms: u64,
+    total_ms: u64,
     now: UnixMs,
 ) {
     let store = app.store();
@@ -158,8 +159,8 @@ pub(super) fn commit(
                 snapshot_len,
                 model: ready.account.model().unwrap_or(call.model),
             };
-            let times = (ready.ttft_ms, total_ms);
-            credit_success(app, &attempt, &running.in_flight, times, now_ms());
+            let in_flight = &running.in_flight;
+            credit_success(app, &attempt, in_flight, ready.ttft_ms, total_ms, now_ms());
             if let Some(log) = ctx.log_mut() {
                 log.usage = usage;
             }
@@ -235,8 +236,8 @@ impl StreamFinish for StreamCompletion {
         };
         let outcome = match end {
             StreamEnd::Completed => {
-                let times = (this.ttft_ms, total_ms);
-                credit_success(&this.app, &attempt, &this.in_flight, times, now);
+                let (app, in_flight) = (&this.app, &this.in_flight);
+                credit_success(app, &attempt, in_flight, this.ttft_ms, total_ms, now);
                 "completed"
             }
             StreamEnd::Failed(failure) => {
