@@ -3,6 +3,7 @@
 use bytes::{Buf, BytesMut};
 use memchr::memchr2;
 
+use crate::frame::event_value_at;
 use crate::{Frame, SseError};
 
 /// The default bound on one frame's size: 16 MiB (SPEC 7).
@@ -40,6 +41,10 @@ pub struct Decoder {
     scanned: usize,
     /// Whether `scanned` is at the start of a line.
     line_start: bool,
+    /// Where the line being scanned starts (when `line_start` is false).
+    line_begin: usize,
+    /// Where the value of the current frame's last `event` field is, so far.
+    event: Option<(usize, usize)>,
     /// The stream start has not yet been checked for a BOM.
     bom_pending: bool,
     /// [`finish`](Self::finish) was called: no more bytes will come.
@@ -66,6 +71,8 @@ impl Decoder {
             buf: BytesMut::new(),
             scanned: 0,
             line_start: true,
+            line_begin: 0,
+            event: None,
             bom_pending: true,
             eof: false,
             max_frame_bytes,
@@ -122,10 +129,11 @@ impl Decoder {
                 Some(end) => {
                     let blank_only = self.scanned == 0;
                     let raw = self.buf.split_to(end).freeze();
+                    let event = self.event.take();
                     self.scanned = 0;
                     self.line_start = true;
                     if !blank_only {
-                        return Ok(Some(Frame::from_raw_unchecked(raw)));
+                        return Ok(Some(Frame::from_raw_unchecked(raw, event)));
                     }
                 }
                 None if self.buf.len() > self.max_frame_bytes => {
@@ -178,7 +186,10 @@ impl Decoder {
                         None if self.eof => break Some(pos + 1),
                         None => break None,
                     },
-                    Some(_) => line_start = false,
+                    Some(_) => {
+                        line_start = false;
+                        self.line_begin = pos;
+                    }
                 }
             }
             let Some(offset) = memchr2(b'\n', b'\r', &buf[pos..]) else {
@@ -186,6 +197,11 @@ impl Decoder {
                 break None;
             };
             let at = pos + offset;
+            // The line `line_begin..at` is complete (a `\r` that ends the buffer comes
+            // back here with the same line: noting it again changes nothing).
+            if let Some(value) = event_value_at(&buf[self.line_begin..at]) {
+                self.event = Some((self.line_begin + value, at));
+            }
             pos = if buf[at] == b'\n' {
                 at + 1
             } else {

@@ -9,11 +9,16 @@ use memchr::memchr2;
 /// One complete SSE frame: every line up to and including the blank line that ends it.
 ///
 /// The frame keeps its original bytes ([`raw`](Self::raw)) so a proxy can forward it
-/// unchanged; fields are parsed from them when an accessor is called (each call walks the
-/// frame's few lines again, so keep the result if you need it twice).
+/// unchanged. The event name is located by the decoder as it frames the bytes, so
+/// [`event`](Self::event) and [`is_event`](Self::is_event) cost no walk: a proxy asks
+/// for it several times per frame. Other fields are parsed when an accessor is called
+/// (each call walks the frame's few lines again, so keep the result if you need it
+/// twice).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Frame {
     raw: Bytes,
+    /// Where the value of the last `event` field is in `raw`, if the frame has one.
+    event: Option<(usize, usize)>,
 }
 
 /// One line of a frame, without its line terminator.
@@ -32,9 +37,11 @@ pub enum Line<'a> {
 }
 
 impl Frame {
-    /// Wraps bytes the decoder has already framed.
-    pub(crate) fn from_raw_unchecked(raw: Bytes) -> Self {
-        Self { raw }
+    /// Wraps bytes the decoder has already framed; `event` is where the value of their
+    /// last `event` field is (the decoder saw every line: see [`event_value_at`]).
+    pub(crate) fn from_raw_unchecked(raw: Bytes, event: Option<(usize, usize)>) -> Self {
+        debug_assert!(event.is_none_or(|(start, end)| start <= end && end <= raw.len()));
+        Self { raw, event }
     }
 
     /// The frame's original bytes, blank line included: forward these unchanged.
@@ -66,12 +73,17 @@ impl Frame {
     ///
     /// An event name that is not valid UTF-8 is returned with replacement characters.
     pub fn event(&self) -> Option<Cow<'_, str>> {
-        self.last_field(b"event").map(String::from_utf8_lossy)
+        self.event_bytes().map(String::from_utf8_lossy)
     }
 
-    /// Whether the frame's event name is exactly `name`, without allocating.
+    /// Whether the frame's event name is exactly `name`, without allocating or walking
+    /// the frame.
     pub fn is_event(&self, name: &str) -> bool {
-        self.last_field(b"event") == Some(name.as_bytes())
+        self.event_bytes() == Some(name.as_bytes())
+    }
+
+    fn event_bytes(&self) -> Option<&[u8]> {
+        self.event.map(|(start, end)| &self.raw[start..end])
     }
 
     /// The data: every `data` field's value joined with `\n`, `None` when the frame has
@@ -134,15 +146,6 @@ impl Frame {
     pub fn is_comment_only(&self) -> bool {
         self.lines().all(|line| matches!(line, Line::Comment(_)))
     }
-
-    fn last_field(&self, wanted: &[u8]) -> Option<&[u8]> {
-        self.lines()
-            .filter_map(|line| match line {
-                Line::Field { name, value } if name == wanted => Some(value),
-                _ => None,
-            })
-            .last()
-    }
 }
 
 impl fmt::Debug for Frame {
@@ -185,6 +188,19 @@ impl<'a> Iterator for Lines<'a> {
     }
 }
 
+/// Where the value of an `event` field starts in `line` (a complete line, without its
+/// terminator), `None` when the line is not an `event` field: [`parse_line`]'s reading
+/// of the name and value, for the one field the decoder locates.
+pub(crate) fn event_value_at(line: &[u8]) -> Option<usize> {
+    let rest = line.strip_prefix(b"event")?;
+    match rest {
+        [] => Some(line.len()),
+        [b':', b' ', ..] => Some(7),
+        [b':', ..] => Some(6),
+        _ => None,
+    }
+}
+
 fn parse_line(line: &[u8]) -> Line<'_> {
     let (name, value) = match memchr::memchr(b':', line) {
         Some(colon) => {
@@ -221,6 +237,36 @@ mod tests {
         assert_eq!(frame.retry(), Some(250));
         assert!(!frame.is_comment_only());
         assert_eq!(frame.lines().next(), Some(super::Line::Comment(b"comment")));
+    }
+
+    #[test]
+    fn the_event_name_is_the_last_event_field_even_when_split() {
+        let frames = decode_all(
+            b"event\ndata: 1\n\nevent:x\n\neventx: y\n\nevent x\n\nevent: a\ndata: {}\nevent: b\n\n",
+        )
+        .unwrap();
+        let names: Vec<_> = frames.iter().map(|f| f.event()).collect();
+        assert_eq!(
+            names,
+            [
+                Some("".into()),
+                Some("x".into()),
+                None,
+                None,
+                Some("b".into())
+            ]
+        );
+        assert!(frames[4].is_event("b") && !frames[4].is_event("a"));
+        // Cut inside the name, and a lone `\r` line end that waits for the next byte.
+        let mut decoder = crate::Decoder::new();
+        decoder.push(b"data: 1\reve");
+        assert_eq!(decoder.next_frame(), Ok(None));
+        decoder.push(b"nt: message_stop\r");
+        assert_eq!(decoder.next_frame(), Ok(None));
+        decoder.push(b"\n\n");
+        let frame = decoder.next_frame().unwrap().unwrap();
+        assert!(frame.is_event("message_stop"), "{frame:?}");
+        assert_eq!(frame.data_str().as_deref(), Some("1"));
     }
 
     #[test]

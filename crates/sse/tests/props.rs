@@ -104,6 +104,30 @@ proptest! {
     }
 
     #[test]
+    fn the_located_event_is_the_last_event_field_however_the_stream_is_cut(
+        stream in stream(),
+        cuts in prop::collection::vec(any::<usize>(), 0..12),
+    ) {
+        let (frames, _) = decode_chunked(&stream, &cuts, usize::MAX);
+        for frame in &frames {
+            // The event-stream grammar's reading, line by line.
+            let walked = frame
+                .lines()
+                .filter_map(|line| match line {
+                    Line::Field { name: b"event", value } => Some(value),
+                    _ => None,
+                })
+                .last();
+            prop_assert_eq!(frame.event().map(|e| e.into_owned().into_bytes()), walked.map(<[u8]>::to_vec));
+            if let Some(name) = walked.and_then(|n| std::str::from_utf8(n).ok()) {
+                prop_assert!(frame.is_event(name));
+                let other = format!("{name}x");
+                prop_assert!(!frame.is_event(&other));
+            }
+        }
+    }
+
+    #[test]
     fn frames_concatenate_back_to_the_stream(stream in stream()) {
         let (frames, _) = decode_chunked(&stream, &[], usize::MAX);
         let joined: Vec<u8> = frames.iter().flat_map(|f| f.raw().to_vec()).collect();
