@@ -292,6 +292,24 @@ async fn a_stall_inside_a_committed_stream_ends_with_the_generic_error_frame() {
 }
 
 #[tokio::test]
+async fn chunks_closer_than_the_idle_timeout_keep_a_stream_alive_past_it() {
+    // Three pauses of 500 ms: 1.5 s in all, past the 1 s idle timeout, never 1 s silent.
+    let h = Harness::builder()
+        .server("stream_idle_timeout_secs", "1")
+        .account(AccountSpec::new(
+            "a",
+            Script::new(OkSpec::default().chunk_interval(Delay::ms(500))),
+        ))
+        .start()
+        .await;
+    let started = Instant::now();
+    let r = h.send_stream().await;
+    assert!(started.elapsed() >= Duration::from_millis(1_400));
+    assert_stream(&r, &FULL);
+    h.finish().await;
+}
+
+#[tokio::test]
 async fn client_disconnect_mid_stream_cancels_the_upstream_request() {
     let h = Harness::with_accounts([(
         "a",

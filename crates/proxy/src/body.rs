@@ -224,7 +224,11 @@ pub(crate) struct StreamBody {
     decoder: Decoder,
     upstream: Option<UpstreamBody>,
     idle: Duration,
+    /// The idle timer. It is not moved on at every chunk (a timer-wheel update each):
+    /// when it fires, it is moved to `last_data + idle` if data came since it was set.
     sleep: Pin<Box<Sleep>>,
+    /// When the last upstream data came (the start, before any).
+    last_data: Instant,
     usage: StreamUsage,
     saw_stop: bool,
     wire: StreamWire,
@@ -289,6 +293,7 @@ impl StreamBody {
             upstream: Some(body),
             idle,
             sleep: Box::pin(tokio::time::sleep(idle)),
+            last_data: Instant::now(),
             usage,
             saw_stop,
             wire,
@@ -392,8 +397,7 @@ impl StreamBody {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         self.decoder.push(&data);
-                        let deadline = Instant::now() + self.idle;
-                        self.sleep.as_mut().reset(deadline);
+                        self.last_data = Instant::now();
                     }
                 }
                 Poll::Ready(Some(Err(_))) => self.end(StreamEnd::Failed(TransportFailure::Reset)),
@@ -412,10 +416,27 @@ impl StreamBody {
                         self.end(StreamEnd::Failed(TransportFailure::SlowStream));
                         continue;
                     }
-                    ready!(self.sleep.as_mut().poll(cx));
+                    if self.idle_timer_fired(cx).is_pending() {
+                        return Poll::Pending;
+                    }
                     self.end(StreamEnd::Failed(TransportFailure::Timeout));
                 }
             }
+        }
+    }
+}
+
+impl StreamBody {
+    /// Ready once `idle` has passed since the last upstream data: the timer is moved
+    /// on to `last_data + idle` when it fires early (data came since it was set).
+    fn idle_timer_fired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            ready!(self.sleep.as_mut().poll(cx));
+            let due = self.last_data + self.idle;
+            if due <= self.sleep.deadline() {
+                return Poll::Ready(());
+            }
+            self.sleep.as_mut().reset(due);
         }
     }
 }
