@@ -6,7 +6,9 @@
 //! round) so that a drift of the shared machine cannot masquerade as a difference; the
 //! medians over the rounds are reported, and each target of the issue is judged by the
 //! median of its two measurements' ratio (or, for an added latency or cost, their
-//! difference) within a round: the paired comparison. CPU per request (CPU time of the target's
+//! difference) within a round: the paired comparison. The one exception is the added
+//! streaming TTFT: a round has only ~70 streams per target, so its p99 is taken over
+//! the streams of every round pooled. CPU per request (CPU time of the target's
 //! process group over the requests it served) is the headline: it is far less noisy
 //! than latency on a shared machine.
 //!
@@ -180,6 +182,10 @@ pub struct FloorSample {
     /// Streams: TTFT net of the simulator's own wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_ttft: Option<Percentiles>,
+    /// Streams: every net TTFT of the run (ns, count), pooled over the rounds for the
+    /// TTFT verdict ([`FloorReport::pooled_net_ttft`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub net_ttft_recorded: Vec<(u64, u64)>,
     /// Streams: gaps between chunks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gap: Option<Percentiles>,
@@ -308,9 +314,30 @@ impl FloorReport {
         )
     }
 
+    /// The net TTFT percentiles of every stream `target` ran in `scenario`, all rounds
+    /// pooled (`None` without any). A run's stream scenario starts ~70 streams per
+    /// target and round (16 at once, 1.3 s each, 6 s): one round's p99 is its worst one
+    /// or two streams, so the TTFT target is judged on the pooled streams instead (the
+    /// rounds interleave the targets, so a drift of the machine reaches each of them
+    /// alike).
+    pub fn pooled_net_ttft(&self, target: &str, scenario: FloorScenario) -> Option<Percentiles> {
+        let mut pooled = super::stats::Latencies::new();
+        for s in self
+            .samples
+            .iter()
+            .filter(|s| s.target == target && s.scenario == scenario)
+        {
+            pooled.merge(&super::stats::Latencies::from_recorded(
+                &s.net_ttft_recorded,
+            ));
+        }
+        pooled.summary()
+    }
+
     /// Checks issue 22's targets. Each target compares two measurements of the same
     /// rounds, and is judged by their paired ratio ([`FloorReport::paired`]); the
-    /// medians are shown beside it.
+    /// medians are shown beside it. The streaming TTFT is judged on the pooled streams
+    /// ([`FloorReport::pooled_net_ttft`]).
     pub fn compute_verdicts(&mut self) {
         let m = |t: &str, s| self.medians(t, s);
         let cpu = |s: &FloorSample| s.cpu_us;
@@ -369,10 +396,6 @@ impl FloorReport {
                 met: paired.map(|p| p <= 1.5),
             });
         }
-        let (ks, ds) = (
-            m(KEYPOOL, FloorScenario::Stream),
-            m(DIRECT, FloorScenario::Stream),
-        );
         let stream = |f: fn(&FloorSample) -> Option<f64>| {
             self.paired(
                 KEYPOOL,
@@ -382,20 +405,26 @@ impl FloorReport {
                 f,
             )
         };
-        let ttft = stream(|s| s.net_ttft.map(|l| l.p99_us));
+        let pooled = |t: &str| self.pooled_net_ttft(t, FloorScenario::Stream);
+        let direct = pooled(DIRECT);
+        let added = |t: &str| pooled(t).zip(direct).map(|(t, d)| (t, t.p99_us - d.p99_us));
+        let ttft = added(KEYPOOL);
+        let nginx = added(NGINX).map_or_else(String::new, |(_, a)| format!("; nginx {a:+.1} us"));
         v.push(Verdict {
             goal: "added streaming TTFT p99 <= 150 us net of the simulator's wait".into(),
-            measured: ttft.map_or_else(
+            measured: ttft.zip(direct).map_or_else(
                 || "n/a".into(),
-                |a| {
+                |((k, a), d)| {
                     format!(
-                        "{a:+.1} us paired (net TTFT p99 keypool {} vs simulator alone {})",
-                        us(ks.net_ttft_p99_us.unwrap_or(0.0)),
-                        us(ds.net_ttft_p99_us.unwrap_or(0.0))
+                        "{a:+.1} us (p99 of the pooled streams: keypool {} of {}, simulator alone {} of {}{nginx})",
+                        us(k.p99_us),
+                        k.samples,
+                        us(d.p99_us),
+                        d.samples
                     )
                 },
             ),
-            met: ttft.map(|a| a <= 150.0),
+            met: ttft.map(|(_, a)| a <= 150.0),
         });
         let gap = stream(|s| s.gap.map(|l| l.p50_us)).zip(stream(|s| s.gap.map(|l| l.p99_us)));
         v.push(Verdict {
@@ -504,30 +533,29 @@ impl FloorReport {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "| stream c16 | rounds | err | net TTFT p50 µs | net TTFT p99 µs | added net TTFT p99 | gap p50 µs | gap p99 µs | CPU µs/stream |"
+            "| stream c16 | rounds | err | net TTFT p50 µs | net TTFT p99 µs | pooled streams | pooled p99 µs | added pooled p99 | gap p50 µs | gap p99 µs | CPU µs/stream |"
         );
-        let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|");
-        let direct = self.medians(DIRECT, FloorScenario::Stream);
+        let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+        let direct = self.pooled_net_ttft(DIRECT, FloorScenario::Stream);
         for target in FloorScenario::Stream.targets() {
             let md = self.medians(target, FloorScenario::Stream);
             if md.rounds == 0 {
                 continue;
             }
-            let added = match (
-                *target == DIRECT,
-                md.net_ttft_p99_us,
-                direct.net_ttft_p99_us,
-            ) {
-                (false, Some(t), Some(d)) => format!("{:+.1}", t - d),
+            let pooled = self.pooled_net_ttft(target, FloorScenario::Stream);
+            let added = match (*target == DIRECT, pooled, direct) {
+                (false, Some(t), Some(d)) => format!("{:+.1}", t.p99_us - d.p99_us),
                 _ => "-".into(),
             };
             let _ = writeln!(
                 out,
-                "| {target} | {} | {} | {} | {} | {added} | {} | {} | {} |",
+                "| {target} | {} | {} | {} | {} | {} | {} | {added} | {} | {} | {} |",
                 md.rounds,
                 md.errors,
                 cell(md.net_ttft_p50_us, 1),
                 cell(md.net_ttft_p99_us, 1),
+                pooled.map_or_else(|| "-".into(), |p| p.samples.to_string()),
+                cell(pooled.map(|p| p.p99_us), 1),
                 cell(md.gap_p50_us, 1),
                 cell(md.gap_p99_us, 1),
                 cell(md.cpu_us, 1),
@@ -860,6 +888,7 @@ pub async fn run(
                     cpu_us,
                     latency: out.latency.summary(),
                     net_ttft: out.net_ttft.summary(),
+                    net_ttft_recorded: out.net_ttft.recorded(),
                     gap: out.gap.summary(),
                 };
                 eprintln!(
@@ -915,13 +944,17 @@ mod tests {
             cpu_us: Some(cpu),
             latency: Some(pct(p99 / 3.0, p99)),
             net_ttft: None,
+            net_ttft_recorded: Vec::new(),
             gap: None,
         }
     }
 
+    /// 98 streams at half of `ttft99` and 2 at `ttft99` (µs): a p99 of `ttft99`.
     fn stream(target: &str, round: u32, ttft99: f64, gap50: f64, gap99: f64) -> FloorSample {
+        let ns = |us: f64| (us * 1000.0) as u64;
         FloorSample {
             net_ttft: Some(pct(ttft99 / 2.0, ttft99)),
+            net_ttft_recorded: vec![(ns(ttft99 / 2.0), 98), (ns(ttft99), 2)],
             gap: Some(pct(gap50, gap99)),
             ..sample(
                 target,
@@ -1040,6 +1073,40 @@ mod tests {
     }
 
     #[test]
+    fn the_ttft_verdict_pools_every_rounds_streams() {
+        let ttft = |target: &str, round: u32, recorded: Vec<(u64, u64)>| FloorSample {
+            net_ttft_recorded: recorded,
+            ..stream(target, round, 200.0, 20_050.0, 20_300.0)
+        };
+        let mut r = report();
+        r.samples.retain(|s| s.scenario != FloorScenario::Stream);
+        for round in 1..=3 {
+            r.samples.push(ttft(DIRECT, round, vec![(200_000, 100)]));
+        }
+        // Each round's p99 adds nothing in two rounds of three (a paired median of 0),
+        // but 4 slow streams of 300 put the pooled p99 at 2 ms.
+        r.samples.push(ttft(KEYPOOL, 1, vec![(200_000, 100)]));
+        r.samples.push(ttft(KEYPOOL, 2, vec![(200_000, 100)]));
+        r.samples
+            .push(ttft(KEYPOOL, 3, vec![(200_000, 96), (2_000_000, 4)]));
+        let pooled = r.pooled_net_ttft(KEYPOOL, FloorScenario::Stream).unwrap();
+        assert_eq!(pooled.samples, 300);
+        assert!((pooled.p99_us - 2_000.0).abs() < 2.0, "{pooled:?}");
+        assert!((pooled.p50_us - 200.0).abs() < 1.0, "{pooled:?}");
+        r.compute_verdicts();
+        let v = r
+            .verdicts
+            .iter()
+            .find(|v| v.goal.starts_with("added streaming TTFT"))
+            .unwrap();
+        assert_eq!(v.met, Some(false), "{v:?}");
+        assert!(v.measured.starts_with("+1800"), "{v:?}");
+        assert!(v.measured.contains("of 300"), "{v:?}");
+        let table = r.table();
+        assert!(table.contains("| 300 |"), "{table}");
+    }
+
+    #[test]
     fn verdicts_check_each_issue_target() {
         let r = report();
         let met: Vec<Option<bool>> = r.verdicts.iter().map(|v| v.met).collect();
@@ -1072,7 +1139,9 @@ mod tests {
         );
         assert_eq!(r.verdicts[8].measured, "43.0 us vs 42.0 us (paired +2.4 %)");
         assert!(
-            r.verdicts[6].measured.starts_with("+102.0 us"),
+            r.verdicts[6]
+                .measured
+                .starts_with("+102.1 us (p99 of the pooled streams: keypool 402.2 us of 300"),
             "{}",
             r.verdicts[6].measured
         );
@@ -1130,7 +1199,7 @@ mod tests {
             "{t}"
         );
         assert!(
-            t.contains("| keypool-rr8 | 3 | 0 | 201.0 | 402.0 | +102.0 |"),
+            t.contains("| keypool-rr8 | 3 | 0 | 201.0 | 402.0 | 300 | 402.2 | +102.1 |"),
             "{t}"
         );
         assert!(t.contains("| haproxy | SKIPPED: apt-get failed |"), "{t}");

@@ -45,6 +45,26 @@ impl Latencies {
         let _ = self.hist.add(&other.hist);
     }
 
+    /// Every recorded value (ns, the highest of its bucket) with its count: what
+    /// [`Latencies::from_recorded`] rebuilds the histogram from, for a report that
+    /// pools runs.
+    pub fn recorded(&self) -> Vec<(u64, u64)> {
+        self.hist
+            .iter_recorded()
+            .map(|v| (v.value_iterated_to(), v.count_at_value()))
+            .collect()
+    }
+
+    /// The histogram of [`Latencies::recorded`]'s pairs.
+    pub fn from_recorded(pairs: &[(u64, u64)]) -> Self {
+        let mut latencies = Self::new();
+        for &(nanos, count) in pairs {
+            // Clamped into the histogram's range: cannot fail.
+            let _ = latencies.hist.record_n(nanos.clamp(1, MAX_NANOS), count);
+        }
+        latencies
+    }
+
     /// Samples recorded.
     #[cfg(test)]
     pub fn len(&self) -> u64 {
