@@ -254,20 +254,23 @@ async fn an_upstream_error_frame_after_commit_is_replaced_by_the_generic_one() {
     h.finish().await;
 }
 
+/// One account `a` answering `spec`, behind `stream_idle_timeout_secs = 1`.
+async fn with_one_second_idle_timeout(spec: OkSpec) -> Harness {
+    Harness::builder()
+        .server("stream_idle_timeout_secs", "1")
+        .account(AccountSpec::new("a", Script::new(spec)))
+        .start()
+        .await
+}
+
 #[tokio::test]
 async fn a_stall_inside_a_committed_stream_ends_with_the_generic_error_frame() {
-    let h = Harness::builder()
-        .server("stream_idle_timeout_secs", "1")
-        .account(AccountSpec::new(
-            "a",
-            Script::new(
-                OkSpec::default()
-                    .chunks(3)
-                    .chunk_interval(Delay::ms(30_000)),
-            ),
-        ))
-        .start()
-        .await;
+    let h = with_one_second_idle_timeout(
+        OkSpec::default()
+            .chunks(3)
+            .chunk_interval(Delay::ms(30_000)),
+    )
+    .await;
     let started = Instant::now();
     let r = h.send_stream().await;
     let took = started.elapsed();
@@ -294,14 +297,7 @@ async fn a_stall_inside_a_committed_stream_ends_with_the_generic_error_frame() {
 #[tokio::test]
 async fn chunks_closer_than_the_idle_timeout_keep_a_stream_alive_past_it() {
     // Three pauses of 500 ms: 1.5 s in all, past the 1 s idle timeout, never 1 s silent.
-    let h = Harness::builder()
-        .server("stream_idle_timeout_secs", "1")
-        .account(AccountSpec::new(
-            "a",
-            Script::new(OkSpec::default().chunk_interval(Delay::ms(500))),
-        ))
-        .start()
-        .await;
+    let h = with_one_second_idle_timeout(OkSpec::default().chunk_interval(Delay::ms(500))).await;
     let started = Instant::now();
     let r = h.send_stream().await;
     assert!(started.elapsed() >= Duration::from_millis(1_400));

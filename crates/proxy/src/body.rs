@@ -424,9 +424,7 @@ impl StreamBody {
             }
         }
     }
-}
 
-impl StreamBody {
     /// Ready once `idle` has passed since the last upstream data: the timer is moved
     /// on to `last_data + idle` when it fires early (data came since it was set).
     fn idle_timer_fired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
