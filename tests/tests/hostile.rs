@@ -146,6 +146,61 @@ async fn headers_trickled_byte_by_byte_are_cut_at_the_header_timeout() {
     h.finish().await;
 }
 
+/// The head timeout counts from the moment the server waits for each head (after the
+/// previous answer), not from the connection's first request: heads 700 ms apart on
+/// one kept-alive connection are all served past the first head's 1 s, and the idle
+/// connection closes 1 s after its last answer.
+#[tokio::test]
+async fn the_header_timeout_counts_from_each_answer_on_a_kept_alive_connection() {
+    let h = harness(&[("header_read_timeout_secs", "1")]).await;
+    let mut socket = TcpStream::connect(host(&h)).await.unwrap();
+    let started = Instant::now();
+    for i in 0..3 {
+        if i > 0 {
+            // the client's own pace between requests, the thing under test
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+        socket
+            .write_all(b"GET /healthz HTTP/1.1\r\nhost: k\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        let read = tokio::time::timeout(Duration::from_secs(5), async {
+            while !answer.ends_with(b"\r\n\r\nok\n") {
+                match socket.read(&mut buf).await {
+                    Ok(0) | Err(_) => return false,
+                    Ok(n) => answer.extend_from_slice(&buf[..n]),
+                }
+            }
+            true
+        })
+        .await;
+        let text = String::from_utf8_lossy(&answer);
+        assert_eq!(
+            read,
+            Ok(true),
+            "request {i} at {:?}: {text}",
+            started.elapsed()
+        );
+        assert_eq!(status_of(&text), 200, "{text}");
+    }
+    assert!(started.elapsed() > Duration::from_millis(1_300));
+    let last_answer = Instant::now();
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0) | Err(_))),
+        "the idle connection must close, got {closed:?}"
+    );
+    let idle = last_answer.elapsed();
+    assert!(
+        idle >= Duration::from_millis(900) && idle < Duration::from_secs(3),
+        "closed {idle:?} after the last answer with a 1 s header timeout"
+    );
+    h.finish().await;
+}
+
 #[tokio::test]
 async fn a_body_that_stalls_gets_408() {
     let h = harness(&[("header_read_timeout_secs", "1")]).await;

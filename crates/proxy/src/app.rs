@@ -25,6 +25,7 @@ use crate::headers::{X_REQUEST_ID, add_legacy_headers};
 use crate::metrics::{InternalRoute, Metrics, UNRESOLVED};
 use crate::reject::Reject;
 use crate::route::{RouteMatch, match_path};
+use crate::timing::{Late, Paced};
 use crate::upstream::{Egress, Upstream, UpstreamClient, build_client_with};
 use crate::{admin, failover};
 
@@ -478,8 +479,7 @@ impl App {
         // key with limits, and boxed, so that this future neither holds it nor copies
         // it twice (5.6 KB each time) on every request.
         let len = body.bytes.len();
-        let admitted =
-            crate::limits::admit_boxed(self, org, key, &info, len, endpoint, now_ms()).await;
+        let admitted = crate::limits::admit_boxed(self, org, key, &info, len, endpoint).await;
         if let Some(refused) = crate::limits::into_log(self, ctx, org, key, admitted) {
             return refused;
         }
@@ -583,18 +583,17 @@ impl App {
             .ok_or_else(|| self.bodies_over_budget())?;
         let idle = Duration::from_millis(settings.header_read_timeout_ms);
         let total = Duration::from_millis(settings.body_read_timeout_ms);
-        let deadline = tokio::time::Instant::now() + total;
+        // A body that came with its head (the usual small request) is read without a
+        // clock read or a timer; the whole body's time counts from the first wait.
+        let mut paced = Paced::new(idle, total);
         let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
         let mut limited = std::pin::pin!(Limited::new(body, limit_usize));
         let mut collected = Collected::default();
         let mut len = 0u64;
         loop {
-            let wait = (tokio::time::Instant::now() + idle).min(deadline);
-            let frame = match tokio::time::timeout_at(wait, limited.as_mut().frame()).await {
-                Err(_) if tokio::time::Instant::now() >= deadline => {
-                    return Err(Reject::body_too_slow(total));
-                }
-                Err(_) => return Err(Reject::body_timeout(idle)),
+            let frame = match paced.next(limited.as_mut().frame()).await {
+                Err(Late::Total) => return Err(Reject::body_too_slow(total)),
+                Err(Late::Idle) => return Err(Reject::body_timeout(idle)),
                 Ok(None) => break,
                 Ok(Some(Err(e))) if e.downcast_ref::<LengthLimitError>().is_some() => {
                     return Err(Reject::too_large(limit));

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use crate::App;
 use crate::body::{Collected, HeldStream, StreamOutput};
 use crate::body_budget::Reservation;
+use crate::timing::Paced;
 use crate::upstream::UpstreamBody;
 use crate::watchdog::RateWatch;
 
@@ -206,8 +207,7 @@ pub(crate) async fn attempt(
         let wait = Duration::from_millis(settings.first_frame_timeout_ms);
         let limits = ReadLimits {
             max: MAX_ERROR_BODY_BYTES,
-            idle: wait,
-            deadline: Instant::now() + wait,
+            paced: Paced::new(wait, wait),
             truncate: true,
         };
         let body = read_body(&mut body, limits, None).await.unwrap_or_default();
@@ -352,8 +352,10 @@ async fn full_answer(
         .ok_or(Failure::Local(LocalFailure::BodyBudget))?;
     let limits = ReadLimits {
         max: usize::try_from(settings.max_response_body_bytes).unwrap_or(usize::MAX),
-        idle: Duration::from_millis(settings.stream_idle_timeout_ms),
-        deadline: Instant::now() + Duration::from_millis(settings.upstream_timeout_ms),
+        paced: Paced::new(
+            Duration::from_millis(settings.stream_idle_timeout_ms),
+            Duration::from_millis(settings.upstream_timeout_ms),
+        ),
         truncate: false,
     };
     let budget = (&mut held, settings.max_body_bytes_in_flight);
@@ -549,10 +551,9 @@ pub(crate) fn observe_content(
 struct ReadLimits {
     /// Most bytes.
     max: usize,
-    /// Longest wait for each chunk.
-    idle: Duration,
-    /// When the whole body must be in.
-    deadline: Instant,
+    /// Longest wait for each chunk, and for the whole body (from its first wait: a
+    /// body that came with its head is read without a clock read or a timer).
+    paced: Paced,
     /// A longer body is cut at `max` (an error body) instead of failing (an answer).
     truncate: bool,
 }
@@ -563,14 +564,13 @@ struct ReadLimits {
 /// invalid answer.
 async fn read_body(
     body: &mut UpstreamBody,
-    limits: ReadLimits,
+    mut limits: ReadLimits,
     mut budget: Option<(&mut Reservation, u64)>,
 ) -> Result<Bytes, Failure> {
     let mut collected = Collected::default();
     let mut len = 0usize;
     loop {
-        let wait = (Instant::now() + limits.idle).min(limits.deadline);
-        let frame = match tokio::time::timeout_at(wait, body.frame()).await {
+        let frame = match limits.paced.next(body.frame()).await {
             Err(_) => return Err(Failure::Transport(TransportFailure::Timeout)),
             Ok(None) => break,
             Ok(Some(Err(_))) => return Err(Failure::Transport(TransportFailure::Reset)),

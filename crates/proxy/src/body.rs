@@ -15,6 +15,7 @@ use keypool_providers::{Endpoint, FrameRole, StreamUsage, StreamWire, Usage, gen
 use keypool_sse::Decoder;
 
 use crate::body_budget::Reservation;
+use crate::timing::poll_moved_timer;
 use crate::upstream::UpstreamBody;
 use crate::watchdog::RateWatch;
 use tokio::time::{Instant, Sleep};
@@ -425,17 +426,9 @@ impl StreamBody {
         }
     }
 
-    /// Ready once `idle` has passed since the last upstream data: the timer is moved
-    /// on to `last_data + idle` when it fires early (data came since it was set).
+    /// Ready once `idle` has passed since the last upstream data.
     fn idle_timer_fired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        loop {
-            ready!(self.sleep.as_mut().poll(cx));
-            let due = self.last_data + self.idle;
-            if due <= self.sleep.deadline() {
-                return Poll::Ready(());
-            }
-            self.sleep.as_mut().reset(due);
-        }
+        poll_moved_timer(self.sleep.as_mut(), self.last_data + self.idle, cx)
     }
 }
 

@@ -109,13 +109,26 @@ impl<'a> RequestContext<'a> {
         class: Option<&'static str>,
         started_at: UnixMs,
     ) {
+        self.attempt_until(account, status, outcome, class, (started_at, now_ms()));
+    }
+
+    /// [`RequestContext::attempt`] for an attempt that ran from `span.0` to `span.1`
+    /// (unix ms), for a caller that read the clock already.
+    pub(crate) fn attempt_until(
+        &mut self,
+        account: &AccountId,
+        status: Option<u16>,
+        outcome: &'static str,
+        class: Option<&'static str>,
+        span: (UnixMs, UnixMs),
+    ) {
         if let Some(log) = self.log.as_mut() {
             log.attempts.push(AttemptRecord {
                 account: account.clone(),
                 status,
                 outcome: Cow::Borrowed(outcome),
                 class: class.map(Cow::Borrowed),
-                ms: now_ms().saturating_sub(started_at),
+                ms: span.1.saturating_sub(span.0),
             });
         }
     }

@@ -50,6 +50,7 @@ use crate::connection::ClientInfo;
 use crate::h1::{
     self, BodyFraming, BodyReader, Framing, ParsedRequest, RequestError, ResponseFraming, Span,
 };
+use crate::timing::poll_moved_timer;
 
 /// Bytes of a next request a client may send ahead while its previous one is answered
 /// (more are left in the socket until then).
@@ -79,12 +80,13 @@ pub(crate) async fn serve(
         out: Vec::with_capacity(512),
         info,
     };
+    // Armed once; each request's deadline moves it only when it fires early
+    // (`poll_moved_timer`), not at every request.
     let timer = tokio::time::sleep(header_read_timeout);
     tokio::pin!(timer);
     loop {
         let deadline = tokio::time::Instant::now() + header_read_timeout;
-        timer.as_mut().reset(deadline);
-        let head = match conn.read_head(timer.as_mut(), &mut drain).await {
+        let head = match conn.read_head(timer.as_mut(), deadline, &mut drain).await {
             Ok(Some(head)) => head,
             Ok(None) => break,
             Err(Some(error)) => {
@@ -168,6 +170,7 @@ impl Conn {
     async fn read_head(
         &mut self,
         mut timer: Pin<&mut tokio::time::Sleep>,
+        deadline: tokio::time::Instant,
         drain: &mut watch::Receiver<bool>,
     ) -> Result<Option<h1::RequestHead>, Option<RequestError>> {
         let Some(inbound) = self.inbound.as_mut() else {
@@ -188,13 +191,13 @@ impl Conn {
                 tokio::select! {
                     biased;
                     _ = drain.changed() => Ok(None),
-                    () = timer.as_mut() => Ok(None),
+                    () = poll_fn(|cx| poll_moved_timer(timer.as_mut(), deadline, cx)) => Ok(None),
                     read = fill => read.map(Some),
                 }
             } else {
                 tokio::select! {
                     biased;
-                    () = timer.as_mut() => Ok(None),
+                    () = poll_fn(|cx| poll_moved_timer(timer.as_mut(), deadline, cx)) => Ok(None),
                     read = fill => read.map(Some),
                 }
             };
@@ -429,21 +432,32 @@ impl Conn {
 /// Writes every byte of `parts`, in order, with as few vectored writes as the socket
 /// allows.
 async fn write_vectored_all(write: &mut OwnedWriteHalf, parts: &[&[u8]]) -> io::Result<()> {
+    /// Parts whose slices are kept on the stack: an answer's head and body (a stream's
+    /// batches of frames take a vector).
+    const ON_STACK: usize = 4;
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let mut done = 0;
-    let mut slices = Vec::with_capacity(parts.len());
+    let mut on_stack = [IoSlice::new(&[]); ON_STACK];
+    let mut on_heap = Vec::new();
+    let slices: &mut [IoSlice<'_>] = if parts.len() <= ON_STACK {
+        &mut on_stack[..parts.len()]
+    } else {
+        on_heap.resize(parts.len(), IoSlice::new(&[]));
+        &mut on_heap
+    };
     while done < total {
         let mut skip = done;
-        slices.clear();
+        let mut used = 0;
         for part in parts {
             if skip >= part.len() {
                 skip -= part.len();
                 continue;
             }
-            slices.push(IoSlice::new(&part[skip..]));
+            slices[used] = IoSlice::new(&part[skip..]);
+            used += 1;
             skip = 0;
         }
-        let written = write.write_vectored(&slices).await?;
+        let written = write.write_vectored(&slices[..used]).await?;
         if written == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }

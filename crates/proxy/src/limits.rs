@@ -17,6 +17,7 @@ use keypool_ledger::{
 use keypool_providers::{Endpoint, ErrorType, RequestInfo};
 use keypool_store::config::{LbKey, Org};
 use keypool_store::limits::{LimitCheck, LimitDenial, LimitGuard};
+use keypool_store::now_ms;
 
 use crate::App;
 use crate::reject::{Reject, format_utc};
@@ -49,7 +50,8 @@ pub(crate) fn any(org: &Org, key: &LbKey) -> bool {
 
 /// [`admit`] for a key with limits, boxed (its future is large: it holds the Redis
 /// round trip), so that the request's future neither holds it nor copies it twice (5.6
-/// KB each time) on every request; a key without any is admitted at once.
+/// KB each time) on every request; a key without any is admitted at once (without
+/// reading the clock).
 pub(crate) async fn admit_boxed(
     app: &App,
     org: &Org,
@@ -57,12 +59,11 @@ pub(crate) async fn admit_boxed(
     info: &RequestInfo,
     len: usize,
     endpoint: Endpoint,
-    now: UnixMs,
 ) -> Result<Admitted, Refused> {
     if !any(org, key) {
         return Ok(Admitted::default());
     }
-    Box::pin(admit(app, org, key, info, len, endpoint, now)).await
+    Box::pin(admit(app, org, key, info, len, endpoint, now_ms())).await
 }
 
 /// Checks `key`'s limits for a request: no guard when the key has none (nothing to

@@ -127,7 +127,15 @@ pub(super) fn commit(
         ReadyKind::Full { status, .. } => status.as_u16(),
         ReadyKind::Stream { .. } => StatusCode::OK.as_u16(),
     };
-    ctx.attempt(&account, Some(status), "ok", None, running.started_at);
+    // one clock read for the attempt's end, its credit and the account's last use
+    let now = now_ms();
+    ctx.attempt_until(
+        &account,
+        Some(status),
+        "ok",
+        None,
+        (running.started_at, now),
+    );
     if let Some(log) = ctx.log_mut() {
         log.served_by = Some(account.clone());
         log.served_by_oauth = ready.account.auth() == AuthType::OAuth;
@@ -160,7 +168,7 @@ pub(super) fn commit(
                 model: ready.account.model().unwrap_or(call.model),
             };
             let in_flight = &running.in_flight;
-            credit_success(app, &attempt, in_flight, ready.ttft_ms, total_ms, now_ms());
+            credit_success(app, &attempt, in_flight, ready.ttft_ms, total_ms, now);
             if let Some(log) = ctx.log_mut() {
                 log.usage = usage;
             }
@@ -170,7 +178,7 @@ pub(super) fn commit(
             response
         }
         ReadyKind::Stream { stream, started } => {
-            app.store().mark_used(&account, now_ms());
+            app.store().mark_used(&account, now);
             ctx.answered(StatusCode::OK.as_u16());
             let finish = StreamCompletion {
                 app: app.clone(),

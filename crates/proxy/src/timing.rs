@@ -1,0 +1,134 @@
+//! Timeouts on the request path that cost no clock read and no timer-wheel operation
+//! in the usual case (issue 22): a body that is already there is taken at once, and a
+//! deadline that only moves later leaves its timer where it is until it fires.
+
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+
+/// Ready once `due` has passed, for a timer whose deadline only ever moves later and
+/// is not reset at each move (a timer-wheel removal and insertion): `sleep` is left
+/// armed where it was and, when it fires before `due`, moved on to `due`.
+pub(crate) fn poll_moved_timer(
+    mut sleep: Pin<&mut Sleep>,
+    due: Instant,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    loop {
+        ready!(sleep.as_mut().poll(cx));
+        if due <= sleep.deadline() {
+            return Poll::Ready(());
+        }
+        sleep.as_mut().reset(due);
+    }
+}
+
+/// The limits of reading a body piece by piece: each piece within `idle` of asking
+/// for it, the whole within `total` of the first wait.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Paced {
+    pub idle: Duration,
+    pub total: Duration,
+    /// Set the first time a piece is not there at once.
+    deadline: Option<Instant>,
+}
+
+/// Why [`Paced::next`] gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Late {
+    /// Nothing came for `idle`.
+    Idle,
+    /// The whole was not in within `total`.
+    Total,
+}
+
+impl Paced {
+    pub(crate) fn new(idle: Duration, total: Duration) -> Self {
+        Self {
+            idle,
+            total,
+            deadline: None,
+        }
+    }
+
+    /// `next`'s output: taken at once when it is ready (no clock read, no timer), else
+    /// awaited within the limits.
+    pub(crate) async fn next<F: Future + Unpin>(&mut self, mut next: F) -> Result<F::Output, Late> {
+        let ready = poll_fn(|cx| {
+            Poll::Ready(match Pin::new(&mut next).poll(cx) {
+                Poll::Ready(output) => Some(output),
+                Poll::Pending => None,
+            })
+        })
+        .await;
+        if let Some(output) = ready {
+            return Ok(output);
+        }
+        let now = Instant::now();
+        let deadline = *self.deadline.get_or_insert(now + self.total);
+        tokio::time::timeout_at((now + self.idle).min(deadline), next)
+            .await
+            .map_err(|_| {
+                if Instant::now() >= deadline {
+                    Late::Total
+                } else {
+                    Late::Idle
+                }
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A piece that is there is taken without arming anything; one that never comes is
+    /// `Idle` after `idle`, and pieces that keep coming just within `idle` end at
+    /// `total` of the first wait.
+    #[tokio::test(start_paused = true)]
+    async fn pieces_wait_idle_each_and_total_in_all() {
+        let mut paced = Paced::new(Duration::from_secs(2), Duration::from_secs(5));
+        assert_eq!(paced.next(std::future::ready(7)).await, Ok(7));
+        assert_eq!(paced.deadline, None);
+
+        let start = Instant::now();
+        let never = std::future::pending::<()>();
+        assert_eq!(paced.next(never).await, Err(Late::Idle));
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+
+        let mut paced = Paced::new(Duration::from_secs(2), Duration::from_secs(5));
+        let start = Instant::now();
+        let mut pieces = 0;
+        let mut end = None;
+        for _ in 0..10 {
+            let piece = Box::pin(tokio::time::sleep(Duration::from_millis(1_900)));
+            match paced.next(piece).await {
+                Ok(()) => pieces += 1,
+                Err(late) => {
+                    end = Some(late);
+                    break;
+                }
+            }
+        }
+        assert_eq!(end, Some(Late::Total));
+        assert_eq!(pieces, 2);
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+    }
+
+    /// A moved timer fires at the last deadline it was given, not at its first.
+    #[tokio::test(start_paused = true)]
+    async fn a_moved_timer_fires_at_its_last_deadline() {
+        let start = Instant::now();
+        let sleep = tokio::time::sleep(Duration::from_secs(1));
+        tokio::pin!(sleep);
+        let due = start + Duration::from_secs(3);
+        poll_fn(|cx| poll_moved_timer(sleep.as_mut(), due, cx)).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        // a deadline already passed is ready at once
+        poll_fn(|cx| poll_moved_timer(sleep.as_mut(), start, cx)).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+    }
+}
