@@ -32,7 +32,7 @@ use crate::App;
 use crate::body::{Collected, HeldStream, StreamOutput};
 use crate::body_budget::Reservation;
 use crate::timing::Paced;
-use crate::upstream::UpstreamBody;
+use crate::upstream::{SendError, UpstreamBody};
 use crate::watchdog::RateWatch;
 
 /// Most bytes of an upstream error body read (to classify it and for the pass-through
@@ -184,16 +184,19 @@ pub(crate) async fn attempt(
     })?;
     let upstream_timeout = Duration::from_millis(settings.upstream_timeout_ms);
     let upstream = call.app.upstream_for(&account);
-    let response = match tokio::time::timeout(upstream_timeout, upstream.send(&head, &body)).await {
-        Err(_) => return Err(Failure::Transport(TransportFailure::Timeout)),
-        Ok(Err(e)) if is_local_resource_error(&e) => {
+    let response = match upstream
+        .send(&head, &body, started + upstream_timeout)
+        .await
+    {
+        Err(SendError::Timeout) => return Err(Failure::Transport(TransportFailure::Timeout)),
+        Err(e) if is_local_resource_error(&e) => {
             return Err(Failure::Local(LocalFailure::Resources));
         }
-        Ok(Err(e)) if e.is_connect() => {
+        Err(e) if e.is_connect() => {
             return Err(Failure::Transport(TransportFailure::Connect));
         }
-        Ok(Err(_)) => return Err(Failure::Transport(TransportFailure::Reset)),
-        Ok(Ok(response)) => response,
+        Err(_) => return Err(Failure::Transport(TransportFailure::Reset)),
+        Ok(response) => response,
     };
     let (parts, mut body) = response.into_parts();
     let received_at = now_ms();

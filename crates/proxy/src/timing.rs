@@ -9,14 +9,18 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
-/// Ready once `due` has passed, for a timer whose deadline only ever moves later and
-/// is not reset at each move (a timer-wheel removal and insertion): `sleep` is left
-/// armed where it was and, when it fires before `due`, moved on to `due`.
+/// Ready once `due` has passed, for a timer whose deadline usually moves later and is
+/// not reset at each move (a timer-wheel removal and insertion): `sleep` is left armed
+/// where it was and, when it fires before `due`, moved on to `due`. A `due` earlier
+/// than the timer's deadline (a timeout shortened by a reload) is set at once.
 pub(crate) fn poll_moved_timer(
     mut sleep: Pin<&mut Sleep>,
     due: Instant,
     cx: &mut Context<'_>,
 ) -> Poll<()> {
+    if due < sleep.deadline() {
+        sleep.as_mut().reset(due);
+    }
     loop {
         ready!(sleep.as_mut().poll(cx));
         if due <= sleep.deadline() {
@@ -118,7 +122,8 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::from_secs(5));
     }
 
-    /// A moved timer fires at the last deadline it was given, not at its first.
+    /// A moved timer fires at the last deadline it was given, not at its first, nor
+    /// later than a deadline earlier than its own.
     #[tokio::test(start_paused = true)]
     async fn a_moved_timer_fires_at_its_last_deadline() {
         let start = Instant::now();
@@ -130,5 +135,12 @@ mod tests {
         // a deadline already passed is ready at once
         poll_fn(|cx| poll_moved_timer(sleep.as_mut(), start, cx)).await;
         assert_eq!(start.elapsed(), Duration::from_secs(3));
+        // a timer armed later than its due (a shortened timeout) fires at the due
+        let start = Instant::now();
+        let sleep = tokio::time::sleep(Duration::from_secs(10));
+        tokio::pin!(sleep);
+        let due = start + Duration::from_secs(2);
+        poll_fn(|cx| poll_moved_timer(sleep.as_mut(), due, cx)).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
     }
 }

@@ -34,11 +34,12 @@ use hyper_rustls::ConfigBuilderExt;
 use keypool_providers::UpstreamHead;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::{BoxError, Egress, EgressConnector};
 use crate::h1::{self, BodyReader, Parsed};
+use crate::timing::poll_moved_timer;
 
 /// How long an idle connection is kept.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -61,6 +62,8 @@ pub(crate) enum SendError {
     Connect(BoxError),
     /// The connection failed, or the answer is not HTTP/1.1 keypool can read.
     Io(io::Error),
+    /// The answer's head was not in by the deadline.
+    Timeout,
 }
 
 impl SendError {
@@ -75,6 +78,7 @@ impl std::fmt::Display for SendError {
         match self {
             Self::Connect(e) => write!(f, "cannot connect to the upstream: {e}"),
             Self::Io(e) => write!(f, "upstream connection failed: {e}"),
+            Self::Timeout => write!(f, "the upstream's answer did not start in time"),
         }
     }
 }
@@ -84,6 +88,7 @@ impl std::error::Error for SendError {
         match self {
             Self::Connect(e) => Some(e.as_ref()),
             Self::Io(e) => Some(e),
+            Self::Timeout => None,
         }
     }
 }
@@ -166,28 +171,50 @@ impl Upstream {
         })
     }
 
-    /// Sends `head` with `body` and reads the answer's head; the body is read from the
-    /// returned response.
+    /// Sends `head` with `body` and reads the answer's head by `deadline`; the body is
+    /// read from the returned response.
+    ///
+    /// The deadline is kept by the connection's own timer, armed once and moved on
+    /// when it fires early ([`poll_moved_timer`]): a pooled connection's next request
+    /// costs no timer-wheel insertion and removal.
     ///
     /// # Errors
     /// [`SendError::Connect`] when no connection could be made, [`SendError::Io`] when
-    /// the exchange failed before the answer's head was read.
+    /// the exchange failed before the answer's head was read, [`SendError::Timeout`]
+    /// when the head was not in by `deadline`.
     pub(crate) async fn send(
         self: &Arc<Self>,
         head: &UpstreamHead,
         body: &Bytes,
+        deadline: Instant,
     ) -> Result<Response<UpstreamBody>, SendError> {
         let (tls, authority) = origin(&head.uri)?;
-        let mut conn = match poll_fn(|cx| Poll::Ready(self.checkout(cx, tls, authority))).await {
-            Some(mut pooled) => match pooled.write_request(head, body).await {
-                Ok(()) => pooled,
-                // Gone while idle (the upstream cannot have read the request): once
-                // more on a fresh connection.
-                Err(_) => self.fresh(head, body, tls, authority).await?,
-            },
-            None => self.fresh(head, body, tls, authority).await?,
+        let mut pooled = poll_fn(|cx| Poll::Ready(self.checkout(cx, tls, authority))).await;
+        let mut timer = pooled
+            .as_mut()
+            .and_then(|conn| conn.timer.take())
+            .unwrap_or_else(|| Box::pin(tokio::time::sleep_until(deadline)));
+        let exchange = async {
+            let mut conn = match pooled {
+                Some(mut pooled) => match pooled.write_request(head, body).await {
+                    Ok(()) => pooled,
+                    // Gone while idle (the upstream cannot have read the request): once
+                    // more on a fresh connection.
+                    Err(_) => self.fresh(head, body, tls, authority).await?,
+                },
+                None => self.fresh(head, body, tls, authority).await?,
+            };
+            let answer = conn.read_head().await.map_err(SendError::Io)?;
+            Ok::<_, SendError>((conn, answer))
         };
-        let answer = conn.read_head().await.map_err(SendError::Io)?;
+        let (mut conn, answer) = tokio::select! {
+            biased;
+            exchanged = exchange => exchanged?,
+            () = poll_fn(|cx| poll_moved_timer(timer.as_mut(), deadline, cx)) => {
+                return Err(SendError::Timeout);
+            }
+        };
+        conn.timer = Some(timer);
         let (framing, keep_alive) = h1::framing(&head.method, &answer).map_err(SendError::Io)?;
         let mut response = Response::new(UpstreamBody {
             conn: Some(conn),
@@ -245,6 +272,7 @@ impl Upstream {
             tls,
             authority: authority.into(),
             host: h1::host_header(uri),
+            timer: None,
         }))
     }
 
@@ -441,6 +469,9 @@ pub(crate) struct Conn {
     /// The `host` header of every request on this connection (its origin's, computed
     /// once: the pool keys connections by origin).
     host: Box<[u8]>,
+    /// The timer of its requests' deadlines ([`Upstream::send`]), from its first
+    /// answer on.
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl Conn {
@@ -712,6 +743,11 @@ mod tests {
         Upstream::new(Egress::Direct)
     }
 
+    /// A deadline no test reaches.
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
     async fn body_of(response: Response<UpstreamBody>) -> Vec<u8> {
         response
             .into_body()
@@ -742,7 +778,7 @@ mod tests {
         let client = client();
         for i in 0..3 {
             let body = Bytes::from(format!("{{\"n\":{i}}}"));
-            let response = client.send(&head(&base), &body).await.unwrap();
+            let response = client.send(&head(&base), &body, far()).await.unwrap();
             assert_eq!(response.status(), StatusCode::OK);
             assert_eq!(response.headers()["content-type"], "application/json");
             assert_eq!(body_of(response).await, b"{}");
@@ -781,10 +817,16 @@ mod tests {
         })
         .await;
         let client = client();
-        let first = client.send(&head(&base), &Bytes::new()).await.unwrap();
+        let first = client
+            .send(&head(&base), &Bytes::new(), far())
+            .await
+            .unwrap();
         assert_eq!(body_of(first).await, b"a");
         assert_eq!(client.idle(), 0);
-        let second = client.send(&head(&base), &Bytes::new()).await.unwrap();
+        let second = client
+            .send(&head(&base), &Bytes::new(), far())
+            .await
+            .unwrap();
         assert_eq!(body_of(second).await, b"until the close");
         assert_eq!(client.idle(), 0);
         assert_eq!(connections.load(Ordering::SeqCst), 2);
@@ -804,11 +846,64 @@ mod tests {
         .await;
         let client = client();
         for _ in 0..2 {
-            let response = client.send(&head(&base), &Bytes::new()).await.unwrap();
+            let response = client
+                .send(&head(&base), &Bytes::new(), far())
+                .await
+                .unwrap();
             assert_eq!(response.status(), StatusCode::OK);
             assert_eq!(body_of(response).await, b"hello world");
             assert_eq!(client.idle(), 1, "a clean end pools the connection");
         }
+    }
+
+    /// A pooled connection keeps one timer for its requests' deadlines: a timer that
+    /// fired while the connection was idle does not fail the next request (it is moved
+    /// on to that request's deadline), and a deadline earlier than the timer's is kept
+    /// (the timer is moved back to it).
+    #[tokio::test]
+    async fn each_request_on_a_pooled_connection_keeps_its_own_deadline() {
+        let (base, connections) = upstream(|mut stream, _| async move {
+            let mut buf = Vec::new();
+            let mut n = 0;
+            while read_request(&mut stream, &mut buf).await.is_some() {
+                match n {
+                    0 => {}
+                    // the upstream's own pace, the thing under test
+                    1 => tokio::time::sleep(Duration::from_millis(400)).await,
+                    _ => tokio::time::sleep(Duration::from_secs(30)).await,
+                }
+                stream.write_all(OK).await.unwrap();
+                n += 1;
+            }
+        })
+        .await;
+        let client = client();
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let first = client
+            .send(&head(&base), &Bytes::new(), deadline)
+            .await
+            .unwrap();
+        assert_eq!(body_of(first).await, b"{}");
+        // the connection's timer fires while it is idle
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let second = client.send(&head(&base), &Bytes::new(), deadline).await;
+        let second = second.expect("the second request has its own deadline");
+        assert_eq!(body_of(second).await, b"{}");
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(300);
+        let third = client.send(&head(&base), &Bytes::new(), deadline).await;
+        assert!(
+            matches!(third, Err(SendError::Timeout)),
+            "{:?}",
+            third.as_ref().err()
+        );
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+            "timed out after {took:?} with a 300 ms deadline"
+        );
+        assert_eq!(connections.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
@@ -823,12 +918,18 @@ mod tests {
         })
         .await;
         let client = client();
-        let mut response = client.send(&head(&base), &Bytes::new()).await.unwrap();
+        let mut response = client
+            .send(&head(&base), &Bytes::new(), far())
+            .await
+            .unwrap();
         let first = response.body_mut().frame().await.unwrap().unwrap();
         assert_eq!(first.into_data().unwrap(), "half");
         drop(response);
         assert_eq!(client.idle(), 0);
-        let _ = client.send(&head(&base), &Bytes::new()).await.unwrap();
+        let _ = client
+            .send(&head(&base), &Bytes::new(), far())
+            .await
+            .unwrap();
         assert_eq!(connections.load(Ordering::SeqCst), 2);
     }
 
@@ -845,10 +946,13 @@ mod tests {
         })
         .await;
         let client = client();
-        let response = client.send(&head(&base), &Bytes::new()).await.unwrap();
+        let response = client
+            .send(&head(&base), &Bytes::new(), far())
+            .await
+            .unwrap();
         let error = response.into_body().collect().await.unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
-        match client.send(&head(&base), &Bytes::new()).await {
+        match client.send(&head(&base), &Bytes::new(), far()).await {
             Err(SendError::Io(e)) => assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof),
             other => panic!("{other:?}"),
         }
@@ -872,7 +976,10 @@ mod tests {
         // probed at once, as a connection idle past PROBE_AFTER is
         let client = Upstream::with_probe_after(Egress::Direct, Duration::ZERO);
         for _ in 0..3 {
-            let response = client.send(&head(&base), &Bytes::new()).await.unwrap();
+            let response = client
+                .send(&head(&base), &Bytes::new(), far())
+                .await
+                .unwrap();
             assert_eq!(body_of(response).await, b"{}");
             closed.recv().await.unwrap();
         }
@@ -901,11 +1008,14 @@ mod tests {
         .await;
         // not probed: the readiness the event loop saw, or the write, finds the reset
         let client = client();
-        let first = client.send(&head(&base), &Bytes::new()).await.unwrap();
+        let first = client
+            .send(&head(&base), &Bytes::new(), far())
+            .await
+            .unwrap();
         assert_eq!(body_of(first).await, b"{}");
         reset.recv().await.unwrap();
         let body = Bytes::from(vec![b'x'; 256 * 1024]);
-        let second = client.send(&head(&base), &body).await.unwrap();
+        let second = client.send(&head(&base), &body, far()).await.unwrap();
         assert_eq!(body_of(second).await, b"{}");
         assert_eq!(connections.load(Ordering::SeqCst), 2);
     }
@@ -914,12 +1024,18 @@ mod tests {
     async fn idle_connections_expire_and_the_pool_is_bounded() {
         let (base, connections) = upstream(|stream, _| answer_all(stream, OK)).await;
         let client = client();
-        let response = client.send(&head(&base), &Bytes::new()).await.unwrap();
+        let response = client
+            .send(&head(&base), &Bytes::new(), far())
+            .await
+            .unwrap();
         assert_eq!(body_of(response).await, b"{}");
         assert_eq!(client.idle(), 1);
         tokio::time::advance(IDLE_TIMEOUT + Duration::from_secs(1)).await;
         // taken past its timeout: closed, and a fresh connection made
-        let response = client.send(&head(&base), &Bytes::new()).await.unwrap();
+        let response = client
+            .send(&head(&base), &Bytes::new(), far())
+            .await
+            .unwrap();
         assert_eq!(body_of(response).await, b"{}");
         assert_eq!(connections.load(Ordering::SeqCst), 2);
         // the sweeper closes what nobody takes
@@ -931,7 +1047,12 @@ mod tests {
         let many = MAX_IDLE_PER_ORIGIN + 3;
         let mut responses = Vec::new();
         for _ in 0..many {
-            responses.push(client.send(&head(&base), &Bytes::new()).await.unwrap());
+            responses.push(
+                client
+                    .send(&head(&base), &Bytes::new(), far())
+                    .await
+                    .unwrap(),
+            );
         }
         for response in responses {
             assert_eq!(body_of(response).await, b"{}");
@@ -950,7 +1071,11 @@ mod tests {
             .port();
         let client = client();
         let refused = client
-            .send(&head(&format!("http://127.0.0.1:{port}")), &Bytes::new())
+            .send(
+                &head(&format!("http://127.0.0.1:{port}")),
+                &Bytes::new(),
+                far(),
+            )
             .await
             .unwrap_err();
         assert!(refused.is_connect(), "{refused}");
@@ -960,7 +1085,7 @@ mod tests {
             let _ = stream.write_all(b"SSH-2.0-OpenSSH_9.2\r\n\r\n").await;
         })
         .await;
-        match client.send(&head(&base), &Bytes::new()).await {
+        match client.send(&head(&base), &Bytes::new(), far()).await {
             Err(SendError::Io(e)) => assert_eq!(e.kind(), io::ErrorKind::InvalidData),
             other => panic!("{other:?}"),
         }

@@ -16,7 +16,7 @@
 mod conn;
 
 pub use conn::{IDLE_TIMEOUT, MAX_IDLE_PER_ORIGIN};
-pub(crate) use conn::{Upstream, UpstreamBody};
+pub(crate) use conn::{SendError, Upstream, UpstreamBody};
 
 use std::future::Future;
 use std::pin::Pin;
