@@ -109,7 +109,9 @@ impl<'a> RequestContext<'a> {
         class: Option<&'static str>,
         started_at: UnixMs,
     ) {
-        self.attempt_until(account, status, outcome, class, (started_at, now_ms()));
+        if self.log.is_some() {
+            self.attempt_until(account, status, outcome, class, (started_at, now_ms()));
+        }
     }
 
     /// [`RequestContext::attempt`] for an attempt that ran from `span.0` to `span.1`
