@@ -2,8 +2,8 @@
 //! `anthropic-ratelimit-*` family, `retry-after` and `retry-after-ms`, read into the
 //! neutral [`RateLimitInfo`] of `keypool-cooldown`, which never sees a header.
 //!
-//! Every function here is pure: it reads an [`http::HeaderMap`] or one
-//! [`http::HeaderValue`] and, where a header is relative to "now" (`retry-after` as an
+//! Every function here is pure: it reads a response's header lines (an
+//! [`http::HeaderMap`] or any [`HeaderLines`]) or one header value and, where a header is relative to "now" (`retry-after` as an
 //! HTTP date), takes `now` as an argument. A value that does not parse is ignored
 //! (`None`), never an error and never a panic: upstream headers are untrusted input.
 //! Every reset is bounded ([`RateLimitInfo::bound_resets`]) before the facts leave this
@@ -38,7 +38,7 @@
 
 use std::time::UNIX_EPOCH;
 
-use http::{HeaderMap, HeaderValue};
+use crate::response::{HeaderLines, visible_text};
 use keypool_cooldown::facts::{FamilyWeekly, RateLimitInfo, ResetKind, UnifiedStatus, WindowUsage};
 use keypool_core::{ModelFamily, UnixMs};
 
@@ -106,14 +106,14 @@ pub const fn reset_header(kind: ResetKind) -> &'static str {
 /// Reads every rate-limit header keypool knows from `headers`. `now` turns an
 /// HTTP-date `retry-after` into a delay and bounds every reset
 /// ([`RateLimitInfo::bound_resets`], reported in `corrections`).
-pub fn rate_limit_facts(headers: &HeaderMap, now: UnixMs) -> RateLimitInfo {
+pub fn rate_limit_facts<H: HeaderLines + ?Sized>(headers: &H, now: UnixMs) -> RateLimitInfo {
     let mut info = parse(headers, now);
     info.corrections = info.bound_resets(now);
     info
 }
 
 /// The headers as sent, without bounding the resets.
-fn parse(headers: &HeaderMap, now: UnixMs) -> RateLimitInfo {
+fn parse<H: HeaderLines + ?Sized>(headers: &H, now: UnixMs) -> RateLimitInfo {
     let found = Found::scan(headers);
     let get = |slot: usize| found.0[slot];
     let retry_after_ms = get(Found::RETRY_AFTER_MS)
@@ -145,7 +145,7 @@ fn parse(headers: &HeaderMap, now: UnixMs) -> RateLimitInfo {
 /// The first value of every header [`RateLimitInfo`] reads, found in one pass over the
 /// map (as `HeaderMap::get` would: the first value of a repeated header). One pass
 /// compares each name once instead of hashing twelve names per response.
-struct Found<'h>([Option<&'h HeaderValue>; 22]);
+struct Found<'h>([Option<&'h [u8]>; 22]);
 
 impl<'h> Found<'h> {
     const RETRY_AFTER: usize = 0;
@@ -162,16 +162,18 @@ impl<'h> Found<'h> {
     /// Per family (in [`ModelFamily::ALL`] order): utilisation, reset, status.
     const FAMILY: usize = 13;
 
-    fn slot(name: &str) -> Option<usize> {
-        const PREFIX: &str = "anthropic-ratelimit-";
+    fn slot(name: &[u8]) -> Option<usize> {
+        const PREFIX: &[u8] = b"anthropic-ratelimit-";
         let Some(rest) = name.strip_prefix(PREFIX) else {
-            return match name {
-                RETRY_AFTER => Some(Self::RETRY_AFTER),
-                RETRY_AFTER_MS => Some(Self::RETRY_AFTER_MS),
-                _ => None,
+            return if name == RETRY_AFTER.as_bytes() {
+                Some(Self::RETRY_AFTER)
+            } else if name == RETRY_AFTER_MS.as_bytes() {
+                Some(Self::RETRY_AFTER_MS)
+            } else {
+                None
             };
         };
-        let slot = |full: &str| full.get(PREFIX.len()..) == Some(rest);
+        let slot = |full: &str| full.as_bytes().get(PREFIX.len()..) == Some(rest);
         [
             (UNIFIED_STATUS, Self::UNIFIED_STATUS),
             (UNIFIED_RESET, Self::UNIFIED_RESET),
@@ -189,7 +191,7 @@ impl<'h> Found<'h> {
         .find_map(|(full, index)| slot(full).then_some(index))
         .or_else(|| {
             // `unified-7d_<family>-*`: only looked at for names that start so.
-            rest.strip_prefix("unified-7d_")?;
+            rest.strip_prefix(b"unified-7d_")?;
             UNIFIED_7D_FAMILY
                 .iter()
                 .flatten()
@@ -198,19 +200,15 @@ impl<'h> Found<'h> {
         })
     }
 
-    fn scan(headers: &'h HeaderMap) -> Self {
+    fn scan<H: HeaderLines + ?Sized>(headers: &'h H) -> Self {
         let mut found = Self([None; 22]);
-        for (name, value) in headers {
-            if let Some(slot) = Self::slot(name.as_str()) {
+        for (name, value) in headers.lines() {
+            if let Some(slot) = Self::slot(name) {
                 found.0[slot].get_or_insert(value);
             }
         }
         found
     }
-}
-
-fn value_str(value: &HeaderValue) -> Option<&str> {
-    value.to_str().ok().map(str::trim)
 }
 
 /// A non-negative decimal number (`12`, `1.5`, `.5`) as an integer count of
@@ -248,8 +246,8 @@ fn parse_decimal_scaled(s: &str, scale: u64) -> Option<u64> {
 /// Parses `retry-after`: delay-seconds (`120`; a fraction like `1.5` is accepted) or an
 /// HTTP date (`Wed, 21 Oct 2015 07:28:00 GMT`), returned as a delay in ms from `now`.
 /// A date at or before `now` gives `Some(0)`.
-pub fn parse_retry_after(value: &HeaderValue, now: UnixMs) -> Option<u64> {
-    let s = value_str(value)?;
+pub fn parse_retry_after(value: impl AsRef<[u8]>, now: UnixMs) -> Option<u64> {
+    let s = visible_text(value.as_ref())?;
     if let Some(ms) = parse_decimal_scaled(s, 1000) {
         return Some(ms);
     }
@@ -260,25 +258,25 @@ pub fn parse_retry_after(value: &HeaderValue, now: UnixMs) -> Option<u64> {
 
 /// Parses `retry-after-ms`: a non-negative number of milliseconds (fractions are
 /// rounded down).
-pub fn parse_retry_after_ms(value: &HeaderValue) -> Option<u64> {
-    parse_decimal_scaled(value_str(value)?, 1)
+pub fn parse_retry_after_ms(value: impl AsRef<[u8]>) -> Option<u64> {
+    parse_decimal_scaled(visible_text(value.as_ref())?, 1)
 }
 
 /// Parses a unix-seconds timestamp (`1700000000`, fractions accepted) into unix ms.
-pub fn parse_unix_seconds(value: &HeaderValue) -> Option<UnixMs> {
-    parse_decimal_scaled(value_str(value)?, 1000)
+pub fn parse_unix_seconds(value: impl AsRef<[u8]>) -> Option<UnixMs> {
+    parse_decimal_scaled(visible_text(value.as_ref())?, 1000)
 }
 
 /// Parses a timestamp given either as RFC 3339 (Anthropic's `-requests-reset`) or as
 /// unix seconds, into unix ms.
-pub fn parse_timestamp(value: &HeaderValue) -> Option<UnixMs> {
-    let s = value_str(value)?;
+pub fn parse_timestamp(value: impl AsRef<[u8]>) -> Option<UnixMs> {
+    let s = visible_text(value.as_ref())?;
     parse_decimal_scaled(s, 1000).or_else(|| parse_rfc3339(s))
 }
 
 /// Parses a utilisation fraction: a finite, non-negative decimal (`0.97`, `1`, `1.2`).
-pub fn parse_utilization(value: &HeaderValue) -> Option<f64> {
-    let s = value_str(value)?;
+pub fn parse_utilization(value: impl AsRef<[u8]>) -> Option<f64> {
+    let s = visible_text(value.as_ref())?;
     // Reject what `f64::from_str` accepts but no upstream sends: inf, nan, exponents, signs.
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
         return None;
@@ -289,8 +287,8 @@ pub fn parse_utilization(value: &HeaderValue) -> Option<f64> {
 
 /// Parses a unified status (`allowed`, `allowed_warning`, `rejected`; ASCII case
 /// ignored). Unknown values are ignored.
-pub fn parse_unified_status(value: &HeaderValue) -> Option<UnifiedStatus> {
-    let s = value_str(value)?;
+pub fn parse_unified_status(value: impl AsRef<[u8]>) -> Option<UnifiedStatus> {
+    let s = visible_text(value.as_ref())?;
     [
         UnifiedStatus::Allowed,
         UnifiedStatus::AllowedWarning,
@@ -301,16 +299,16 @@ pub fn parse_unified_status(value: &HeaderValue) -> Option<UnifiedStatus> {
 }
 
 /// Parses a non-negative integer (`anthropic-ratelimit-requests-remaining`).
-pub fn parse_u64(value: &HeaderValue) -> Option<u64> {
-    let s = value_str(value)?;
+pub fn parse_u64(value: impl AsRef<[u8]>) -> Option<u64> {
+    let s = visible_text(value.as_ref())?;
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     s.parse().ok()
 }
 
-fn parse_claim(value: &HeaderValue) -> Option<String> {
-    let s = value_str(value)?;
+fn parse_claim(value: impl AsRef<[u8]>) -> Option<String> {
+    let s = visible_text(value.as_ref())?;
     let ok = !s.is_empty()
         && s.len() <= MAX_CLAIM_LEN
         && s.bytes()
@@ -415,6 +413,7 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::{HeaderMap, HeaderValue};
     use keypool_cooldown::facts::{ResetCorrection, claim_family};
     use keypool_core::Window;
     use proptest::prelude::*;
@@ -435,16 +434,16 @@ mod tests {
 
     #[test]
     fn retry_after_seconds() {
-        assert_eq!(parse_retry_after(&hv("120"), NOW), Some(120_000));
-        assert_eq!(parse_retry_after(&hv("0"), NOW), Some(0));
-        assert_eq!(parse_retry_after(&hv(" 7 "), NOW), Some(7_000));
-        assert_eq!(parse_retry_after(&hv("1.5"), NOW), Some(1_500));
-        assert_eq!(parse_retry_after(&hv("-5"), NOW), None);
-        assert_eq!(parse_retry_after(&hv("5s"), NOW), None);
-        assert_eq!(parse_retry_after(&hv(""), NOW), None);
-        assert_eq!(parse_retry_after(&hv("1e3"), NOW), None);
+        assert_eq!(parse_retry_after(hv("120"), NOW), Some(120_000));
+        assert_eq!(parse_retry_after(hv("0"), NOW), Some(0));
+        assert_eq!(parse_retry_after(hv(" 7 "), NOW), Some(7_000));
+        assert_eq!(parse_retry_after(hv("1.5"), NOW), Some(1_500));
+        assert_eq!(parse_retry_after(hv("-5"), NOW), None);
+        assert_eq!(parse_retry_after(hv("5s"), NOW), None);
+        assert_eq!(parse_retry_after(hv(""), NOW), None);
+        assert_eq!(parse_retry_after(hv("1e3"), NOW), None);
         assert_eq!(
-            parse_retry_after(&hv("99999999999999999999999"), NOW),
+            parse_retry_after(hv("99999999999999999999999"), NOW),
             Some(u64::MAX)
         );
     }
@@ -458,18 +457,18 @@ mod tests {
         assert_eq!(parse_retry_after(&date, at), Some(0));
         assert_eq!(parse_retry_after(&date, at + 5_000), Some(0));
         assert_eq!(
-            parse_retry_after(&hv("Wed, 21 Oct 2015 25:28:00 GMT"), 0),
+            parse_retry_after(hv("Wed, 21 Oct 2015 25:28:00 GMT"), 0),
             None
         );
     }
 
     #[test]
     fn retry_after_ms() {
-        assert_eq!(parse_retry_after_ms(&hv("1500")), Some(1500));
-        assert_eq!(parse_retry_after_ms(&hv("1500.9")), Some(1500));
-        assert_eq!(parse_retry_after_ms(&hv("abc")), None);
-        assert_eq!(parse_retry_after_ms(&hv("-1")), None);
-        assert_eq!(parse_retry_after_ms(&hv(".")), None);
+        assert_eq!(parse_retry_after_ms(hv("1500")), Some(1500));
+        assert_eq!(parse_retry_after_ms(hv("1500.9")), Some(1500));
+        assert_eq!(parse_retry_after_ms(hv("abc")), None);
+        assert_eq!(parse_retry_after_ms(hv("-1")), None);
+        assert_eq!(parse_retry_after_ms(hv(".")), None);
     }
 
     #[test]
@@ -536,11 +535,11 @@ mod tests {
             (REQUESTS_RESET, "2025-13-01T00:00:00Z"),
         ]);
         assert!(rate_limit_facts(&h, NOW).is_empty());
-        assert_eq!(parse_utilization(&hv("inf")), None);
-        assert_eq!(parse_utilization(&hv("1e-2")), None);
-        assert_eq!(parse_utilization(&hv("1.2")), Some(1.2));
+        assert_eq!(parse_utilization(hv("inf")), None);
+        assert_eq!(parse_utilization(hv("1e-2")), None);
+        assert_eq!(parse_utilization(hv("1.2")), Some(1.2));
         assert_eq!(
-            parse_unified_status(&hv("Rejected")),
+            parse_unified_status(hv("Rejected")),
             Some(UnifiedStatus::Rejected)
         );
     }

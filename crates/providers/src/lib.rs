@@ -77,9 +77,9 @@ pub use keypool_cooldown::facts::RateLimitInfo;
 pub use keypool_core::StreamCommit;
 pub use request_body::{RequestInfo, inspect_request, override_model};
 pub use response::{
-    AnswerProblem, ResponseMeta, StreamUsage, UpstreamError, Usage, UsageUpdate, check_answer_body,
-    check_answer_head, rate_limits, rate_limits_of, response_meta, stream_error, upstream_error,
-    usage_from_frame, usage_from_json_body,
+    AnswerProblem, HeaderLines, ResponseMeta, StreamUsage, UpstreamError, Usage, UsageUpdate,
+    check_answer_body, check_answer_head, header_text, rate_limits, rate_limits_of, response_meta,
+    stream_error, upstream_error, usage_from_frame, usage_from_json_body,
 };
 pub use sanitise::{ErrorType, error_body, overloaded_body, passthrough_body};
 pub use stream_start::{CommitGate, StartFailure, Verdict, is_valid_first_frame};

@@ -51,19 +51,83 @@ impl UsageUpdate {
     }
 }
 
+/// A response's header lines, as this crate's readers take them: an
+/// [`http::HeaderMap`], or a head that keeps its lines as they came (keypool's own
+/// HTTP/1 client does, so that an answer's headers are not hashed into a map only to be
+/// read once).
+pub trait HeaderLines {
+    /// Each header line in order: its name in lower case and its value.
+    fn lines(&self) -> impl Iterator<Item = (&[u8], &[u8])>;
+
+    /// The value of the first line named `name` (lower case).
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.lines()
+            .find(|(line, _)| *line == name.as_bytes())
+            .map(|(_, value)| value)
+    }
+
+    /// [`first`](Self::first) as text: `None` unless it is visible ASCII or tabs (what
+    /// `HeaderValue::to_str` accepts).
+    fn first_text(&self, name: &str) -> Option<&str> {
+        header_text(self.first(name)?)
+    }
+
+    /// [`first_text`](Self::first_text), trimmed.
+    fn first_str(&self, name: &str) -> Option<&str> {
+        visible_text(self.first(name)?)
+    }
+
+    /// `value`, one of these lines' values, as a `HeaderValue` to send on: a copy,
+    /// unless the lines keep their bytes where it can share them. `None` if it is not a
+    /// valid header value.
+    fn to_value(&self, value: &[u8]) -> Option<http::HeaderValue> {
+        http::HeaderValue::from_bytes(value).ok()
+    }
+}
+
+/// A header value as text: `None` unless every byte is visible ASCII or a tab (what
+/// `HeaderValue::to_str` accepts).
+pub fn header_text(value: &[u8]) -> Option<&str> {
+    // folded without an early exit, so that it is checked many bytes at a time
+    let invisible = value.iter().fold(false, |any, &b| {
+        any | (b != b'\t' && !(0x20..0x7f).contains(&b))
+    });
+    if invisible {
+        return None;
+    }
+    std::str::from_utf8(value).ok()
+}
+
+/// [`header_text`], trimmed.
+pub(crate) fn visible_text(value: &[u8]) -> Option<&str> {
+    // (trimming ASCII white space is `str::trim` for visible ASCII and tabs)
+    header_text(value.trim_ascii())
+}
+
+impl HeaderLines for HeaderMap {
+    fn lines(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.iter()
+            .map(|(name, value)| (name.as_str().as_bytes(), value.as_bytes()))
+    }
+
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.get(name).map(http::HeaderValue::as_bytes)
+    }
+}
+
 /// Reads the rate-limit and window headers of any upstream response (success or
 /// failure) of an Anthropic-speaking account ([`crate::anthropic::rate_limit_facts`]).
 /// `now` turns an HTTP-date `retry-after` into a delay.
-pub fn rate_limits(headers: &HeaderMap, now: UnixMs) -> RateLimitInfo {
+pub fn rate_limits<H: HeaderLines + ?Sized>(headers: &H, now: UnixMs) -> RateLimitInfo {
     crate::anthropic::rate_limit_facts(headers, now)
 }
 
 /// [`rate_limits`] for an account of `provider`: an `openai` account's
 /// `x-ratelimit-*` headers are added in the same neutral form
 /// ([`crate::openai::OpenAiRateLimits::apply_to`]).
-pub fn rate_limits_of(
+pub fn rate_limits_of<H: HeaderLines + ?Sized>(
     provider: keypool_core::Provider,
-    headers: &HeaderMap,
+    headers: &H,
     now: UnixMs,
 ) -> RateLimitInfo {
     let mut info = rate_limits(headers, now);
@@ -133,17 +197,20 @@ impl AnswerProblem {
 ///
 /// # Errors
 /// The [`AnswerProblem`] found.
-pub fn check_answer_head(status: StatusCode, headers: &HeaderMap) -> Result<(), AnswerProblem> {
+pub fn check_answer_head<H: HeaderLines + ?Sized>(
+    status: StatusCode,
+    headers: &H,
+) -> Result<(), AnswerProblem> {
     if status != StatusCode::OK {
         return Err(AnswerProblem::Status(status.as_u16()));
     }
-    let value = |name| headers.get(name).and_then(|v| v.to_str().ok());
-    if value(http::header::CONTENT_ENCODING)
-        .is_some_and(|e| !e.trim().is_empty() && !e.trim().eq_ignore_ascii_case("identity"))
+    if headers
+        .first_str("content-encoding")
+        .is_some_and(|e| !e.is_empty() && !e.eq_ignore_ascii_case("identity"))
     {
         return Err(AnswerProblem::Encoded);
     }
-    if value(http::header::CONTENT_TYPE).is_some_and(|t| {
+    if headers.first_str("content-type").is_some_and(|t| {
         t.split(';')
             .next()
             .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
@@ -418,9 +485,9 @@ pub struct ResponseMeta {
 
 /// Reads a complete upstream response: headers always, usage from a 2xx body, the
 /// error object from any other.
-pub fn response_meta(
+pub fn response_meta<H: HeaderLines + ?Sized>(
     status: StatusCode,
-    headers: &HeaderMap,
+    headers: &H,
     body: &[u8],
     now: UnixMs,
 ) -> ResponseMeta {

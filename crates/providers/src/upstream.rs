@@ -8,6 +8,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 use keypool_core::{AuthType, Provider};
 
 use crate::ProvidersError;
+use crate::response::HeaderLines;
 
 /// Anthropic's API, the base URL of `anthropic` accounts without their own `base_url`.
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
@@ -194,9 +195,9 @@ impl UpstreamHead {
 ///
 /// # Errors
 /// The account errors of [`validate_account`], and [`ProvidersError::InvalidSecret`].
-pub fn build_upstream_head(
+pub fn build_upstream_head<H: HeaderLines + ?Sized>(
     client_uri: &Uri,
-    client_headers: &HeaderMap,
+    client_headers: &H,
     endpoint: Endpoint,
     account: &UpstreamAccount<'_>,
 ) -> Result<UpstreamHead, ProvidersError> {
@@ -214,9 +215,17 @@ pub fn build_upstream_head(
 
     let mut headers = HeaderMap::with_capacity(FORWARDED_HEADERS.len() + 2);
     // one pass over the client's few headers rather than a lookup per forwarded name
-    for (name, value) in client_headers {
-        if FORWARDED_HEADERS.contains(name) && !contains_lb_key(value) {
-            headers.append(name.clone(), value.clone());
+    for (name, value) in client_headers.lines() {
+        let Some(forwarded) = FORWARDED_HEADERS
+            .into_iter()
+            .find(|forwarded| forwarded.as_str().as_bytes() == name)
+        else {
+            continue;
+        };
+        if !contains_marker(value)
+            && let Some(value) = client_headers.to_value(value)
+        {
+            headers.append(forwarded, value);
         }
     }
     if !account.provider.speaks_messages() {

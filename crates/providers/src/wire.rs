@@ -59,19 +59,15 @@ pub fn generic_error_frame(endpoint: Endpoint) -> bytes::Bytes {
 
 /// The upstream's own request id, for the log line: Anthropic's `request-id`, an
 /// OpenAI-compatible server's `x-request-id`.
-pub fn upstream_request_id(
+pub fn upstream_request_id<H: crate::HeaderLines + ?Sized>(
     provider: keypool_core::Provider,
-    headers: &http::HeaderMap,
+    headers: &H,
 ) -> Option<&str> {
-    // as `HeaderName`s: a lookup by `&str` would parse the name on every answer
-    static REQUEST_ID: http::HeaderName = http::HeaderName::from_static("request-id");
-    static X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
-    let name = if provider.speaks_messages() {
-        &REQUEST_ID
+    headers.first_str(if provider.speaks_messages() {
+        "request-id"
     } else {
-        &X_REQUEST_ID
-    };
-    headers.get(name).and_then(|v| v.to_str().ok())
+        "x-request-id"
+    })
 }
 
 impl StreamWire {

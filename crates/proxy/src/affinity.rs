@@ -13,7 +13,7 @@
 //! failover walker asks the planner to try the bound account first
 //! (`PlanInput::with_prefer`) and re-binds the session to whichever account served.
 
-use http::{HeaderMap, HeaderName};
+use keypool_providers::HeaderLines;
 use serde::Deserialize;
 
 /// The Claude Code session header.
@@ -26,28 +26,25 @@ pub const SESSION_HEADER: &str = "x-session-id";
 pub const MAX_SESSION_ID_LEN: usize = 128;
 
 /// The session key of a request, if it carries one.
-pub fn session_id(headers: &HeaderMap, body: &[u8]) -> Option<String> {
+pub fn session_id<H: HeaderLines + ?Sized>(headers: &H, body: &[u8]) -> Option<String> {
     session_id_of(headers, || metadata_user_id(body))
 }
 
 /// [`session_id`] for a body already read: `user_id` is its `metadata.user_id`
 /// (`RequestInfo::user_id`), so the body is not parsed again.
-pub fn session_id_with(headers: &HeaderMap, user_id: Option<&str>) -> Option<String> {
+pub fn session_id_with<H: HeaderLines + ?Sized>(
+    headers: &H,
+    user_id: Option<&str>,
+) -> Option<String> {
     session_id_of(headers, || user_id.and_then(normalise_user_id))
 }
 
-fn session_id_of(headers: &HeaderMap, user_id: impl FnOnce() -> Option<String>) -> Option<String> {
-    // as `HeaderName`s: a lookup by `&str` would parse the name on every request
-    static NAMES: [HeaderName; 2] = [
-        HeaderName::from_static(CLAUDE_CODE_SESSION_HEADER),
-        HeaderName::from_static(SESSION_HEADER),
-    ];
-    for name in &NAMES {
-        if let Some(id) = headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .and_then(valid)
-        {
+fn session_id_of<H: HeaderLines + ?Sized>(
+    headers: &H,
+    user_id: impl FnOnce() -> Option<String>,
+) -> Option<String> {
+    for name in [CLAUDE_CODE_SESSION_HEADER, SESSION_HEADER] {
+        if let Some(id) = headers.first_text(name).and_then(valid) {
             return Some(id.to_owned());
         }
     }
@@ -118,7 +115,7 @@ fn normalise_user_id(user_id: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
+    use http::{HeaderMap, HeaderValue};
 
     const LEGACY: &str = "user_5dd07c33da27e6d2968d94ea20bf47a7b090b6b158b82328d54da2909a108e84_account__session_d2e70091-3007-41a3-a916-cb8b0d3098de";
 

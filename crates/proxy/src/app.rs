@@ -6,12 +6,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dashmap::DashMap;
-use http::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
-use http::request::Parts;
-use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::header::{CONNECTION, CONTENT_TYPE};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use keypool_providers::{Endpoint, inspect_request};
+use keypool_providers::{Endpoint, HeaderLines as _, inspect_request};
 use keypool_selector::HedgeBudget;
 use keypool_store::resolve::PoolKey;
 use keypool_store::{Store, now_ms};
@@ -21,6 +20,7 @@ use crate::body::{Collected, ProxyBody};
 use crate::body_budget::{BodyBudget, Reservation};
 use crate::connection::{self, ClientInfo, Side};
 use crate::context::RequestContext;
+use crate::h1::HeadLines;
 use crate::headers::{X_REQUEST_ID, add_legacy_headers};
 use crate::metrics::{InternalRoute, Metrics, UNRESOLVED};
 use crate::reject::Reject;
@@ -252,7 +252,13 @@ impl App {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let info = request.extensions().get::<ClientInfo>().copied();
-        self.handle_from(info, request).await
+        let (parts, body) = request.into_parts();
+        let parts = RequestParts {
+            method: parts.method,
+            uri: parts.uri,
+            headers: HeadLines::from_map(&parts.headers),
+        };
+        self.handle_from(info, parts, body).await
     }
 
     /// [`App::handle`] for a request whose connection facts the server hands over
@@ -260,7 +266,8 @@ impl App {
     pub(crate) async fn handle_from<B>(
         &self,
         info: Option<ClientInfo>,
-        request: Request<B>,
+        parts: RequestParts,
+        body: B,
     ) -> Response<ProxyBody>
     where
         B: Body<Data = Bytes> + Send,
@@ -268,7 +275,6 @@ impl App {
     {
         let mut ctx =
             RequestContext::new(self.metrics(), self.request_id(), &self.inner.unresolved);
-        let (parts, body) = request.into_parts();
         let mut response = self.dispatch(&mut ctx, info, parts, body).await;
         ctx.answered(response.status().as_u16());
         if let Ok(value) = HeaderValue::from_str(&ctx.id) {
@@ -281,7 +287,7 @@ impl App {
         &self,
         ctx: &mut RequestContext<'_>,
         info: Option<ClientInfo>,
-        parts: Parts,
+        parts: RequestParts,
         body: B,
     ) -> Response<ProxyBody>
     where
@@ -322,8 +328,7 @@ impl App {
                         log.client = info.map(|i| i.peer);
                         log.user_agent = parts
                             .headers
-                            .get(http::header::USER_AGENT)
-                            .and_then(|v| v.to_str().ok())
+                            .first_text("user-agent")
                             .and_then(crate::log::loggable_user_agent);
                     }
                     self.messages(ctx, &parts, body, org, url, endpoint).await
@@ -402,7 +407,7 @@ impl App {
     async fn messages<B>(
         &self,
         ctx: &mut RequestContext<'_>,
-        parts: &Parts,
+        parts: &RequestParts,
         body: B,
         org: Option<&str>,
         url: &str,
@@ -431,15 +436,9 @@ impl App {
         };
         ctx.resolved(&route, endpoint);
         // 3. Validate the LB key.
-        let header = |name| {
-            parts
-                .headers
-                .get(name)
-                .and_then(|v: &HeaderValue| v.to_str().ok())
-        };
         let presented = keypool_store::keys::presented_key(
-            header(keypool_providers::upstream::X_API_KEY),
-            header(AUTHORIZATION),
+            parts.headers.first_text("x-api-key"),
+            parts.headers.first_text("authorization"),
         );
         let key = match config.authenticate_key(&route, presented) {
             Ok(key) => key,
@@ -502,6 +501,15 @@ impl App {
     }
 }
 
+/// A request's head as the app reads it: its header lines as they came ([`HeadLines`]),
+/// from keypool's own HTTP/1.1 server or from an `http::Request` ([`App::handle`]).
+#[derive(Debug)]
+pub(crate) struct RequestParts {
+    pub method: Method,
+    pub uri: Uri,
+    pub headers: HeadLines,
+}
+
 /// The header by which one request picks another URL config of its org (issue 24).
 pub(crate) const X_KEYPOOL_ROUTE: &str = "x-keypool-route";
 
@@ -511,12 +519,11 @@ pub(crate) const X_KEYPOOL_ROUTE: &str = "x-keypool-route";
 /// URL configs exist), after the key was valid for the path's.
 fn chosen_route(
     config: &keypool_store::config::Config,
-    parts: &Parts,
+    parts: &RequestParts,
     route: keypool_store::resolve::Route,
     presented: Option<&str>,
 ) -> Result<keypool_store::resolve::Route, Reject> {
-    static NAME: HeaderName = HeaderName::from_static(X_KEYPOOL_ROUTE);
-    let Some(value) = parts.headers.get(&NAME) else {
+    let Some(value) = parts.headers.first(X_KEYPOOL_ROUTE) else {
         return Ok(route);
     };
     let refused = || {
@@ -526,7 +533,9 @@ fn chosen_route(
             "x-keypool-route names a URL config this key may not use: send one of the key's URL configs (its `urls`), or leave the header out",
         )
     };
-    let url = value.to_str().map_err(|_| refused())?.trim();
+    let url = keypool_providers::header_text(value)
+        .ok_or_else(refused)?
+        .trim();
     if url == route.url().custom_url() {
         return Ok(route);
     }
@@ -564,7 +573,11 @@ impl App {
     /// middle of the body, or the whole body not in within `body_read_timeout`, is `408`;
     /// a body that does not fit in `max_body_bytes_in_flight` next to every other body
     /// held now is `503` with `Retry-After: 1`.
-    pub(crate) async fn read_body<B>(&self, parts: &Parts, body: B) -> Result<RequestBody, Reject>
+    pub(crate) async fn read_body<B>(
+        &self,
+        parts: &RequestParts,
+        body: B,
+    ) -> Result<RequestBody, Reject>
     where
         B: Body<Data = Bytes> + Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -632,11 +645,10 @@ impl App {
 }
 
 /// The request's `content-length`, when it sends a valid one.
-fn announced_length(parts: &Parts) -> Option<u64> {
+fn announced_length(parts: &RequestParts) -> Option<u64> {
     parts
         .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
+        .first_text("content-length")
         .and_then(|v| v.parse::<u64>().ok())
 }
 
@@ -645,13 +657,13 @@ fn announced_length(parts: &Parts) -> Option<u64> {
 /// connection unusable for another request, and a client that is still sending learns
 /// at once that it should stop).
 pub(crate) fn early_reject(
-    parts: &Parts,
+    parts: &RequestParts,
     reject: &Reject,
     request_id: &str,
 ) -> Response<ProxyBody> {
     let mut response = reject.respond(request_id);
     let body_coming = announced_length(parts).is_some_and(|n| n > 0)
-        || parts.headers.contains_key(TRANSFER_ENCODING);
+        || parts.headers.first("transfer-encoding").is_some();
     if body_coming {
         response
             .headers_mut()

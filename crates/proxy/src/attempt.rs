@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode, Uri};
+use http::{StatusCode, Uri};
 use http_body_util::BodyExt;
 use keypool_cooldown::TransportFailure;
 use keypool_cooldown::facts::RateLimitInfo;
@@ -31,8 +31,9 @@ use tokio::time::Instant;
 use crate::App;
 use crate::body::{Collected, HeldStream, StreamOutput};
 use crate::body_budget::Reservation;
+use crate::h1::{self, HeadLines};
 use crate::timing::Paced;
-use crate::upstream::{SendError, UpstreamBody};
+use crate::upstream::{Answer, SendError, UpstreamBody};
 use crate::watchdog::RateWatch;
 
 /// Most bytes of an upstream error body read (to classify it and for the pass-through
@@ -44,7 +45,7 @@ pub(crate) struct Call<'a> {
     pub app: &'a App,
     pub config: &'a Config,
     pub uri: &'a Uri,
-    pub headers: &'a HeaderMap,
+    pub headers: &'a HeadLines,
     pub body: Bytes,
     /// The body's share of the process-wide body budget, held for the whole request.
     pub _body_held: crate::body_budget::Reservation,
@@ -78,7 +79,7 @@ pub(crate) enum ReadyKind {
     /// A complete non-streaming 2xx answer.
     Full {
         status: StatusCode,
-        headers: HeaderMap,
+        headers: HeadLines,
         body: Bytes,
         /// The body's bytes in the process-wide body budget, until it is written.
         held: Reservation,
@@ -198,7 +199,10 @@ pub(crate) async fn attempt(
         Err(_) => return Err(Failure::Transport(TransportFailure::Reset)),
         Ok(response) => response,
     };
-    let (parts, mut body) = response.into_parts();
+    let Answer {
+        head: parts,
+        mut body,
+    } = response;
     let received_at = now_ms();
     let rate_limit = rate_limits_of(account.provider(), &parts.headers, received_at);
     if !rate_limit.is_empty() {
@@ -336,7 +340,7 @@ async fn full_answer(
     leg: &Leg<'_>,
     account: &Account,
     started: Instant,
-    parts: http::response::Parts,
+    parts: h1::Head,
     mut body: UpstreamBody,
     first_chunk: &AtomicBool,
 ) -> Result<(u64, ReadyKind), Failure> {

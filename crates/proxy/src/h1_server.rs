@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::CONNECTION;
-use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
+use http::{HeaderValue, Method, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -45,10 +45,11 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
 
 use crate::App;
+use crate::app::RequestParts;
 use crate::body::ProxyBody;
 use crate::connection::ClientInfo;
 use crate::h1::{
-    self, BodyFraming, BodyReader, Framing, ParsedRequest, RequestError, ResponseFraming, Span,
+    self, BodyFraming, BodyReader, Framing, ParsedRequest, RequestError, ResponseFraming,
 };
 use crate::timing::poll_moved_timer;
 
@@ -74,7 +75,6 @@ pub(crate) async fn serve(
         inbound: Some(Inbound {
             read,
             buf: BytesMut::from(&prefix[..]),
-            spans: Vec::new(),
         }),
         slot: Arc::new(Mutex::new(None)),
         out: Vec::with_capacity(512),
@@ -114,8 +114,6 @@ pub(crate) async fn serve(
 struct Inbound {
     read: OwnedReadHalf,
     buf: BytesMut,
-    /// Scratch space of the head parser.
-    spans: Vec<Span>,
 }
 
 impl h1::Source for Inbound {
@@ -178,7 +176,7 @@ impl Conn {
         };
         loop {
             if !inbound.buf.is_empty() {
-                match h1::parse_request(&mut inbound.buf, &mut inbound.spans) {
+                match h1::parse_request(&mut inbound.buf) {
                     Ok(ParsedRequest::Head(head)) => return Ok(Some(head)),
                     Ok(ParsedRequest::Partial) => {}
                     Err(e) => return Err(Some(e)),
@@ -239,12 +237,12 @@ impl Conn {
                 slot: Some(self.slot.clone()),
             },
         };
-        let mut request = Request::new(body);
-        *request.method_mut() = method.clone();
-        *request.uri_mut() = uri;
-        *request.version_mut() = version;
-        *request.headers_mut() = headers;
-        let Some(response) = self.answer(app, request).await else {
+        let parts = RequestParts {
+            method: method.clone(),
+            uri,
+            headers,
+        };
+        let Some(response) = self.answer(app, parts, body).await else {
             // the client closed: the request was cancelled
             return Ok(false);
         };
@@ -292,9 +290,10 @@ impl Conn {
     async fn answer(
         &mut self,
         app: &App,
-        request: Request<RequestBody>,
+        parts: RequestParts,
+        body: RequestBody,
     ) -> Option<Response<ProxyBody>> {
-        let handling = app.handle_from(Some(self.info), request);
+        let handling = app.handle_from(Some(self.info), parts, body);
         tokio::pin!(handling);
         poll_fn(|cx| {
             if let Poll::Ready(response) = handling.as_mut().poll(cx) {

@@ -13,6 +13,8 @@
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::h1::HeadLines;
+
 /// keypool's own request id, on every response (and as `request_id` in its error
 /// bodies).
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -27,11 +29,15 @@ pub const SUNSET: HeaderName = HeaderName::from_static("sunset");
 /// answer (see the module docs for why the list is this short).
 pub const RESPONSE_HEADER_ALLOWLIST: [HeaderName; 1] = [CONTENT_TYPE];
 
-/// Copies the allowlisted headers of an upstream response into `to`.
-pub fn copy_safe_response_headers(from: &HeaderMap, to: &mut HeaderMap) {
+/// Copies the allowlisted headers of an upstream response into `to` (the first value
+/// of each, sharing the upstream head's bytes).
+pub(crate) fn copy_safe_response_headers(from: &HeadLines, to: &mut HeaderMap) {
     for name in &RESPONSE_HEADER_ALLOWLIST {
-        if let Some(value) = from.get(name) {
-            to.insert(name.clone(), value.clone());
+        if let Some(value) = from
+            .shared(name.as_str())
+            .and_then(|bytes| HeaderValue::from_maybe_shared(bytes).ok())
+        {
+            to.insert(name.clone(), value);
         }
     }
 }
@@ -73,9 +79,9 @@ mod tests {
 
     #[test]
     fn only_content_type_passes() {
-        let mut upstream = HeaderMap::new();
+        let mut raw = String::from("HTTP/1.1 200 OK\r\n");
         for (name, value) in [
-            ("content-type", "application/json"),
+            ("Content-Type", "application/json"),
             ("request-id", "req_upstream_123"),
             ("anthropic-organization-id", "org-uuid"),
             ("anthropic-ratelimit-unified-5h-utilization", "0.4"),
@@ -86,12 +92,16 @@ mod tests {
             ("cf-ray", "abc"),
             ("connection", "keep-alive"),
             ("content-length", "12"),
+            ("content-type", "text/html"),
         ] {
-            upstream.insert(
-                HeaderName::from_static(name),
-                HeaderValue::from_static(value),
-            );
+            raw.push_str(&format!("{name}: {value}\r\n"));
         }
+        raw.push_str("\r\n");
+        let mut buf = bytes::BytesMut::from(raw.as_bytes());
+        let crate::h1::Parsed::Head(head) = crate::h1::parse_head(&mut buf).unwrap() else {
+            panic!("a whole head");
+        };
+        let upstream = head.headers;
         let mut out = HeaderMap::new();
         copy_safe_response_headers(&upstream, &mut out);
         assert_eq!(out.len(), 1);

@@ -8,7 +8,7 @@
 //! the response, which the caller adds to its `now`. It reads no clock and decides
 //! nothing: turning a fact into a cooldown is another crate's policy.
 
-use http::HeaderMap;
+use crate::response::HeaderLines;
 use keypool_cooldown::facts::RateLimitInfo;
 use keypool_core::UnixMs;
 use serde::Serialize;
@@ -48,7 +48,7 @@ pub struct OpenAiRateLimits {
 
 impl OpenAiRateLimits {
     /// The budgets `headers` report.
-    pub fn from_headers(headers: &HeaderMap) -> Self {
+    pub fn from_headers<H: HeaderLines + ?Sized>(headers: &H) -> Self {
         Self {
             requests: reading(headers, "requests"),
             tokens: reading(headers, "tokens"),
@@ -94,13 +94,8 @@ impl OpenAiRateLimits {
     }
 }
 
-fn reading(headers: &HeaderMap, budget: &str) -> LimitReading {
-    let header = |kind: &str| {
-        headers
-            .get(format!("x-ratelimit-{kind}-{budget}"))
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-    };
+fn reading<H: HeaderLines + ?Sized>(headers: &H, budget: &str) -> LimitReading {
+    let header = |kind: &str| headers.first_str(&format!("x-ratelimit-{kind}-{budget}"));
     let count = |kind: &str| header(kind).and_then(|v| v.parse::<u64>().ok());
     LimitReading {
         limit: count("limit"),
@@ -176,6 +171,7 @@ fn nanos_to_ms(nanos: u128) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderMap;
     use http::HeaderValue;
     use proptest::prelude::*;
 

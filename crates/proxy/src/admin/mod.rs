@@ -36,13 +36,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE};
-use http::request::Parts;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderName, HeaderValue, Method, Response, StatusCode};
 use keypool_cooldown::OutOfWindow;
 use keypool_cooldown::facts::WindowUsage;
 use keypool_core::{AccountId, Strategy, UnixMs};
-use keypool_providers::ErrorType;
+use keypool_providers::{ErrorType, HeaderLines as _};
 use keypool_selector::Candidate;
 use keypool_store::config::{Account, Config, Org};
 use keypool_store::keys::hash_key;
@@ -57,7 +56,7 @@ mod states;
 mod usage;
 
 use crate::App;
-use crate::app::early_reject;
+use crate::app::{RequestParts, early_reject};
 use crate::body::ProxyBody;
 use crate::reject::Reject;
 
@@ -70,7 +69,7 @@ const UI_HTML: &str = include_str!("ui.html");
 /// never read (SPEC 3.1).
 pub(crate) async fn handle<B>(
     app: &App,
-    parts: &Parts,
+    parts: &RequestParts,
     body: B,
     rest: &str,
     request_id: &str,
@@ -250,16 +249,11 @@ fn explain_route(
 
 /// Whether the request carries `Authorization: Bearer <token>`, compared in constant
 /// time over the SHA-256 of both sides.
-fn authorized(parts: &Parts, token: &str) -> bool {
-    let Some(presented) = parts
-        .headers
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-    else {
+fn authorized(parts: &RequestParts, token: &str) -> bool {
+    let Some(presented) = parts.headers.first_text("authorization").and_then(|v| {
+        v.strip_prefix("Bearer ")
+            .or_else(|| v.strip_prefix("bearer "))
+    }) else {
         return false;
     };
     constant_time_eq(

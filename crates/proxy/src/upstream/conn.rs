@@ -28,7 +28,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::{Response, Uri};
+use http::Uri;
 use http_body::{Body, Frame, SizeHint};
 use hyper_rustls::ConfigBuilderExt;
 use keypool_providers::UpstreamHead;
@@ -187,7 +187,7 @@ impl Upstream {
         head: &UpstreamHead,
         body: &Bytes,
         deadline: Instant,
-    ) -> Result<Response<UpstreamBody>, SendError> {
+    ) -> Result<Answer, SendError> {
         let (tls, authority) = origin(&head.uri)?;
         let mut pooled = poll_fn(|cx| Poll::Ready(self.checkout(cx, tls, authority))).await;
         let mut timer = pooled
@@ -216,16 +216,15 @@ impl Upstream {
         };
         conn.timer = Some(timer);
         let (framing, keep_alive) = h1::framing(&head.method, &answer).map_err(SendError::Io)?;
-        let mut response = Response::new(UpstreamBody {
-            conn: Some(conn),
-            reader: BodyReader::new(framing),
-            keep_alive,
-            upstream: Arc::downgrade(self),
-        });
-        *response.status_mut() = answer.status;
-        *response.version_mut() = answer.version;
-        *response.headers_mut() = answer.headers;
-        Ok(response)
+        Ok(Answer {
+            head: answer,
+            body: UpstreamBody {
+                conn: Some(conn),
+                reader: BodyReader::new(framing),
+                keep_alive,
+                upstream: Arc::downgrade(self),
+            },
+        })
     }
 
     /// A new connection with the request written on it.
@@ -268,7 +267,6 @@ impl Upstream {
             io,
             read: BytesMut::new(),
             write: Vec::with_capacity(1024),
-            spans: Vec::new(),
             tls,
             authority: authority.into(),
             host: h1::host_header(uri),
@@ -456,14 +454,20 @@ impl AsyncWrite for Io {
     }
 }
 
+/// An upstream's answer: its head (status and header lines as they came) and its body,
+/// read from the connection as it is polled.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub head: h1::Head,
+    pub body: UpstreamBody,
+}
+
 /// One upstream connection: its stream, the bytes read but not yet consumed, and the
 /// buffer its request heads are written into.
 pub(crate) struct Conn {
     io: Io,
     read: BytesMut,
     write: Vec<u8>,
-    /// Scratch space of the response heads' parser.
-    spans: Vec<h1::Span>,
     tls: bool,
     authority: Box<str>,
     /// The `host` header of every request on this connection (its origin's, computed
@@ -541,7 +545,7 @@ impl Conn {
     async fn read_head(&mut self) -> io::Result<h1::Head> {
         loop {
             if !self.read.is_empty() {
-                match h1::parse_head(&mut self.read, &mut self.spans)? {
+                match h1::parse_head(&mut self.read)? {
                     Parsed::Head(head) if head.status.is_informational() => {
                         if head.status == http::StatusCode::SWITCHING_PROTOCOLS {
                             return Err(h1::invalid("the upstream switched protocols"));
@@ -656,6 +660,7 @@ mod tests {
     use super::*;
     use http::{HeaderMap, HeaderValue, Method, StatusCode};
     use http_body_util::BodyExt;
+    use keypool_providers::HeaderLines as _;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
@@ -748,14 +753,8 @@ mod tests {
         Instant::now() + Duration::from_secs(60)
     }
 
-    async fn body_of(response: Response<UpstreamBody>) -> Vec<u8> {
-        response
-            .into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes()
-            .to_vec()
+    async fn body_of(response: Answer) -> Vec<u8> {
+        response.body.collect().await.unwrap().to_bytes().to_vec()
     }
 
     const OK: &[u8] =
@@ -779,8 +778,11 @@ mod tests {
         for i in 0..3 {
             let body = Bytes::from(format!("{{\"n\":{i}}}"));
             let response = client.send(&head(&base), &body, far()).await.unwrap();
-            assert_eq!(response.status(), StatusCode::OK);
-            assert_eq!(response.headers()["content-type"], "application/json");
+            assert_eq!(response.head.status, StatusCode::OK);
+            assert_eq!(
+                response.head.headers.first_str("content-type"),
+                Some("application/json")
+            );
             assert_eq!(body_of(response).await, b"{}");
             let received = rx.recv().await.unwrap();
             let authority = base.trim_start_matches("http://");
@@ -850,7 +852,7 @@ mod tests {
                 .send(&head(&base), &Bytes::new(), far())
                 .await
                 .unwrap();
-            assert_eq!(response.status(), StatusCode::OK);
+            assert_eq!(response.head.status, StatusCode::OK);
             assert_eq!(body_of(response).await, b"hello world");
             assert_eq!(client.idle(), 1, "a clean end pools the connection");
         }
@@ -923,7 +925,7 @@ mod tests {
             .send(&head(&base), &Bytes::new(), far())
             .await
             .unwrap();
-        let first = response.body_mut().frame().await.unwrap().unwrap();
+        let first = response.body.frame().await.unwrap().unwrap();
         assert_eq!(first.into_data().unwrap(), "half");
         drop(response);
         assert_eq!(client.idle(), 0);
@@ -951,7 +953,7 @@ mod tests {
             .send(&head(&base), &Bytes::new(), far())
             .await
             .unwrap();
-        let error = response.into_body().collect().await.unwrap_err();
+        let error = response.body.collect().await.unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
         match client.send(&head(&base), &Bytes::new(), far()).await {
             Err(SendError::Io(e)) => assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof),

@@ -15,8 +15,8 @@
 
 mod conn;
 
+pub(crate) use conn::{Answer, SendError, Upstream, UpstreamBody};
 pub use conn::{IDLE_TIMEOUT, MAX_IDLE_PER_ORIGIN};
-pub(crate) use conn::{SendError, Upstream, UpstreamBody};
 
 use std::future::Future;
 use std::pin::Pin;
