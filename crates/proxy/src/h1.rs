@@ -143,7 +143,7 @@ impl std::fmt::Debug for HeadLines {
             .entries(
                 self.spans
                     .iter()
-                    .map(|span| String::from_utf8_lossy(&self.head[span.name.0..span.name.1])),
+                    .map(|span| String::from_utf8_lossy(span.name(&self.head))),
             )
             .finish()
     }
@@ -170,30 +170,16 @@ impl HeadLines {
         }
     }
 
-    /// The first value of `name` (lower case), sharing the head's bytes.
-    pub fn shared(&self, name: &str) -> Option<Bytes> {
-        self.spans
-            .iter()
-            .find(|span| &self.head[span.name.0..span.name.1] == name.as_bytes())
-            .map(|span| self.head.slice(span.value.0..span.value.1))
-    }
-
-    /// Without the lines named `name` (lower case).
-    fn remove(&mut self, name: &str) {
+    /// Without the lines named `name` (lower case) after the first `keep` of them.
+    fn remove(&mut self, name: &str, keep: usize) {
         let head = &self.head;
-        self.spans
-            .retain(|span| &head[span.name.0..span.name.1] != name.as_bytes());
-    }
-
-    /// Without the lines named `name` (lower case) but the first.
-    fn remove_repeats(&mut self, name: &str) {
-        let head = &self.head;
-        let mut seen = false;
+        let mut seen = 0;
         self.spans.retain(|span| {
-            if &head[span.name.0..span.name.1] != name.as_bytes() {
+            if span.name(head) != name.as_bytes() {
                 return true;
             }
-            !std::mem::replace(&mut seen, true)
+            seen += 1;
+            seen <= keep
         });
     }
 
@@ -201,19 +187,16 @@ impl HeadLines {
     pub fn all<'a>(&'a self, name: &'a str) -> impl DoubleEndedIterator<Item = &'a [u8]> {
         self.spans
             .iter()
-            .filter(move |span| &self.head[span.name.0..span.name.1] == name.as_bytes())
-            .map(|span| &self.head[span.value.0..span.value.1])
+            .filter(move |span| span.name(&self.head) == name.as_bytes())
+            .map(|span| span.value(&self.head))
     }
 }
 
 impl keypool_providers::HeaderLines for HeadLines {
     fn lines(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.spans.iter().map(|span| {
-            (
-                &self.head[span.name.0..span.name.1],
-                &self.head[span.value.0..span.value.1],
-            )
-        })
+        self.spans
+            .iter()
+            .map(|span| (span.name(&self.head), span.value(&self.head)))
     }
 
     fn first_text(&self, name: &str) -> Option<&str> {
@@ -253,6 +236,16 @@ pub(crate) enum Parsed {
 pub(crate) struct Span {
     name: (usize, usize),
     value: (usize, usize),
+}
+
+impl Span {
+    fn name<'h>(&self, head: &'h [u8]) -> &'h [u8] {
+        &head[self.name.0..self.name.1]
+    }
+
+    fn value<'h>(&self, head: &'h [u8]) -> &'h [u8] {
+        &head[self.value.0..self.value.1]
+    }
 }
 
 /// Parses the response head at the start of `buf`. A whole head is taken out of
@@ -295,28 +288,53 @@ pub(crate) fn parse_head(buf: &mut BytesMut) -> io::Result<Parsed> {
     } else {
         Version::HTTP_11
     };
-    let base = buf.as_ptr() as usize;
-    let offset = |s: &[u8]| {
-        let start = s.as_ptr() as usize - base;
-        (start, start + s.len())
-    };
-    let spans: Vec<Span> = response
-        .headers
-        .iter()
-        .map(|line| Span {
-            name: offset(line.name.as_bytes()),
-            value: offset(line.value),
-        })
-        .collect();
-    for span in &spans {
-        buf[span.name.0..span.name.1].make_ascii_lowercase();
-    }
-    let head = buf.split_to(len).freeze();
+    let spans = spans_of(buf, response.headers)
+        .ok_or_else(|| invalid("the upstream sent an invalid header name"))?;
     Ok(Parsed::Head(Head {
         status,
         version,
-        headers: HeadLines { head, spans },
+        headers: take_lines(buf, len, spans),
     }))
+}
+
+/// The longest header name `http::HeaderName` takes (a head with a longer one is
+/// refused, as it was when heads were parsed into `HeaderMap`s).
+const MAX_HEADER_NAME_LEN: usize = (1 << 16) - 1;
+
+/// Where `part`, a slice of `buf`, lies in it.
+fn offset(buf: &[u8], part: &[u8]) -> (usize, usize) {
+    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+    (start, start + part.len())
+}
+
+/// Where httparse's `lines` of the head at the start of `buf` lie; `None` for a name
+/// longer than [`MAX_HEADER_NAME_LEN`] (httparse checked that each name is a token and
+/// each value has no control byte but a tab: what `HeaderName` and `HeaderValue`
+/// check).
+fn spans_of(buf: &[u8], lines: &[httparse::Header<'_>]) -> Option<Vec<Span>> {
+    let mut spans = Vec::with_capacity(lines.len());
+    for line in lines {
+        if line.name.len() > MAX_HEADER_NAME_LEN {
+            return None;
+        }
+        spans.push(Span {
+            name: offset(buf, line.name.as_bytes()),
+            value: offset(buf, line.value),
+        });
+    }
+    Some(spans)
+}
+
+/// The head's `len` bytes taken out of `buf`, as lines with their names made lower
+/// case where they lie.
+fn take_lines(buf: &mut BytesMut, len: usize, spans: Vec<Span>) -> HeadLines {
+    for span in &spans {
+        buf[span.name.0..span.name.1].make_ascii_lowercase();
+    }
+    HeadLines {
+        head: buf.split_to(len).freeze(),
+        spans,
+    }
 }
 
 /// How a response body ends (RFC 9112, 6.3).
@@ -412,10 +430,6 @@ fn parse_decimal(digits: &[u8]) -> Option<u64> {
 
 /// Most header lines of a request head (hyper's default, which the server replaced).
 pub(crate) const MAX_REQUEST_HEADERS: usize = 100;
-
-/// The longest header name `http::HeaderName` takes (a request with a longer one is
-/// refused, as it was when the server parsed into a `HeaderMap`).
-const MAX_HEADER_NAME_LEN: usize = (1 << 16) - 1;
 /// Most bytes of a request head (hyper's default read buffer bound).
 pub(crate) const MAX_REQUEST_HEAD_BYTES: usize = 8192 + 4096 * 100;
 /// Longest request target (hyper's).
@@ -520,28 +534,10 @@ pub(crate) fn parse_request(buf: &mut BytesMut) -> Result<ParsedRequest, Request
     }
     let method = Method::from_bytes(method.as_bytes()).map_err(|_| RequestError::Bad("method"))?;
     let http11 = minor == 1;
-    let base = buf.as_ptr() as usize;
-    let offset = |s: &[u8]| {
-        let start = s.as_ptr() as usize - base;
-        (start, start + s.len())
-    };
-    let target = offset(path.as_bytes());
-    let mut spans: Vec<Span> = Vec::with_capacity(request.headers.len());
-    for line in request.headers.iter() {
-        // httparse checked the name is a token; `HeaderName` also caps its length
-        if line.name.len() > MAX_HEADER_NAME_LEN {
-            return Err(RequestError::Bad("header name"));
-        }
-        spans.push(Span {
-            name: offset(line.name.as_bytes()),
-            value: offset(line.value),
-        });
-    }
-    for span in &spans {
-        buf[span.name.0..span.name.1].make_ascii_lowercase();
-    }
-    let head = buf.split_to(len).freeze();
-    let uri = Uri::from_maybe_shared(head.slice(target.0..target.1))
+    let target = offset(buf, path.as_bytes());
+    let spans = spans_of(buf, request.headers).ok_or(RequestError::Bad("header name"))?;
+    let mut headers = take_lines(buf, len, spans);
+    let uri = Uri::from_maybe_shared(headers.head.slice(target.0..target.1))
         .map_err(|_| RequestError::Bad("request target"))?;
     let mut keep_alive = http11;
     let mut closing = false;
@@ -550,10 +546,9 @@ pub(crate) fn parse_request(buf: &mut BytesMut) -> Result<ParsedRequest, Request
     let mut length: Option<u64> = None;
     let mut chunked = None;
     let mut repeated_length = false;
-    for span in &spans {
-        let name = &head[span.name.0..span.name.1];
-        let value = &head[span.value.0..span.value.1];
-        match name {
+    for span in &headers.spans {
+        let value = span.value(&headers.head);
+        match span.name(&headers.head) {
             b"transfer-encoding" => {
                 if !http11 {
                     return Err(RequestError::Bad("transfer-encoding in HTTP/1.0"));
@@ -581,13 +576,12 @@ pub(crate) fn parse_request(buf: &mut BytesMut) -> Result<ParsedRequest, Request
             _ => {}
         }
     }
-    let mut headers = HeadLines { head, spans };
     let body = match (chunked, length) {
         (Some(false), _) => return Err(RequestError::Bad("transfer-encoding not chunked")),
         (Some(true), Some(_)) => {
             // both: the coding wins, the length goes, and nothing after this request
             // is read (RFC 9112, 6.3 item 3)
-            headers.remove("content-length");
+            headers.remove("content-length", 0);
             keep_alive = false;
             BodyFraming::Chunked
         }
@@ -595,7 +589,7 @@ pub(crate) fn parse_request(buf: &mut BytesMut) -> Result<ParsedRequest, Request
         (None, n) => {
             if repeated_length {
                 // the same length several times: one line of it stays
-                headers.remove_repeats("content-length");
+                headers.remove("content-length", 1);
             }
             BodyFraming::Length(n.unwrap_or(0))
         }
@@ -1048,7 +1042,8 @@ mod tests {
         assert_eq!(h.headers.first("retry-after"), Some(&b"3"[..]));
         let all: Vec<_> = h.headers.all("x-a").collect();
         assert_eq!(all, [b"1", b"2"]);
-        assert_eq!(h.headers.shared("x-a").as_deref(), Some(&b"1"[..]));
+        let first = h.headers.first("x-a").unwrap();
+        assert_eq!(h.headers.to_value(first).unwrap(), "1");
         assert_eq!(&rest[..], b"body");
         assert_eq!(
             framing(&Method::POST, &h).unwrap(),
@@ -1232,6 +1227,17 @@ mod tests {
         assert_eq!(
             parse_request(&mut endless).unwrap_err(),
             RequestError::TooLarge
+        );
+        // the longest name `HeaderName` takes, and one byte more
+        let named = |len: usize| format!("GET / HTTP/1.1\r\n{}: v\r\n\r\n", "N".repeat(len));
+        let (longest, _) = request(named(MAX_HEADER_NAME_LEN).as_bytes()).unwrap();
+        assert_eq!(
+            longest.headers.first(&"n".repeat(MAX_HEADER_NAME_LEN)),
+            Some(&b"v"[..])
+        );
+        assert_eq!(
+            request(named(MAX_HEADER_NAME_LEN + 1).as_bytes()).unwrap_err(),
+            RequestError::Bad("header name")
         );
     }
 

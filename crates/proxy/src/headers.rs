@@ -13,6 +13,8 @@
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use keypool_providers::HeaderLines as _;
+
 use crate::h1::HeadLines;
 
 /// keypool's own request id, on every response (and as `request_id` in its error
@@ -34,8 +36,8 @@ pub const RESPONSE_HEADER_ALLOWLIST: [HeaderName; 1] = [CONTENT_TYPE];
 pub(crate) fn copy_safe_response_headers(from: &HeadLines, to: &mut HeaderMap) {
     for name in &RESPONSE_HEADER_ALLOWLIST {
         if let Some(value) = from
-            .shared(name.as_str())
-            .and_then(|bytes| HeaderValue::from_maybe_shared(bytes).ok())
+            .first(name.as_str())
+            .and_then(|value| from.to_value(value))
         {
             to.insert(name.clone(), value);
         }
