@@ -215,6 +215,7 @@ pub fn build_upstream_head<H: HeaderLines + ?Sized>(
 
     let mut headers = HeaderMap::with_capacity(FORWARDED_HEADERS.len() + 2);
     // one pass over the client's few headers rather than a lookup per forwarded name
+    let mut versioned = false;
     for (name, value) in client_headers.lines() {
         let Some(forwarded) = FORWARDED_HEADERS
             .into_iter()
@@ -225,13 +226,14 @@ pub fn build_upstream_head<H: HeaderLines + ?Sized>(
         if !contains_marker(value)
             && let Some(value) = client_headers.to_value(value)
         {
+            versioned |= forwarded == ANTHROPIC_VERSION;
             headers.append(forwarded, value);
         }
     }
     if !account.provider.speaks_messages() {
         headers.remove(&ANTHROPIC_VERSION);
         headers.remove(&ANTHROPIC_BETA);
-    } else if !headers.contains_key(&ANTHROPIC_VERSION) {
+    } else if !versioned {
         headers.insert(
             ANTHROPIC_VERSION,
             HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION),

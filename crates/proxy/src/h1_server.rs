@@ -293,8 +293,9 @@ impl Conn {
         parts: RequestParts,
         body: RequestBody,
     ) -> Option<Response<ProxyBody>> {
-        let handling = app.handle_from(Some(self.info), parts, body);
-        tokio::pin!(handling);
+        // pinned where it is made: a `let` then `tokio::pin!` moved the whole request
+        // future (~5 KB) once more
+        let mut handling = std::pin::pin!(app.handle_from(Some(self.info), parts, body));
         poll_fn(|cx| {
             if let Poll::Ready(response) = handling.as_mut().poll(cx) {
                 return Poll::Ready(Some(response));
