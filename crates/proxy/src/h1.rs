@@ -193,6 +193,15 @@ impl HeadLines {
 }
 
 impl keypool_providers::HeaderLines for HeadLines {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        // lengths first: most lines' names are not as long as `name`
+        let name = name.as_bytes();
+        self.spans
+            .iter()
+            .find(|span| span.name.1 - span.name.0 == name.len() && span.name(&self.head) == name)
+            .map(|span| span.value(&self.head))
+    }
+
     fn lines(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.spans
             .iter()
@@ -301,6 +310,43 @@ pub(crate) fn parse_head(buf: &mut BytesMut) -> io::Result<Parsed> {
 /// refused, as it was when heads were parsed into `HeaderMap`s).
 const MAX_HEADER_NAME_LEN: usize = (1 << 16) - 1;
 
+/// `bytes` with ASCII `A`-`Z` made `a`-`z`, eight bytes at a time, the last eight
+/// overlapping the word before when the length is not a multiple of eight (a header
+/// name is ~20 bytes: too short for the byte loop of `make_ascii_lowercase` to be
+/// vectorised).
+fn lower_case(bytes: &mut [u8]) {
+    let len = bytes.len();
+    if len < 8 {
+        bytes.make_ascii_lowercase();
+        return;
+    }
+    let mut lower = |at: usize| {
+        if let Some(word) = bytes
+            .get_mut(at..at + 8)
+            .and_then(|w| <&mut [u8; 8]>::try_from(w).ok())
+        {
+            *word = lower_case_8(u64::from_le_bytes(*word)).to_le_bytes();
+        }
+    };
+    let mut at = 0;
+    while at + 8 < len {
+        lower(at);
+        at += 8;
+    }
+    lower(len - 8);
+}
+
+/// The eight bytes of `x` with ASCII `A`-`Z` made `a`-`z` (every other byte kept).
+fn lower_case_8(x: u64) -> u64 {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    let low7 = x & (0x7f * ONES);
+    // the high bit of each byte: low7 >= 'A', low7 > 'Z' (no carry leaves a byte)
+    let from_a = low7 + u64::from(0x80 - b'A') * ONES;
+    let past_z = low7 + u64::from(0x7f - b'Z') * ONES;
+    let upper = from_a & !past_z & !x & (0x80 * ONES);
+    x | (upper >> 2)
+}
+
 /// Where `part`, a slice of `buf`, lies in it.
 fn offset(buf: &[u8], part: &[u8]) -> (usize, usize) {
     let start = part.as_ptr() as usize - buf.as_ptr() as usize;
@@ -329,7 +375,7 @@ fn spans_of(buf: &[u8], lines: &[httparse::Header<'_>]) -> Option<Vec<Span>> {
 /// case where they lie.
 fn take_lines(buf: &mut BytesMut, len: usize, spans: Vec<Span>) -> HeadLines {
     for span in &spans {
-        buf[span.name.0..span.name.1].make_ascii_lowercase();
+        lower_case(&mut buf[span.name.0..span.name.1]);
     }
     HeadLines {
         head: buf.split_to(len).freeze(),
@@ -1359,6 +1405,17 @@ mod tests {
     }
 
     proptest! {
+        /// The eight-byte lower-casing is `to_ascii_lowercase` on every byte, and so is
+        /// a name's, whatever its length.
+        #[test]
+        fn lower_casing_is_ascii_lowercase(x in any::<u64>(), bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let each = x.to_le_bytes().map(|b| b.to_ascii_lowercase());
+            prop_assert_eq!(lower_case_8(x), u64::from_le_bytes(each));
+            let mut ours = bytes.clone();
+            lower_case(&mut ours);
+            prop_assert_eq!(ours, bytes.to_ascii_lowercase());
+        }
+
         /// A request's header line is taken when `http::HeaderName` and `HeaderValue`
         /// take it (as when the server parsed into a `HeaderMap`), its name read in lower
         /// case and its value as `HeaderValue::to_str` reads it; any other is a `400`.
