@@ -3,8 +3,8 @@
 //! neutral [`RateLimitInfo`] of `keypool-cooldown`, which never sees a header.
 //!
 //! Every function here is pure: it reads a response's header lines (an
-//! [`http::HeaderMap`] or any [`HeaderLines`]) or one header value and, where a header is relative to "now" (`retry-after` as an
-//! HTTP date), takes `now` as an argument. A value that does not parse is ignored
+//! [`http::HeaderMap`] or any [`HeaderLines`]) or one header value and, where a header
+//! is relative to "now" (`retry-after` as an HTTP date), takes `now` as an argument. A value that does not parse is ignored
 //! (`None`), never an error and never a panic: upstream headers are untrusted input.
 //! Every reset is bounded ([`RateLimitInfo::bound_resets`]) before the facts leave this
 //! module.
@@ -143,8 +143,8 @@ fn parse<H: HeaderLines + ?Sized>(headers: &H, now: UnixMs) -> RateLimitInfo {
 }
 
 /// The first value of every header [`RateLimitInfo`] reads, found in one pass over the
-/// map (as `HeaderMap::get` would: the first value of a repeated header). One pass
-/// compares each name once instead of hashing twelve names per response.
+/// lines (the first value of a repeated header, as `HeaderMap::get` gives). One pass
+/// compares each name once instead of looking up twelve names per response.
 struct Found<'h>([Option<&'h [u8]>; 22]);
 
 impl<'h> Found<'h> {

@@ -74,7 +74,7 @@ pub trait HeaderLines {
 
     /// [`first_text`](Self::first_text), trimmed.
     fn first_str(&self, name: &str) -> Option<&str> {
-        visible_text(self.first(name)?)
+        self.first_text(name).map(str::trim)
     }
 
     /// `value`, one of these lines' values, as a `HeaderValue` to send on: a copy,
@@ -98,10 +98,9 @@ pub fn header_text(value: &[u8]) -> Option<&str> {
     std::str::from_utf8(value).ok()
 }
 
-/// [`header_text`], trimmed.
+/// [`header_text`], trimmed (as `HeaderValue::to_str` then `str::trim`).
 pub(crate) fn visible_text(value: &[u8]) -> Option<&str> {
-    // (trimming ASCII white space is `str::trim` for visible ASCII and tabs)
-    header_text(value.trim_ascii())
+    header_text(value).map(str::trim)
 }
 
 impl HeaderLines for HeaderMap {

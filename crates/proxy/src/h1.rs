@@ -129,7 +129,6 @@ pub(crate) struct Head {
 /// request id, content type, framing) and passes on at most its `content-type`, so the
 /// lines are not hashed into a `HeaderMap` (~500 instructions a line; Claude Code's
 /// requests and Anthropic's answers carry ~15–25).
-#[derive(Default)]
 pub(crate) struct HeadLines {
     head: Bytes,
     spans: Vec<Span>,
@@ -215,10 +214,6 @@ impl keypool_providers::HeaderLines for HeadLines {
         text.is_ascii().then_some(text)
     }
 
-    fn first_str(&self, name: &str) -> Option<&str> {
-        self.first_text(name).map(str::trim)
-    }
-
     fn to_value(&self, value: &[u8]) -> Option<HeaderValue> {
         // one of the head's values: shared; a value from elsewhere is a programming error
         // `slice_ref` would panic on, so it is copied instead
@@ -241,7 +236,7 @@ pub(crate) enum Parsed {
 }
 
 /// Where one header line's name and value lie in the head's bytes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub(crate) struct Span {
     name: (usize, usize),
     value: (usize, usize),
@@ -1402,6 +1397,47 @@ mod tests {
         }
         out.extend_from_slice(b"0\r\n\r\n");
         out
+    }
+
+    /// The path a client's head takes to the upstream: parsed here (names in any case,
+    /// an LB key in several headers and spellings), then `build_upstream_head`. Only
+    /// the allowlisted lines without an LB key go on, with their values as sent.
+    #[test]
+    fn a_parsed_head_forwards_only_allowlisted_lines_without_lb_keys() {
+        use keypool_core::{AuthType, Provider};
+        use keypool_providers::{Endpoint, UpstreamAccount, build_upstream_head};
+        let (head, _) = request(
+            b"POST /v1/messages HTTP/1.1\r\nHost: kp\r\nX-Api-Key: sk-lb-AAAA\r\n\
+              Authorization: Bearer SK-LB-bbbb\r\nAnthropic-Beta: tools-1, Sk-Lb-cccc\r\n\
+              ANTHROPIC-BETA: claude-code-20250219\r\nAnthropic-Version: 2023-06-01\r\n\
+              User-Agent: claude-cli/2.0 sk-lb-dddd\r\nContent-Type: application/json\r\n\
+              X-Claude-Code-Session-Id: s1\r\nContent-Length: 2\r\n\r\n",
+        )
+        .unwrap();
+        let account = UpstreamAccount {
+            provider: Provider::Anthropic,
+            auth: AuthType::ApiKey,
+            secret: "sk-ant-api03-SECRET",
+            base_url: Some("http://127.0.0.1:9"),
+        };
+        let upstream =
+            build_upstream_head(&head.uri, &head.headers, Endpoint::Messages, &account).unwrap();
+        let lines: Vec<(String, String)> = upstream
+            .headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        let line = |n: &str, v: &str| (n.to_owned(), v.to_owned());
+        assert_eq!(
+            lines,
+            [
+                line("anthropic-beta", "claude-code-20250219"),
+                line("anthropic-version", "2023-06-01"),
+                line("content-type", "application/json"),
+                line("accept-encoding", "identity"),
+                line("x-api-key", "sk-ant-api03-SECRET"),
+            ]
+        );
     }
 
     proptest! {
