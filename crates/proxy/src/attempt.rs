@@ -200,17 +200,17 @@ pub(crate) async fn attempt(
         Ok(response) => response,
     };
     let Answer {
-        head: parts,
+        head: answer,
         mut body,
     } = response;
     let received_at = now_ms();
-    let rate_limit = rate_limits_of(account.provider(), &parts.headers, received_at);
+    let rate_limit = rate_limits_of(account.provider(), &answer.headers, received_at);
     if !rate_limit.is_empty() {
         call.app
             .store()
             .observe_windows(account.id(), &rate_limit, received_at);
     }
-    if !parts.status.is_success() {
+    if !answer.status.is_success() {
         let wait = Duration::from_millis(settings.first_frame_timeout_ms);
         let limits = ReadLimits {
             max: MAX_ERROR_BODY_BYTES,
@@ -218,7 +218,7 @@ pub(crate) async fn attempt(
             truncate: true,
         };
         let body = read_body(&mut body, limits, None).await.unwrap_or_default();
-        let (status, rate_limit) = restated(call, &account, parts.status, rate_limit, &body);
+        let (status, rate_limit) = restated(call, &account, answer.status, rate_limit, &body);
         return Err(Failure::Status {
             status,
             rate_limit: Box::new(rate_limit),
@@ -227,9 +227,9 @@ pub(crate) async fn attempt(
         });
     }
     let upstream_request_id =
-        upstream_request_id(account.provider(), &parts.headers).map(str::to_owned);
+        upstream_request_id(account.provider(), &answer.headers).map(str::to_owned);
     if !call.stream {
-        return full_answer(call, &leg, &account, started, parts, body, &first_chunk)
+        return full_answer(call, &leg, &account, started, answer, body, &first_chunk)
             .await
             .map(|(ttft_ms, kind)| Ready {
                 account,
@@ -340,7 +340,7 @@ async fn full_answer(
     leg: &Leg<'_>,
     account: &Account,
     started: Instant,
-    parts: h1::Head,
+    answer: h1::Head,
     mut body: UpstreamBody,
     first_chunk: &AtomicBool,
 ) -> Result<(u64, ReadyKind), Failure> {
@@ -349,7 +349,7 @@ async fn full_answer(
         tracing::debug!(account = %account.id(), problem = problem.as_str(), "upstream 2xx is not a valid answer");
         Failure::Transport(TransportFailure::InvalidAnswer)
     };
-    check_answer_head(parts.status, &parts.headers).map_err(invalid)?;
+    check_answer_head(answer.status, &answer.headers).map_err(invalid)?;
     let ttft_ms = started.elapsed().as_millis() as u64;
     first_chunk.store(true, Ordering::Release);
     let mut held = call
@@ -376,8 +376,8 @@ async fn full_answer(
     Ok((
         ttft_ms,
         ReadyKind::Full {
-            status: parts.status,
-            headers: parts.headers,
+            status: answer.status,
+            headers: answer.headers,
             body: bytes,
             held,
             usage,
