@@ -38,7 +38,10 @@
 //! let uri: Uri = "/acme/team/v1/messages?beta=true".parse().unwrap();
 //! let head = build_upstream_head(&uri, &client, Endpoint::Messages, &account)?;
 //! assert_eq!(head.uri, "https://api.anthropic.com/v1/messages?beta=true");
-//! assert_eq!(head.headers["anthropic-beta"], "claude-code-20250219,oauth-2025-04-20");
+//! assert_eq!(
+//!     head.headers.get_str("anthropic-beta"),
+//!     Some("claude-code-20250219,oauth-2025-04-20")
+//! );
 //! assert!(!head.headers.contains_key("x-api-key"));
 //! # Ok::<(), keypool_providers::ProvidersError>(())
 //! ```
@@ -84,6 +87,6 @@ pub use response::{
 pub use sanitise::{ErrorType, error_body, overloaded_body, passthrough_body};
 pub use stream_start::{CommitGate, StartFailure, Verdict, is_valid_first_frame};
 pub use upstream::{
-    Endpoint, UpstreamAccount, UpstreamHead, build_upstream_head, validate_account,
+    Endpoint, UpstreamAccount, UpstreamHead, UpstreamHeaders, build_upstream_head, validate_account,
 };
 pub use wire::{FrameRole, StreamWire, generic_error_frame, upstream_request_id};

@@ -16,8 +16,9 @@
 use std::io;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, Version};
+use keypool_providers::UpstreamHeaders;
 
 /// Most header lines a response head may have (hyper's limit too).
 pub(crate) const MAX_HEADERS: usize = 100;
@@ -66,7 +67,7 @@ pub(crate) fn write_head(
     method: &Method,
     uri: &Uri,
     host: &[u8],
-    headers: &HeaderMap,
+    headers: &UpstreamHeaders,
     content_length: usize,
 ) {
     out.clear();
@@ -77,20 +78,13 @@ pub(crate) fn write_head(
         _ => out.push(b'/'),
     }
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    if !host.is_empty() && !headers.contains_key(HOST) {
+    if !host.is_empty() && !headers.has_host() {
         out.extend_from_slice(b"host: ");
         out.extend_from_slice(host);
         out.extend_from_slice(b"\r\n");
     }
-    for (name, value) in headers {
-        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == CONNECTION {
-            continue;
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    // the lines as the adapter wrote them (no framing line among them)
+    out.extend_from_slice(headers.as_bytes());
     out.extend_from_slice(b"content-length: ");
     write_decimal(out, content_length as u64);
     out.extend_from_slice(b"\r\n\r\n");
@@ -1013,7 +1007,9 @@ fn chunk_size(line: &[u8]) -> io::Result<u64> {
 mod tests {
     use super::*;
     use http::HeaderName;
+    use http::header::{CONNECTION, HOST};
     use keypool_providers::HeaderLines as _;
+    use keypool_providers::upstream::X_API_KEY;
     use proptest::prelude::*;
 
     fn head(bytes: &[u8]) -> (Head, BytesMut) {
@@ -1029,10 +1025,11 @@ mod tests {
         let uri: Uri = "http://127.0.0.1:9000/v1/messages?beta=true"
             .parse()
             .unwrap();
-        let mut headers = HeaderMap::new();
-        headers.insert("x-api-key", HeaderValue::from_static("sk-ant-x"));
-        headers.insert(CONTENT_LENGTH, HeaderValue::from_static("999"));
-        headers.insert(CONNECTION, HeaderValue::from_static("close"));
+        let mut headers = UpstreamHeaders::default();
+        headers.append(&X_API_KEY, &HeaderValue::from_static("sk-ant-x"));
+        headers.append(&CONTENT_LENGTH, &HeaderValue::from_static("999"));
+        headers.append(&CONNECTION, &HeaderValue::from_static("close"));
+        headers.append(&TRANSFER_ENCODING, &HeaderValue::from_static("chunked"));
         let mut out = b"stale".to_vec();
         write_head(
             &mut out,
@@ -1053,7 +1050,7 @@ mod tests {
             &Method::POST,
             &https,
             &host_header(&https),
-            &HeaderMap::new(),
+            &UpstreamHeaders::default(),
             0,
         );
         assert_eq!(
@@ -1063,8 +1060,8 @@ mod tests {
         // a caller's own host wins; an IPv6 host keeps its brackets
         let v6: Uri = "http://[::1]:8080/v1/messages".parse().unwrap();
         assert_eq!(&*host_header(&v6), b"[::1]:8080");
-        let mut own = HeaderMap::new();
-        own.insert(HOST, HeaderValue::from_static("example.test"));
+        let mut own = UpstreamHeaders::default();
+        own.append(&HOST, &HeaderValue::from_static("example.test"));
         let mut out = Vec::new();
         write_head(&mut out, &Method::POST, &v6, &host_header(&v6), &own, 0);
         assert_eq!(
@@ -1425,7 +1422,7 @@ mod tests {
         let lines: Vec<(String, String)> = upstream
             .headers
             .iter()
-            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .map(|(n, v)| (n.to_owned(), String::from_utf8(v.to_vec()).unwrap()))
             .collect();
         let line = |n: &str, v: &str| (n.to_owned(), v.to_owned());
         assert_eq!(

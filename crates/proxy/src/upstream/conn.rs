@@ -658,9 +658,10 @@ impl Body for UpstreamBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::{HeaderMap, HeaderValue, Method, StatusCode};
+    use http::{HeaderName, HeaderValue, Method, StatusCode};
     use http_body_util::BodyExt;
     use keypool_providers::HeaderLines as _;
+    use keypool_providers::UpstreamHeaders;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
@@ -735,8 +736,11 @@ mod tests {
     }
 
     fn head(base: &str) -> UpstreamHead {
-        let mut headers = HeaderMap::new();
-        headers.insert("x-api-key", HeaderValue::from_static("sk-ant-test"));
+        let mut headers = UpstreamHeaders::default();
+        headers.append(
+            &HeaderName::from_static("x-api-key"),
+            &HeaderValue::from_static("sk-ant-test"),
+        );
         UpstreamHead {
             method: Method::POST,
             uri: format!("{base}/v1/messages").parse().unwrap(),
