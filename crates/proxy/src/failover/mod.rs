@@ -72,7 +72,13 @@ async fn walk_plan(
         match walker.next_event().await {
             Event::HedgeDelay => walker.on_hedge_delay().await,
             Event::Done(which, result) => {
-                if let Some(response) = walker.on_done(which, result, ctx).await {
+                if result.is_ok()
+                    && let Some((session, served)) = walker.on_win(which, ctx)
+                {
+                    // Bind, re-bind or refresh: the session follows the account that served.
+                    walk::bind_session(call, session, served).await;
+                }
+                if let Some(response) = walker.on_done(which, result, ctx) {
                     return response;
                 }
                 if walker.must_stop() {

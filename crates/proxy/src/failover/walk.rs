@@ -11,7 +11,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use http::Response;
-use keypool_core::UnixMs;
+use keypool_core::{AccountId, UnixMs};
 use keypool_selector::FanOut;
 use keypool_store::config::Account;
 use keypool_store::slots::SlotGuard;
@@ -19,7 +19,7 @@ use keypool_store::{Store, StoreError, now_ms};
 use tokio::time::Sleep;
 
 use super::credit::{commit, record_failure};
-use super::planning::{ExtraAttempt, PlannedRequest};
+use super::planning::{ExtraAttempt, PlannedRequest, Session};
 use crate::attempt::{Call, Failure, Ready};
 use crate::body::ProxyBody;
 use crate::ceiling::AttemptCeiling;
@@ -355,10 +355,31 @@ impl<'c> Walker<'c> {
         }
     }
 
+    /// The attempt `running[which]` reached its commit point: its fan-out partner, if
+    /// any, is aborted. The session to bind to the account that served, if the request
+    /// has one: the caller awaits [`bind_session`] before [`Walker::on_done`] commits.
+    pub fn on_win(
+        &mut self,
+        which: usize,
+        ctx: &mut RequestContext<'_>,
+    ) -> Option<(&Session, &AccountId)> {
+        // out of the array while the others are aborted, back for `on_done`
+        let running = self.running[which].take()?;
+        self.won(&running, ctx);
+        let index = running.index;
+        self.running[which] = Some(running);
+        let session = self.planned.session.as_ref()?;
+        Some((session, &self.planned.snapshot[index].id))
+    }
+
     /// The attempt `running[which]` finished: the answer when it reached its commit
-    /// point (the other attempt, if any, is aborted), else its failure is credited and
+    /// point ([`Walker::on_win`] was called for it), else its failure is credited and
     /// the walk goes on (or stops, on a second request error or keypool's own failure).
-    pub async fn on_done(
+    ///
+    /// Not async: the attempt's result (a few hundred bytes) is not moved into a
+    /// future per request (issue 22); the one await of a win, the session's binding,
+    /// is the caller's, in a future of its own.
+    pub fn on_done(
         &mut self,
         which: usize,
         result: Result<Ready, Failure>,
@@ -366,7 +387,17 @@ impl<'c> Walker<'c> {
     ) -> Option<Response<ProxyBody>> {
         let running = self.running[which].take()?;
         match result {
-            Ok(ready) => Some(self.won(running, ready, ctx).await),
+            Ok(ready) => {
+                let snapshot = &self.planned.snapshot;
+                Some(commit(
+                    self.call,
+                    &snapshot[running.index],
+                    snapshot.len(),
+                    running,
+                    ready,
+                    ctx,
+                ))
+            }
             Err(failure) => {
                 self.failed(running, failure, ctx);
                 None
@@ -374,12 +405,9 @@ impl<'c> Walker<'c> {
         }
     }
 
-    async fn won(
-        &mut self,
-        running: Running<'c>,
-        ready: Ready,
-        ctx: &mut RequestContext<'_>,
-    ) -> Response<ProxyBody> {
+    /// `running` (taken out of `self.running`) won: its fan-out partner, if any, is
+    /// aborted.
+    fn won(&mut self, running: &Running<'c>, ctx: &mut RequestContext<'_>) {
         let app = self.call.app;
         // A win counts only when primary and backup really ran together.
         if self.backup_started {
@@ -388,20 +416,6 @@ impl<'c> Walker<'c> {
         // The other attempt, if any, is aborted in flight: dropped, credited nothing.
         self.abort_others(ctx);
         app.metrics().attempts(self.ceiling.started() as u64);
-        let snapshot = &self.planned.snapshot;
-        let candidate = &snapshot[running.index];
-        if let Some(session) = &self.planned.session {
-            // Bind, re-bind or refresh: the session follows the account that served.
-            let served = &candidate.id;
-            let ttl = self.call.config.server().session_affinity_ttl_ms;
-            app.store()
-                .bind_session(&session.key, served, ttl, now_ms())
-                .await;
-            if session.bound.as_ref().is_some_and(|b| b != served) {
-                app.metrics().affinity(AffinityOutcome::Rebind);
-            }
-        }
-        commit(self.call, candidate, snapshot.len(), running, ready, ctx)
     }
 
     fn failed(&mut self, running: Running<'c>, failure: Failure, ctx: &mut RequestContext<'_>) {
@@ -466,5 +480,18 @@ impl<'c> Walker<'c> {
     /// Whether the walk must end now (keypool's own failure).
     pub fn must_stop(&self) -> bool {
         matches!(self.stopped, Some(Stopped::Local))
+    }
+}
+
+/// Binds, re-binds or refreshes the request's session to `served`, the account that
+/// served it (a future of its own, holding only what it needs).
+pub(super) async fn bind_session(call: &Call<'_>, session: &Session, served: &AccountId) {
+    let app = call.app;
+    let ttl = call.config.server().session_affinity_ttl_ms;
+    app.store()
+        .bind_session(&session.key, served, ttl, now_ms())
+        .await;
+    if session.bound.as_ref().is_some_and(|b| b != served) {
+        app.metrics().affinity(AffinityOutcome::Rebind);
     }
 }
