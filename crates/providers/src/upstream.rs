@@ -185,16 +185,19 @@ impl UpstreamHead {
 ///
 /// A request sends half a dozen lines, each written once and read by nobody on the
 /// request path: they are kept as their text, not hashed into a `HeaderMap` (which cost
-/// ~1,300 instructions per request: a 1.2 KB table, a `HeaderValue` and a shared
+/// ~1,600 instructions more per request: a 1.2 KB table, a `HeaderValue` and a shared
 /// reference count per line; issue 22). Names are lower case; values are valid header
 /// values (no control byte but a tab, no DEL), checked as they are added. The
-/// credential lines (`x-api-key`, `authorization`) are the adapter's own: `Debug`
-/// shows them as `[redacted]`.
+/// credential lines (`x-api-key`, `authorization`) and the values appended as
+/// sensitive are shown by `Debug` as `[redacted]` and marked sensitive in
+/// [`UpstreamHeaders::to_header_map`].
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct UpstreamHeaders {
     text: Vec<u8>,
     /// Whether a `host` line was added ([`UpstreamHeaders::append`]).
     host: bool,
+    /// The indexes of the lines appended with a value marked sensitive.
+    sensitive: Vec<usize>,
 }
 
 impl UpstreamHeaders {
@@ -203,13 +206,15 @@ impl UpstreamHeaders {
         Self {
             text: Vec::with_capacity(256),
             host: false,
+            sensitive: Vec::new(),
         }
     }
 
     /// Adds a line of the caller's (an embedder's or a test's). `content-length`,
     /// `transfer-encoding` and `connection` are not added: the HTTP client writes the
     /// framing of the body it sends. A `host` line replaces the one the client would
-    /// derive from the URI.
+    /// derive from the URI. A value marked sensitive stays so (`Debug`,
+    /// [`UpstreamHeaders::to_header_map`]).
     pub fn append(&mut self, name: &HeaderName, value: &HeaderValue) {
         if *name == http::header::CONTENT_LENGTH
             || *name == http::header::TRANSFER_ENCODING
@@ -218,7 +223,15 @@ impl UpstreamHeaders {
             return;
         }
         self.host |= *name == http::header::HOST;
+        if value.is_sensitive() {
+            self.sensitive.push(self.len());
+        }
         self.push(name.as_str(), value.as_bytes());
+    }
+
+    /// Whether line `index`, named `name`, is not to be shown.
+    fn is_sensitive(&self, index: usize, name: &str) -> bool {
+        is_credential(name) || self.sensitive.contains(&index)
     }
 
     /// Whether a `host` line was added.
@@ -290,18 +303,19 @@ impl UpstreamHeaders {
         self.text.is_empty()
     }
 
-    /// The same lines as a `HeaderMap`, the credential's marked sensitive.
+    /// The same lines as a `HeaderMap`, the credential's (and those appended as
+    /// sensitive) marked sensitive.
     pub fn to_header_map(&self) -> HeaderMap {
         let mut map = HeaderMap::with_capacity(8);
-        for (name, value) in self.iter() {
-            let (Ok(name), Ok(mut value)) = (
+        for (index, (name, value)) in self.iter().enumerate() {
+            let (Ok(header), Ok(mut value)) = (
                 HeaderName::from_bytes(name.as_bytes()),
                 HeaderValue::from_bytes(value),
             ) else {
                 continue;
             };
-            value.set_sensitive(is_credential(name.as_str()));
-            map.append(name, value);
+            value.set_sensitive(self.is_sensitive(index, name));
+            map.append(header, value);
         }
         map
     }
@@ -315,8 +329,8 @@ fn is_credential(name: &str) -> bool {
 impl fmt::Debug for UpstreamHeaders {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map()
-            .entries(self.iter().map(|(name, value)| {
-                let value = if is_credential(name) {
+            .entries(self.iter().enumerate().map(|(index, (name, value))| {
+                let value = if self.is_sensitive(index, name) {
                     Cow::Borrowed("[redacted]")
                 } else {
                     String::from_utf8_lossy(value)
@@ -529,7 +543,10 @@ fn percent_decoded(bytes: &[u8]) -> Option<Vec<u8>> {
 
 /// The union of the comma-separated flags of `values` and `extra`, without blanks or
 /// duplicates, in first-seen order (`extra` last), as one header value.
-pub fn merge_beta_flags<'v>(values: impl IntoIterator<Item = &'v [u8]>, extra: &str) -> Vec<u8> {
+pub(crate) fn merge_beta_flags<'v>(
+    values: impl IntoIterator<Item = &'v [u8]>,
+    extra: &str,
+) -> Vec<u8> {
     let mut flags: Vec<&[u8]> = Vec::new();
     let mut push = |flag: &'v [u8]| {
         let flag = flag.trim_ascii();
@@ -806,6 +823,31 @@ mod tests {
         );
         assert_eq!(head.uri, "https://api.anthropic.com/v1/messages");
         assert_eq!(head.method, Method::POST);
+    }
+
+    /// A line appended with a value marked sensitive is shown by no `Debug` and stays
+    /// sensitive in the map; framing lines are not added; a `host` line is noted.
+    #[test]
+    fn appended_lines_keep_their_sensitivity() {
+        let mut headers = UpstreamHeaders::default();
+        let mut secret = HeaderValue::from_static("vendor-SECRET");
+        secret.set_sensitive(true);
+        headers.append(&HeaderName::from_static("x-vendor-key"), &secret);
+        headers.append(&ACCEPT, &HeaderValue::from_static("application/json"));
+        headers.append(
+            &http::header::CONTENT_LENGTH,
+            &HeaderValue::from_static("9"),
+        );
+        headers.append(&http::header::HOST, &HeaderValue::from_static("h.example"));
+        let shown = format!("{headers:?}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert!(shown.contains("application/json"), "{shown}");
+        let map = headers.to_header_map();
+        assert!(map["x-vendor-key"].is_sensitive());
+        assert!(!map["accept"].is_sensitive());
+        assert!(!map.contains_key("content-length"));
+        assert!(headers.has_host());
+        assert_eq!(headers.len(), 3);
     }
 
     #[test]

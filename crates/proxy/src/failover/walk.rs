@@ -388,6 +388,8 @@ impl<'c> Walker<'c> {
         let running = self.running[which].take()?;
         match result {
             Ok(ready) => {
+                // `on_win` aborted the partner
+                debug_assert!(self.running.iter().all(Option::is_none));
                 let snapshot = &self.planned.snapshot;
                 Some(commit(
                     self.call,
