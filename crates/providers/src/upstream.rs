@@ -242,10 +242,19 @@ impl UpstreamHeaders {
     /// Adds `name: value` (a name of this module's, lower case; `value` already
     /// checked by [`is_header_value`]).
     fn push(&mut self, name: &str, value: &[u8]) {
-        self.text.reserve(name.len() + value.len() + 4);
+        self.push_parts(name, &[value]);
+    }
+
+    /// Adds `name: ` and the `parts` of its value one after the other (`Bearer ` and
+    /// the secret without a buffer of their own).
+    fn push_parts(&mut self, name: &str, parts: &[&[u8]]) {
+        let value_len: usize = parts.iter().map(|part| part.len()).sum();
+        self.text.reserve(name.len() + value_len + 4);
         self.text.extend_from_slice(name.as_bytes());
         self.text.extend_from_slice(b": ");
-        self.text.extend_from_slice(value);
+        for part in parts {
+            self.text.extend_from_slice(part);
+        }
         self.text.extend_from_slice(b"\r\n");
     }
 
@@ -423,10 +432,7 @@ pub fn build_upstream_head<H: HeaderLines + ?Sized>(
     match credential {
         Credential::ApiKey => headers.push(X_API_KEY.as_str(), secret),
         Credential::Bearer { .. } => {
-            let mut value = Vec::with_capacity(secret.len() + 7);
-            value.extend_from_slice(b"Bearer ");
-            value.extend_from_slice(secret);
-            headers.push(AUTHORIZATION.as_str(), &value);
+            headers.push_parts(AUTHORIZATION.as_str(), &[b"Bearer ", secret]);
         }
     }
     if merge_beta {
