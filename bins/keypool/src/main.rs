@@ -17,9 +17,10 @@ use clap::Parser;
 
 /// mimalloc instead of glibc's malloc: the request path allocates and frees dozens of
 /// small objects per request across two worker threads, where glibc spent ~13 % of the
-/// CPU (`docs/BENCHMARKS.md`, issue 22).
+/// CPU (`docs/BENCHMARKS.md`, issue 22). Through `keypool-alloc`, which asks mimalloc
+/// for an alignment only when its blocks would not have it anyway.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: keypool_alloc::Mimalloc = keypool_alloc::Mimalloc;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
