@@ -17,10 +17,9 @@ use clap::Parser;
 
 /// mimalloc instead of glibc's malloc: the request path allocates and frees dozens of
 /// small objects per request across two worker threads, where glibc spent ~13 % of the
-/// CPU (`docs/BENCHMARKS.md`, issue 22). Through `keypool-alloc`, which asks mimalloc
-/// for an alignment only when its blocks would not have it anyway.
+/// CPU (`docs/BENCHMARKS.md`, issue 22).
 #[global_allocator]
-static GLOBAL: keypool_alloc::Mimalloc = keypool_alloc::Mimalloc;
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
