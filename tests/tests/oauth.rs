@@ -145,8 +145,11 @@ async fn an_account_serves_for_many_token_lifetimes_without_a_failed_request() {
     assert!(metrics.contains("keypool_oauth_token_expiry_timestamp_seconds{account=\"max\"}"));
     // The tokens sent upstream are the rotated ones, never the first after it expired.
     let last = h.sim().requests_for("max").pop().unwrap();
+    // Compared whole: the simulator numbers its tokens, so the first (`…-max-1`) is a
+    // prefix of the tenth (`…-max-10`).
     let auth = last.headers["authorization"].to_str().unwrap().to_owned();
-    assert!(!auth.contains(&first.access_token), "{auth}");
+    assert_ne!(auth, format!("Bearer {}", first.access_token));
+    assert!(auth.starts_with("Bearer sk-ant-oat01-sim-max-"), "{auth}");
 }
 
 #[tokio::test]
