@@ -77,6 +77,7 @@ pub mod document;
 pub mod error;
 pub mod keys;
 pub mod limits;
+mod local;
 pub mod oauth;
 pub mod resolve;
 pub mod sessions;

@@ -46,6 +46,11 @@ impl Route {
     pub fn pool_key(&self) -> PoolKey {
         self.url.pool.clone()
     }
+
+    /// [`Route::pool_key`] without a clone.
+    pub(crate) fn pool_key_ref(&self) -> &PoolKey {
+        &self.url.pool
+    }
 }
 
 /// The identity of one pool: an org's group or its whole pool.
@@ -58,6 +63,11 @@ impl PoolKey {
     pub fn new(org: &str, group: Option<&str>) -> Self {
         Self(Arc::from(format!("{org}/{}", group.unwrap_or("*"))))
     }
+    /// The same key in an allocation of its own (see `Config::local_copy`).
+    pub(crate) fn local_copy(&self) -> PoolKey {
+        PoolKey(Arc::from(&*self.0))
+    }
+
     /// The key as text (`acme/fast`).
     pub fn as_str(&self) -> &str {
         &self.0

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use dashmap::DashMap;
 use keypool_cooldown::facts::{RateLimitInfo, ResetCorrection};
 use keypool_cooldown::{
     Attempt, Classification, ClearedWindows, CooldownCorrection, CooldownRecord, DisabledAccount,
@@ -20,7 +19,8 @@ use tokio::task::JoinHandle;
 use crate::StoreError;
 use crate::alerts::{AlertEvent, AlertKind, AlertQueue, AlertSubject};
 use crate::config::Config;
-use crate::resolve::{PoolKey, Route};
+use crate::local::CachedSnapshot;
+use crate::resolve::Route;
 use crate::sessions::SessionBook;
 use crate::slots::SlotBook;
 use crate::snapshot::Snapshot;
@@ -110,16 +110,14 @@ enum Backend {
     Redis(Arc<RedisMirror>),
 }
 
-struct CachedSnapshot {
-    taken_at: UnixMs,
-    generation: u64,
-    snapshot: Snapshot,
-}
-
 struct Inner {
+    /// Names the store in the threads' views (`crate::local`).
+    id: u64,
     config: ArcSwap<Config>,
+    /// Counts the configs installed: a thread's copy of an older one is made anew.
+    config_version: AtomicU64,
     state: RuntimeState,
-    snapshots: DashMap<PoolKey, CachedSnapshot, foldhash::fast::RandomState>,
+    /// Counts what makes a snapshot stale (a reload, a disable, a re-enable).
     generation: AtomicU64,
     backend: Backend,
     boot: Mutex<Option<BootState>>,
@@ -315,9 +313,10 @@ impl Store {
             last_pruned: AtomicU64::new(0),
             reloads: ReloadCounts::default(),
             alerts: AlertQueue::default(),
+            id: crate::local::store_id(),
             config: ArcSwap::from_pointee(config),
+            config_version: AtomicU64::new(0),
             state,
-            snapshots: DashMap::default(),
             generation: AtomicU64::new(0),
             backend,
             boot: Mutex::new(Some(boot)),
@@ -402,8 +401,22 @@ impl Store {
     }
 
     /// The configuration in force now. Hold it for the whole request: a reload swaps in
-    /// a new one without touching requests in flight.
+    /// a new one without touching requests in flight. Each thread gets its own copy of
+    /// it (equal in every value; see `Config::local_copy`), so that the reference
+    /// counts a request's work changes are not written by every worker.
     pub fn config(&self) -> Arc<Config> {
+        let version = self.inner.config_version.load(Ordering::Acquire);
+        crate::local::with_view(
+            self.inner.id,
+            version,
+            || self.shared_config(),
+            |view| view.config.clone(),
+        )
+        .unwrap_or_else(|| self.shared_config())
+    }
+
+    /// The one copy of the config in force that every thread's copy is made from.
+    fn shared_config(&self) -> Arc<Config> {
         self.inner.config.load_full()
     }
 
@@ -539,13 +552,14 @@ impl Store {
             .set_config(config.cooldown().clone());
         self.inner.state.oauth.seed(&config);
         self.inner.config.store(Arc::new(config));
+        // after the store: a thread that reads the new version copies the new config
+        self.inner.config_version.fetch_add(1, Ordering::AcqRel);
         self.invalidate_snapshots();
     }
 
-    /// Drops every cached snapshot (after a reload, a disable or a re-enable).
+    /// Makes every cached snapshot stale (after a reload, a disable or a re-enable).
     fn invalidate_snapshots(&self) {
         self.inner.generation.fetch_add(1, Ordering::AcqRel);
-        self.inner.snapshots.clear();
     }
 
     /// The candidate accounts of `route`'s pool in SPEC order (`priority`, `last_used`,
@@ -553,17 +567,40 @@ impl Store {
     /// runtime. Reused for `snapshot_ttl` (so `last_used` order may lag that long;
     /// `snapshot_ttl_secs = 0` rebuilds it for every request).
     pub fn snapshot(&self, route: &Route, now: UnixMs) -> Snapshot {
-        let config = self.config();
-        let ttl = config.server().snapshot_ttl_ms;
-        let key = route.pool_key();
         let generation = self.inner.generation.load(Ordering::Acquire);
-        if ttl > 0
-            && let Some(c) = self.inner.snapshots.get(&key)
-            && c.generation == generation
-            && now.saturating_sub(c.taken_at) < ttl
-        {
-            return c.snapshot.clone();
-        }
+        let version = self.inner.config_version.load(Ordering::Acquire);
+        crate::local::with_view(
+            self.inner.id,
+            version,
+            || self.shared_config(),
+            |view| {
+                let ttl = view.config.server().snapshot_ttl_ms;
+                if ttl > 0
+                    && let Some(c) = view.snapshots.get(route.pool_key_ref())
+                    && c.generation == generation
+                    && now.saturating_sub(c.taken_at) < ttl
+                {
+                    return c.snapshot.clone();
+                }
+                let snapshot = self.take_snapshot(&view.config, route);
+                if ttl > 0 {
+                    view.snapshots.insert(
+                        route.pool_key(),
+                        CachedSnapshot {
+                            taken_at: now,
+                            generation,
+                            snapshot: snapshot.clone(),
+                        },
+                    );
+                }
+                snapshot
+            },
+        )
+        .unwrap_or_else(|| self.take_snapshot(&self.shared_config(), route))
+    }
+
+    /// A new snapshot of `route`'s pool in `config`.
+    fn take_snapshot(&self, config: &Arc<Config>, route: &Route) -> Snapshot {
         let ids = match route.group() {
             Some(g) => g.accounts(),
             None => route.org().accounts(),
@@ -585,18 +622,7 @@ impl Store {
             })
             .collect();
         sort_snapshot(&mut candidates);
-        let snapshot = Snapshot::new(candidates, &state.health, &config);
-        if ttl > 0 {
-            self.inner.snapshots.insert(
-                key,
-                CachedSnapshot {
-                    taken_at: now,
-                    generation,
-                    snapshot: snapshot.clone(),
-                },
-            );
-        }
-        snapshot
+        Snapshot::new(candidates, &state.health, config)
     }
 
     /// Records that `account` served a request at `now` (the snapshot's `last_used`).

@@ -153,6 +153,52 @@ async fn a_snapshot_names_its_accounts_only_for_the_config_it_was_taken_from() {
     assert!(snapshot.account(0, &after).is_none());
 }
 
+/// Each thread has its own copy of the config and its own snapshots: a reload and a
+/// disable made on one thread are what every other thread sees next.
+#[tokio::test]
+async fn every_thread_sees_a_reload_and_a_disable_made_on_another() {
+    let dir = TempDir::new("local-views").unwrap();
+    let path = dir.path().join("keypool.toml");
+    let server = "state_file = \"\"\nsnapshot_ttl_secs = 600";
+    std::fs::write(&path, config_text(2, server)).unwrap();
+    let store = Store::open(keypool_store::config::Config::load(&path).unwrap())
+        .await
+        .unwrap();
+    let t = now_ms();
+    // the other thread takes its copy and a snapshot, then waits for the change
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let (seen, report) = std::sync::mpsc::channel();
+    let there = store.clone();
+    let other = std::thread::spawn(move || {
+        let view = |store: &Store| {
+            let c = store.config();
+            let route = c.resolve("acme", "team").unwrap();
+            let snapshot = store.snapshot(&route, t);
+            let active: Vec<bool> = snapshot.iter().map(|c| c.active).collect();
+            (c.accounts().count(), active, c)
+        };
+        let before = view(&there);
+        seen.send(before.0).unwrap();
+        wait.recv().unwrap();
+        let after = view(&there);
+        (before, after)
+    });
+    assert_eq!(report.recv().unwrap(), 2);
+    let mine = store.config();
+    std::fs::write(&path, config_text(3, server)).unwrap();
+    store.reload(&path).unwrap();
+    assert!(store.disable(&AccountId::from("a0"), "test", t));
+    go.send(()).unwrap();
+    let ((n0, active0, c0), (n1, active1, c1)) = other.join().unwrap();
+    assert_eq!((n0, active0), (2, vec![true, true]));
+    assert_eq!(n1, 3, "the reload");
+    assert_eq!(active1, [false, true, true], "the disable");
+    // each thread's copy is its own, equal in value
+    assert!(!std::sync::Arc::ptr_eq(&c0, &mine));
+    assert!(!std::sync::Arc::ptr_eq(&c1, &store.config()));
+    assert_eq!(store.config().accounts().count(), 3);
+}
+
 #[tokio::test]
 async fn memory_counters_rotate_per_pool() {
     let store = Store::open(config(&config_text(2, "state_file = \"\"")))

@@ -12,6 +12,7 @@
 mod alerts;
 pub mod edit;
 mod env;
+mod local;
 mod raw;
 pub mod sealed;
 mod secret;

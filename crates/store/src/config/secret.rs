@@ -19,6 +19,11 @@ impl Secret {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// The same value in an allocation of its own (see `Config::local_copy`).
+    pub(crate) fn local_copy(&self) -> Secret {
+        Secret(Arc::from(&*self.0))
+    }
 }
 
 impl fmt::Debug for Secret {
