@@ -56,7 +56,6 @@ struct Inner {
     /// Per pool: the `hedge_budget` ratio (its bits) the budget was made for, and the
     /// budget. A reload that changes the ratio gets a new budget on the next request.
     budgets: DashMap<PoolKey, (u64, Option<Arc<HedgeBudget>>), foldhash::fast::RandomState>,
-    ids: AtomicU64,
     seed: u64,
     /// Request body bytes held by the whole process (`max_body_bytes_in_flight`).
     body_budget: Arc<BodyBudget>,
@@ -107,7 +106,6 @@ impl App {
                 store,
                 metrics: Metrics::new(),
                 budgets: DashMap::default(),
-                ids: AtomicU64::new(0),
                 seed,
                 body_budget: Arc::new(BodyBudget::new()),
                 answer_budget: Arc::new(BodyBudget::new()),
@@ -217,7 +215,7 @@ impl App {
 
     /// A seed for one request's random choices (ties between cooldown expiries).
     pub(crate) fn next_seed(&self) -> u64 {
-        let n = self.inner.ids.fetch_add(1, Ordering::Relaxed);
+        let n = next_number();
         splitmix(self.inner.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
     }
 
@@ -240,8 +238,7 @@ impl App {
     }
 
     fn request_id(&self) -> Arc<str> {
-        let n = self.inner.ids.fetch_add(1, Ordering::Relaxed);
-        request_id_of(splitmix(self.inner.seed.wrapping_add(n)))
+        request_id_of(splitmix(self.inner.seed.wrapping_add(next_number())))
     }
 
     /// Answers one request: never fails, never panics on bad input; every response
@@ -694,6 +691,33 @@ fn request_id_of(mut bits: u64) -> Arc<str> {
     Arc::from(std::str::from_utf8(&id).unwrap_or("req_kp_0000000000000000"))
 }
 
+/// The numbers [`next_number`] hands out, a block per thread at a time.
+static NUMBERS: AtomicU64 = AtomicU64::new(0);
+/// How many numbers a thread takes at once.
+const NUMBER_BLOCK: u64 = 1 << 16;
+
+thread_local! {
+    /// The thread's next number and the end of its block.
+    static BLOCK: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// A number no other call in the process gets (request ids and seeds are mixed from
+/// it). A thread takes a block of them at a time, so that requests do not write a
+/// counter the other workers write too (issue 22).
+fn next_number() -> u64 {
+    BLOCK
+        .try_with(|block| {
+            let (mut n, mut end) = block.get();
+            if n == end {
+                n = NUMBERS.fetch_add(NUMBER_BLOCK, Ordering::Relaxed);
+                end = n + NUMBER_BLOCK;
+            }
+            block.set((n + 1, end));
+            n
+        })
+        .unwrap_or_else(|_| NUMBERS.fetch_add(1, Ordering::Relaxed))
+}
+
 fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -711,6 +735,23 @@ mod tests {
         for bits in [0u64, 1, 0xdead_beef, u64::MAX, splitmix(7)] {
             assert_eq!(&*request_id_of(bits), format!("req_kp_{bits:016x}"));
         }
+    }
+
+    #[test]
+    fn numbers_are_unique_across_threads_and_blocks() {
+        let per_thread = NUMBER_BLOCK as usize * 2 + 7;
+        let numbers: Vec<u64> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..3)
+                .map(|_| s.spawn(|| (0..per_thread).map(|_| next_number()).collect::<Vec<_>>()))
+                .collect();
+            threads
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect()
+        });
+        let distinct: std::collections::HashSet<u64> = numbers.iter().copied().collect();
+        assert_eq!(distinct.len(), numbers.len());
+        assert_eq!(numbers.len(), 3 * per_thread);
     }
 
     #[tokio::test]
