@@ -41,7 +41,7 @@ impl Config {
         copy.keys_by_hash = self
             .keys_by_hash
             .iter()
-            .map(|(hash, key)| (hash.clone(), Arc::new(key.local_copy())))
+            .map(|(hash, key)| (*hash, Arc::new(key.local_copy())))
             .collect();
         copy
     }
@@ -87,7 +87,6 @@ impl UrlConfig {
             org: text(&self.org),
             group: self.group.as_ref().map(text),
             pool: self.pool.local_copy(),
-            ..self.clone()
         }
     }
 }
