@@ -9,7 +9,7 @@ use std::borrow::Borrow;
 use std::fmt::Write as _;
 use std::hash::Hash;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 
@@ -21,11 +21,13 @@ use keypool_core::{AccountId, UnixMs};
 use keypool_ledger::NANO_PER_USD;
 use keypool_selector::GateReason;
 use keypool_store::Store;
+use rows::Rows;
 
 mod alerts;
 mod oauth;
 mod operations;
 mod process;
+mod rows;
 mod states;
 mod usage;
 
@@ -39,48 +41,50 @@ pub const LATENCY_BUCKETS_SECS: [f64; 12] = [
 /// Upper bounds of the attempts-per-request histogram.
 pub const ATTEMPT_BUCKETS: [u64; 6] = [1, 2, 3, 4, 5, 10];
 
-/// A cumulative histogram of atomics.
-#[derive(Debug)]
+/// A cumulative histogram of `N` buckets, in per-thread [`Rows`]: counters `0..N` are
+/// the buckets, `N` the count, `N + 1` the sum in the unit the histogram is rendered
+/// in, times 1000 (ms for latencies).
+#[derive(Debug, Default)]
 struct Histogram<const N: usize> {
-    buckets: [AtomicU64; N],
-    count: AtomicU64,
-    /// Sum in the unit the histogram is rendered in, times 1000 (ms for latencies).
-    sum_milli: AtomicU64,
-}
-
-impl<const N: usize> Default for Histogram<N> {
-    fn default() -> Self {
-        Self {
-            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            count: AtomicU64::new(0),
-            sum_milli: AtomicU64::new(0),
-        }
-    }
+    rows: Rows<16>,
 }
 
 impl<const N: usize> Histogram<N> {
+    const FITS: () = assert!(N + 2 <= 16, "a histogram's counters fit in its rows");
+
     /// Counts one value; `bucket` is the index of the first bound ≥ value (N = +Inf).
     fn observe(&self, bucket: usize, milli: u64) {
-        if let Some(b) = self.buckets.get(bucket) {
-            b.fetch_add(1, Ordering::Relaxed);
+        let () = Self::FITS;
+        if bucket < N {
+            self.rows.add(bucket, 1);
         }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_milli.fetch_add(milli, Ordering::Relaxed);
+        self.rows.add(N, 1);
+        self.rows.add(N + 1, milli);
+    }
+
+    /// Values counted.
+    fn count(&self) -> u64 {
+        self.rows.sum(N)
+    }
+
+    /// Their sum, times 1000.
+    fn sum_milli(&self) -> u64 {
+        self.rows.sum(N + 1)
     }
 
     fn render(&self, out: &mut String, name: &str, labels: &str, bounds: &[String]) {
         let sep = if labels.is_empty() { "" } else { "," };
         let mut cumulative = 0;
-        for (bound, bucket) in bounds.iter().zip(&self.buckets) {
-            cumulative += bucket.load(Ordering::Relaxed);
+        for (bound, bucket) in bounds.iter().zip(0..N) {
+            cumulative += self.rows.sum(bucket);
             let _ = writeln!(
                 out,
                 "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
             );
         }
-        let count = self.count.load(Ordering::Relaxed);
+        let count = self.count();
         let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
-        let sum = self.sum_milli.load(Ordering::Relaxed) as f64 / 1000.0;
+        let sum = self.sum_milli() as f64 / 1000.0;
         let braces = |s: &str| {
             if s.is_empty() {
                 String::new()
@@ -117,7 +121,7 @@ pub enum FanOutRole {
 /// Every series keypool exports.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    requests: Map<RequestKey, AtomicU64>,
+    requests: Map<RequestKey, Rows<1>>,
     attempts: Histogram<6>,
     failovers: Map<(&'static str, &'static str), AtomicU64>,
     gate: [AtomicU64; 6],
@@ -170,15 +174,19 @@ impl AffinityOutcome {
 /// One account's series.
 #[derive(Debug, Default)]
 struct AccountSeries {
-    /// Attempts and committed streams in flight.
-    in_flight: AtomicI64,
-    /// Upstream attempts started.
-    attempts: AtomicU64,
+    /// [`IN_FLIGHT`]: attempts and committed streams in flight (added 1 and
+    /// 1.wrapping_neg(), read as an `i64`); [`ATTEMPTS`]: upstream attempts started.
+    counts: Rows<2>,
     /// TTFT of served attempts.
     ttft: Histogram<12>,
     /// Total latency of served attempts.
     total: Histogram<12>,
 }
+
+/// [`AccountSeries::counts`]' counters.
+const IN_FLIGHT: usize = 0;
+/// See [`IN_FLIGHT`].
+const ATTEMPTS: usize = 1;
 
 /// One attempt (or committed stream) in flight on an account: counted in
 /// [`Metrics::in_flight`] from [`Metrics::start_in_flight`] until it is dropped. It
@@ -200,7 +208,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.counts.add(IN_FLIGHT, 1u64.wrapping_neg());
     }
 }
 
@@ -215,7 +223,7 @@ impl Metrics {
     /// One answered request (`org`/`url` are [`UNRESOLVED`] when not resolved).
     pub fn request(&self, org: &Arc<str>, url: &Arc<str>, status: u16) {
         let key = (org.clone(), url.clone(), status);
-        with_value(&self.requests, &key, || key.clone(), increment);
+        with_value(&self.requests, &key, || key.clone(), |n| n.add(0, 1));
     }
 
     /// How many upstream attempts one request made (0 for requests answered without any).
@@ -377,18 +385,13 @@ impl Metrics {
 
     /// Requests `account` served (attempts that reached their commit point).
     pub fn served(&self, account: &AccountId) -> u64 {
-        self.accounts
-            .get(account)
-            .map_or(0, |a| a.ttft.count.load(Ordering::Relaxed))
+        self.accounts.get(account).map_or(0, |a| a.ttft.count())
     }
 
     /// `(requests, attempts)`: requests counted so far in the attempts histogram and the
     /// upstream attempts they made.
     pub fn attempt_totals(&self) -> (u64, u64) {
-        (
-            self.attempts.count.load(Ordering::Relaxed),
-            self.attempts.sum_milli.load(Ordering::Relaxed) / 1000,
-        )
+        (self.attempts.count(), self.attempts.sum_milli() / 1000)
     }
 
     /// Failed attempts so far, by `(class, trigger)`, sorted.
@@ -406,8 +409,8 @@ impl Metrics {
     /// (an attempt that wins a streaming answer hands its guard to the stream).
     pub fn start_in_flight(&self, account: &AccountId) -> InFlight {
         let series = with_value(&self.accounts, account, || account.clone(), Arc::clone);
-        series.in_flight.fetch_add(1, Ordering::Relaxed);
-        series.attempts.fetch_add(1, Ordering::Relaxed);
+        series.counts.add(IN_FLIGHT, 1);
+        series.counts.add(ATTEMPTS, 1);
         InFlight(series)
     }
 
@@ -415,14 +418,14 @@ impl Metrics {
     pub fn in_flight(&self, account: &AccountId) -> u64 {
         self.accounts
             .get(account)
-            .map_or(0, |a| a.in_flight.load(Ordering::Relaxed).max(0) as u64)
+            .map_or(0, |a| (a.counts.sum(IN_FLIGHT) as i64).max(0) as u64)
     }
 
     /// Upstream attempts started on `account`.
     pub(crate) fn account_attempts(&self, account: &AccountId) -> u64 {
         self.accounts
             .get(account)
-            .map_or(0, |a| a.attempts.load(Ordering::Relaxed))
+            .map_or(0, |a| a.counts.sum(ATTEMPTS))
     }
 
     /// The Prometheus text exposition, with gauges read from `store` at `now`.
@@ -450,7 +453,7 @@ impl Metrics {
         let mut rows: Vec<_> = self
             .requests
             .iter()
-            .map(|e| (e.key().clone(), e.value().load(Ordering::Relaxed)))
+            .map(|e| (e.key().clone(), e.value().sum(0)))
             .collect();
         rows.sort();
         for ((org, url, status), n) in rows {
@@ -549,7 +552,7 @@ impl Metrics {
             // only ever failed has none).
             for (account, series) in &accounts {
                 let h = histogram(series);
-                if h.count.load(Ordering::Relaxed) > 0 {
+                if h.count() > 0 {
                     let labels = format!("account=\"{}\"", escape(account.as_str()));
                     h.render(out, name, &labels, &bounds);
                 }

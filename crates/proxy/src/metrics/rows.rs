@@ -1,0 +1,117 @@
+//! [`Rows`]: counters kept in one row per thread, summed when read.
+//!
+//! Every request adds to a dozen counters (its account's in-flight gauge, attempts and
+//! two latency histograms, the attempts histogram, the request counter). With one
+//! atomic per counter, both workers write the same cache lines with locked
+//! instructions, and each write waits for the line to come from the other core. Here
+//! each of the first threads that count gets a row of its own, which it alone writes,
+//! with a plain load and store; the threads after those share the last row and add to
+//! it atomically. A reader sums the rows: a counter read while it is being written may
+//! miss the latest additions, as it could before.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// How many rows a set of counters has: one per CPU plus two (the main thread and
+/// one more), at most 64.
+fn rows() -> usize {
+    static ROWS: OnceLock<usize> = OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(8, |n| n.get() + 2)
+            .clamp(2, 64)
+    })
+}
+
+static NEXT_ROW: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's row: its own while `< rows() - 1`, else the shared last one.
+    static ROW: usize = NEXT_ROW.fetch_add(1, Ordering::Relaxed).min(rows() - 1);
+}
+
+/// One thread's `W` counters, on cache lines of their own.
+#[derive(Debug)]
+#[repr(align(64))]
+struct Row<const W: usize>([AtomicU64; W]);
+
+/// `W` counters, one row per thread (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Rows<const W: usize>(Box<[Row<W>]>);
+
+impl<const W: usize> Default for Rows<W> {
+    fn default() -> Self {
+        Self(
+            (0..rows())
+                .map(|_| Row(std::array::from_fn(|_| AtomicU64::new(0))))
+                .collect(),
+        )
+    }
+}
+
+impl<const W: usize> Rows<W> {
+    /// Adds `n` to counter `i` (wrapping: adding `n.wrapping_neg()` subtracts).
+    #[inline]
+    pub(crate) fn add(&self, i: usize, n: u64) {
+        let last = self.0.len() - 1;
+        let row = ROW.try_with(|r| *r).unwrap_or(last).min(last);
+        let Some(counter) = self.0[row].0.get(i) else {
+            return;
+        };
+        if row < last {
+            // this thread is the row's only writer
+            counter.store(
+                counter.load(Ordering::Relaxed).wrapping_add(n),
+                Ordering::Relaxed,
+            );
+        } else {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Counter `i`: the sum of the rows.
+    pub(crate) fn sum(&self, i: usize) -> u64 {
+        self.0.iter().fold(0u64, |sum, row| {
+            sum.wrapping_add(row.0.get(i).map_or(0, |c| c.load(Ordering::Relaxed)))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_are_exact_over_more_threads_than_rows() {
+        let rows: Rows<3> = Rows::default();
+        let threads = super::rows() * 2 + 3;
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let rows = &rows;
+                s.spawn(move || {
+                    for _ in 0..10_000 {
+                        rows.add(0, 1);
+                        rows.add(1, t as u64);
+                    }
+                    // in and out again, on different counters' rows
+                    rows.add(2, 5);
+                    rows.add(2, 5u64.wrapping_neg());
+                });
+            }
+        });
+        assert_eq!(rows.sum(0), threads as u64 * 10_000);
+        assert_eq!(rows.sum(1), (0..threads as u64).sum::<u64>() * 10_000);
+        assert_eq!(rows.sum(2), 0);
+        assert_eq!(rows.sum(3), 0, "past the width: nothing");
+    }
+
+    #[test]
+    fn a_subtraction_on_another_thread_balances_an_addition() {
+        let rows: Rows<1> = Rows::default();
+        rows.add(0, 1);
+        std::thread::scope(|s| {
+            s.spawn(|| rows.add(0, 1u64.wrapping_neg()));
+        });
+        assert_eq!(rows.sum(0), 0);
+    }
+}
