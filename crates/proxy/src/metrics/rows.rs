@@ -8,6 +8,10 @@
 //! with a plain load and store; the threads after those share the last row and add to
 //! it atomically. A reader sums the rows: a counter read while it is being written may
 //! miss the latest additions, as it could before.
+//!
+//! The price is memory: a set of counters takes one 64-byte-aligned row per CPU plus
+//! two. An account's series (two histograms in rows of 16 counters, and two counters) is
+//! then 320 bytes per row: 1.25 KiB on 2 CPUs, 20 KiB from 62 CPUs on (64 rows at most).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
