@@ -24,12 +24,15 @@ use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::stats::{Latencies, intended_offset};
 
 /// The longest a single request may take before it counts as an error.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// How many of a run's slowest streams (by net TTFT) [`Outcome::slowest`] keeps.
+pub const SLOWEST_KEPT: usize = 8;
 
 /// The HTTP client of every run.
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -71,6 +74,9 @@ pub struct Outcome {
     pub net_ttft: Latencies,
     /// Streams: gaps between body chunks.
     pub gap: Latencies,
+    /// Closed loops: the [`SLOWEST_KEPT`] streams of the highest net TTFT, slowest
+    /// first, with where they fell in the run.
+    pub slowest: Vec<SlowStream>,
     /// Successful requests.
     pub ok: u64,
     /// Failed requests.
@@ -81,18 +87,47 @@ pub struct Outcome {
     pub elapsed: Duration,
 }
 
+/// One of a run's slowest streams and where it fell: whether the slow ones are each
+/// worker's first request of the run, come at one moment (a stall of the target) or
+/// are spread out.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SlowStream {
+    /// TTFT net of the simulator's wait, µs.
+    pub net_ttft_us: f64,
+    /// When it was sent, ms into the run.
+    pub start_ms: f64,
+    /// The closed-loop worker that sent it.
+    pub worker: usize,
+    /// That worker's request number in the run, from 0.
+    pub nth: u64,
+}
+
 impl Outcome {
     fn merge(&mut self, other: Outcome) {
         self.latency.merge(&other.latency);
         self.ttft.merge(&other.ttft);
         self.net_ttft.merge(&other.net_ttft);
         self.gap.merge(&other.gap);
+        for s in other.slowest {
+            self.keep_if_slow(s);
+        }
         self.ok += other.ok;
         self.errors += other.errors;
         for e in other.first_errors {
             if self.first_errors.len() < 5 {
                 self.first_errors.push(e);
             }
+        }
+    }
+
+    /// Keeps `s` among the [`SLOWEST_KEPT`] slowest streams.
+    fn keep_if_slow(&mut self, s: SlowStream) {
+        let at = self
+            .slowest
+            .partition_point(|k| k.net_ttft_us >= s.net_ttft_us);
+        if at < SLOWEST_KEPT {
+            self.slowest.insert(at, s);
+            self.slowest.truncate(SLOWEST_KEPT);
         }
     }
 
@@ -104,15 +139,24 @@ impl Outcome {
     }
 }
 
-/// Sends one request; records it into `out` measuring from `start`.
-async fn one(client: &HttpClient, ep: &Endpoint, start: Instant, out: &mut Outcome) {
+/// Sends one request; records it into `out` measuring from `start`. Returns a stream's
+/// net TTFT when it was recorded.
+async fn one(
+    client: &HttpClient,
+    ep: &Endpoint,
+    start: Instant,
+    out: &mut Outcome,
+) -> Option<Duration> {
     let mut builder = Request::post(ep.uri.clone());
     for (name, value) in &ep.headers {
         builder = builder.header(name, value);
     }
     let request = match builder.body(Full::new(ep.body.clone())) {
         Ok(r) => r,
-        Err(e) => return out.error(format!("cannot build the request: {e}")),
+        Err(e) => {
+            out.error(format!("cannot build the request: {e}"));
+            return None;
+        }
     };
     let exchange = async {
         let response = client
@@ -164,20 +208,30 @@ async fn one(client: &HttpClient, ep: &Endpoint, start: Instant, out: &mut Outco
         Ok(Ok((end, first, think, gaps))) => {
             out.ok += 1;
             out.latency.record(end - start);
+            let mut net = None;
             if ep.stream {
                 if let Some(first) = first {
                     out.ttft.record(first - start);
                     if let Some(think) = think {
-                        out.net_ttft.record((first - start).saturating_sub(think));
+                        let n = (first - start).saturating_sub(think);
+                        out.net_ttft.record(n);
+                        net = Some(n);
                     }
                 }
                 for g in gaps {
                     out.gap.record(g);
                 }
             }
+            net
         }
-        Ok(Err(e)) => out.error(e),
-        Err(_) => out.error(format!("no complete answer within {REQUEST_TIMEOUT:?}")),
+        Ok(Err(e)) => {
+            out.error(e);
+            None
+        }
+        Err(_) => {
+            out.error(format!("no complete answer within {REQUEST_TIMEOUT:?}"));
+            None
+        }
     }
 }
 
@@ -219,17 +273,36 @@ pub async fn closed_loop(
     concurrency: usize,
     bounds: Bounds,
 ) -> Outcome {
+    closed_loop_staggered(client, ep, concurrency, bounds, Duration::ZERO).await
+}
+
+/// [`closed_loop`] whose worker `i` sends its first request `i × stagger` into the
+/// run: long requests (streams) then start one at a time, as from independent
+/// callers, instead of all at once and in lockstep for the whole run (each worker's
+/// next stream starts when its last one ends, so workers that start together stay
+/// together, and every stream would queue behind the others of its burst).
+pub async fn closed_loop_staggered(
+    client: &HttpClient,
+    ep: &Endpoint,
+    concurrency: usize,
+    bounds: Bounds,
+    stagger: Duration,
+) -> Outcome {
     let issued = Arc::new(AtomicU64::new(0));
     let begin = Instant::now();
     let deadline = begin + bounds.duration;
     let mut tasks = Vec::with_capacity(concurrency);
-    for _ in 0..concurrency.max(1) {
+    for worker in 0..concurrency.max(1) {
         let client = client.clone();
         let ep = ep.clone();
         let issued = issued.clone();
+        let first = begin + stagger * u32::try_from(worker).unwrap_or(u32::MAX);
         tasks.push(tokio::spawn(async move {
             let mut out = Outcome::default();
-            loop {
+            if first > begin {
+                tokio::time::sleep_until(first).await;
+            }
+            for nth in 0.. {
                 if Instant::now() >= deadline {
                     break;
                 }
@@ -237,7 +310,15 @@ pub async fn closed_loop(
                 if bounds.requests.is_some_and(|max| n >= max) {
                     break;
                 }
-                one(&client, &ep, Instant::now(), &mut out).await;
+                let start = Instant::now();
+                if let Some(net) = one(&client, &ep, start, &mut out).await {
+                    out.keep_if_slow(SlowStream {
+                        net_ttft_us: net.as_secs_f64() * 1e6,
+                        start_ms: (start - begin).as_secs_f64() * 1e3,
+                        worker,
+                        nth,
+                    });
+                }
                 if !bounds.pause.is_zero() {
                     tokio::time::sleep(bounds.pause).await;
                 }
@@ -361,6 +442,31 @@ mod tests {
     }
 
     #[test]
+    fn the_slowest_streams_are_kept_in_order_across_workers() {
+        let stream = |net: f64, worker: usize| SlowStream {
+            net_ttft_us: net,
+            start_ms: net / 10.0,
+            worker,
+            nth: 0,
+        };
+        let (mut a, mut b) = (Outcome::default(), Outcome::default());
+        for i in 0..10 {
+            a.keep_if_slow(stream(f64::from(i) * 100.0, 0));
+            b.keep_if_slow(stream(f64::from(i) * 100.0 + 50.0, 1));
+        }
+        assert_eq!(a.slowest.len(), SLOWEST_KEPT);
+        assert_eq!(a.slowest[0].net_ttft_us, 900.0);
+        assert_eq!(a.slowest[SLOWEST_KEPT - 1].net_ttft_us, 200.0);
+        a.merge(b);
+        let kept: Vec<f64> = a.slowest.iter().map(|s| s.net_ttft_us).collect();
+        assert_eq!(
+            kept,
+            [950.0, 900.0, 850.0, 800.0, 750.0, 700.0, 650.0, 600.0]
+        );
+        assert_eq!(a.slowest[0].worker, 1);
+    }
+
+    #[test]
     fn contains_finds_the_stream_end() {
         assert!(contains(
             b"event: message_stop\ndata: {}\n\n",
@@ -474,8 +580,52 @@ data: {"type":"message_start","message":{"id":"msg_sim00000000000000000007_think
         assert!((8..=16).contains(&out.gap.len()), "{}", out.gap.len());
         let gap = out.gap.summary().unwrap();
         assert!(gap.max_us >= 4_000.0, "{gap:?}");
+        // Every stream is among the kept slowest (fewer than SLOWEST_KEPT), slowest
+        // first, two per worker.
+        assert_eq!(out.slowest.len(), 4);
+        assert!(
+            out.slowest
+                .windows(2)
+                .all(|w| w[0].net_ttft_us >= w[1].net_ttft_us)
+        );
+        let mut who: Vec<(usize, u64)> = out.slowest.iter().map(|s| (s.worker, s.nth)).collect();
+        who.sort_unstable();
+        assert_eq!(who.len(), 4);
+        assert!(who.iter().all(|&(w, n)| w < 2 && n < 4), "{who:?}");
         let total = out.latency.summary().unwrap();
         assert!(total.p50_us >= 20_000.0, "{total:?}");
+        sim.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn staggered_workers_start_one_stagger_apart() {
+        // One 210 ms stream per worker (so no worker takes a second one); worker i
+        // starts i × 50 ms into the run, not before.
+        let spec = OkSpec::default()
+            .ttft(Delay::ms(10))
+            .think_time_in_id(true)
+            .chunks(2)
+            .chunk_interval(Delay::ms(100));
+        let sim = sim(Script::new(Behaviour::Ok(spec))).await;
+        let bounds = Bounds {
+            requests: Some(3),
+            duration: Duration::from_secs(5),
+            pause: Duration::ZERO,
+        };
+        let ep = endpoint(&sim, true);
+        let out = closed_loop_staggered(&client(), &ep, 3, bounds, Duration::from_millis(50)).await;
+        assert_eq!((out.ok, out.errors), (3, 0), "{:?}", out.first_errors);
+        let mut starts: Vec<(usize, f64)> =
+            out.slowest.iter().map(|s| (s.worker, s.start_ms)).collect();
+        starts.sort_by_key(|s| s.0);
+        assert_eq!(starts.iter().map(|s| s.0).collect::<Vec<_>>(), [0, 1, 2]);
+        for (worker, start_ms) in &starts {
+            assert!(
+                *start_ms >= 50.0 * *worker as f64,
+                "worker {worker} started {start_ms} ms in: {starts:?}"
+            );
+        }
+        assert!(starts.windows(2).all(|w| w[0].1 < w[1].1), "{starts:?}");
         sim.shutdown().await;
     }
 

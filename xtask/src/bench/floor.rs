@@ -14,7 +14,9 @@
 //!
 //! Scenarios: closed loops at concurrency 16 and 64, the same at 64 while two busy
 //! loops (started and killed by the bench) share the CPUs, and 64-chunk streams at
-//! concurrency 16 (net TTFT and inter-chunk gaps against the simulator alone). keypool
+//! concurrency 16, the workers' first streams [`STREAM_STAGGER`] apart (net TTFT and
+//! inter-chunk gaps against the simulator alone; the table also lists each target's
+//! slowest streams with where they fell in their run). keypool
 //! also runs with 1,000 accounts and at log level `warn`, at concurrency 16.
 //!
 //! The pure parts (configs, medians, verdicts, table) are unit-tested here; the run
@@ -27,7 +29,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::driver::{self, Bounds, Endpoint, HttpClient};
+use super::driver::{self, Bounds, Endpoint, HttpClient, SlowStream};
 use super::procs::{self, Proc};
 use super::report::{TargetInfo, Verdict};
 use super::stats::Percentiles;
@@ -46,6 +48,18 @@ pub const KEYPOOL_1000: &str = "keypool-rr1000";
 pub const KEYPOOL_BASELINE: &str = "keypool-baseline-rr8";
 /// The simulators alone (the streaming baseline).
 pub const DIRECT: &str = super::report::DIRECT;
+
+/// How far apart the stream scenario's workers send their first stream: one stream's
+/// length (20 ms + 64 chunks × 20 ms) over the 16 workers, so that streams start one
+/// at a time for the whole run. Started together, the 16 streams stay in lockstep
+/// (each worker's next stream starts when its last one ends): every stream of the run
+/// then waits behind the others of its burst, and the first burst of a round, which
+/// meets cold caches as well, made every target's slowest streams (2026-12-05 run:
+/// each target's ten slowest were first streams of a round, 0–1 ms into it).
+pub const STREAM_STAGGER: Duration = Duration::from_millis(80);
+
+/// How many of a target's slowest streams the table lists.
+pub const SLOWEST_SHOWN: usize = 10;
 
 /// Worker processes (nginx) and threads (HAProxy): keypool's default, one per CPU on
 /// the bench machine, is stated beside them in the table.
@@ -189,6 +203,9 @@ pub struct FloorSample {
     /// Streams: gaps between chunks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gap: Option<Percentiles>,
+    /// Streams: the run's slowest streams by net TTFT and where they fell.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slowest_streams: Vec<SlowStream>,
 }
 
 /// Median of the finite values, `None` without any.
@@ -332,6 +349,20 @@ impl FloorReport {
             ));
         }
         pooled.summary()
+    }
+
+    /// `target`'s slowest streams of every round with their round, slowest first (at
+    /// most `n`).
+    pub fn slowest_streams(&self, target: &str, n: usize) -> Vec<(u32, SlowStream)> {
+        let mut all: Vec<(u32, SlowStream)> = self
+            .samples
+            .iter()
+            .filter(|s| s.target == target && s.scenario == FloorScenario::Stream)
+            .flat_map(|s| s.slowest_streams.iter().map(|k| (s.round, *k)))
+            .collect();
+        all.sort_by(|a, b| b.1.net_ttft_us.total_cmp(&a.1.net_ttft_us));
+        all.truncate(n);
+        all
     }
 
     /// Checks issue 22's targets. Each target compares two measurements of the same
@@ -560,6 +591,28 @@ impl FloorReport {
                 cell(md.gap_p99_us, 1),
                 cell(md.cpu_us, 1),
             );
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "| stream c16 | slowest streams of all rounds: net TTFT µs (round, ms into the run, worker's nth request) |"
+        );
+        let _ = writeln!(out, "|---|---|");
+        for target in FloorScenario::Stream.targets() {
+            let slow = self.slowest_streams(target, SLOWEST_SHOWN);
+            if slow.is_empty() {
+                continue;
+            }
+            let list: Vec<String> = slow
+                .iter()
+                .map(|(round, k)| {
+                    format!(
+                        "{:.0} (r{round}, {:.0} ms, #{})",
+                        k.net_ttft_us, k.start_ms, k.nth
+                    )
+                })
+                .collect();
+            let _ = writeln!(out, "| {target} | {} |", list.join("; "));
         }
         let _ = writeln!(out);
         let _ = writeln!(out, "| target | setup |");
@@ -872,7 +925,18 @@ pub async fn run(
                     pause: Duration::ZERO,
                 };
                 let before = procs::group_usage(pgid).cpu_ticks;
-                let out = driver::closed_loop(client, ep, scenario.concurrency(), bounds).await;
+                let stagger = match scenario {
+                    FloorScenario::Stream => STREAM_STAGGER,
+                    _ => Duration::ZERO,
+                };
+                let out = driver::closed_loop_staggered(
+                    client,
+                    ep,
+                    scenario.concurrency(),
+                    bounds,
+                    stagger,
+                )
+                .await;
                 let after = procs::group_usage(pgid).cpu_ticks;
                 drop(busy);
                 let cpu_us =
@@ -890,6 +954,7 @@ pub async fn run(
                     net_ttft: out.net_ttft.summary(),
                     net_ttft_recorded: out.net_ttft.recorded(),
                     gap: out.gap.summary(),
+                    slowest_streams: out.slowest,
                 };
                 eprintln!(
                     "bench: floor round {round} {:<19} {:<17} {:>7.0} req/s p99 {:>8.1} µs CPU {:>6.1} µs/req{}",
@@ -946,6 +1011,7 @@ mod tests {
             net_ttft: None,
             net_ttft_recorded: Vec::new(),
             gap: None,
+            slowest_streams: Vec::new(),
         }
     }
 
@@ -1069,6 +1135,34 @@ mod tests {
         assert_eq!(
             r.medians(KEYPOOL, FloorScenario::Stream).net_ttft_p99_us,
             Some(402.0)
+        );
+    }
+
+    #[test]
+    fn the_slowest_streams_of_every_round_are_listed_slowest_first() {
+        let slow = |net: f64, nth: u64| SlowStream {
+            net_ttft_us: net,
+            start_ms: 12.0,
+            worker: 3,
+            nth,
+        };
+        let mut r = report();
+        let mut s1 = stream(KEYPOOL, 1, 400.0, 20_000.0, 21_000.0);
+        s1.slowest_streams = vec![slow(900.0, 0), slow(300.0, 5)];
+        let mut s2 = stream(KEYPOOL, 2, 400.0, 20_000.0, 21_000.0);
+        s2.slowest_streams = vec![slow(1_200.0, 7)];
+        r.samples.extend([s1, s2]);
+        let listed = r.slowest_streams(KEYPOOL, 2);
+        assert_eq!(listed.len(), 2);
+        assert_eq!((listed[0].0, listed[0].1.net_ttft_us), (2, 1_200.0));
+        assert_eq!((listed[1].0, listed[1].1.nth), (1, 0));
+        assert!(r.slowest_streams(NGINX, 10).is_empty());
+        assert!(
+            r.table().contains(
+                "| keypool-rr8 | 1200 (r2, 12 ms, #7); 900 (r1, 12 ms, #0); 300 (r1, 12 ms, #5) |"
+            ),
+            "{}",
+            r.table()
         );
     }
 
