@@ -29,23 +29,24 @@ pub(crate) fn export<V: Clone, R>(
 /// Merges `records` into `entries`: an account without an entry takes the record's
 /// value; one with an entry takes it only when `replaces(current, incoming)`. `on_taken`
 /// sees every value taken while the entry is still locked (the books update their
-/// signals there). Returns how many records were taken.
+/// signals there), and whether it made a new entry. Returns how many records were
+/// taken.
 pub(crate) fn import<V>(
     entries: &DashMap<AccountId, V, crate::Hasher>,
     records: impl IntoIterator<Item = (AccountId, V)>,
     replaces: impl Fn(&V, &V) -> bool,
-    on_taken: impl Fn(&AccountId, &V),
+    on_taken: impl Fn(&AccountId, &V, bool),
 ) -> usize {
     let mut taken = 0;
     for (account, value) in records {
         match entries.entry(account) {
             Entry::Vacant(v) => {
-                on_taken(v.key(), &value);
+                on_taken(v.key(), &value, true);
                 v.insert(value);
                 taken += 1;
             }
             Entry::Occupied(mut o) if replaces(o.get(), &value) => {
-                on_taken(o.key(), &value);
+                on_taken(o.key(), &value, false);
                 o.insert(value);
                 taken += 1;
             }

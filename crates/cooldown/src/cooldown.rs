@@ -15,6 +15,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
@@ -80,6 +81,10 @@ pub struct CooldownCorrection {
 pub struct CooldownBook {
     config: ArcSwap<CooldownConfig>,
     entries: DashMap<AccountId, CooldownEntry, crate::Hasher>,
+    /// How many entries `entries` holds, kept by every write under the entry's lock:
+    /// a success while no account has an entry (the usual case) reads this instead of
+    /// taking a shard's write lock, which every serving thread would contend for.
+    held: AtomicUsize,
     signals: Signals<CooldownSignal>,
 }
 
@@ -95,6 +100,7 @@ impl CooldownBook {
         Self {
             config: ArcSwap::from_pointee(config),
             entries: DashMap::default(),
+            held: AtomicUsize::new(0),
             signals: Signals::default(),
         }
     }
@@ -160,6 +166,7 @@ impl CooldownBook {
         let signal = self.signals.get(account);
         let until = match self.entries.entry(account.clone()) {
             Entry::Vacant(v) => {
+                self.held.fetch_add(1, Ordering::Relaxed);
                 let entry = v.insert(fresh(u32::from(raises)));
                 self.signals.changed(signal.set(entry.until));
                 entry.until
@@ -202,13 +209,22 @@ impl CooldownBook {
     /// Records a successful attempt: resets the failure count and backoff level. A
     /// running cooldown keeps its expiry (the success may come from an attempt that was
     /// in flight before the limit was hit); use [`CooldownBook::clear`] to end one.
+    ///
+    /// While no account has an entry this is one load: a success that races with the
+    /// first failure of its account is then ordered before that failure.
     pub fn record_success(&self, account: &AccountId, now: UnixMs) {
-        self.entries.remove_if_mut(account, |_, e| {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let removed = self.entries.remove_if_mut(account, |_, e| {
             e.backoff_level = 0;
             e.consecutive_failures = 0;
             e.forbidden_streak = 0;
             e.until <= now
         });
+        if removed.is_some() {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// The account's current streak of consecutive `403`s
@@ -246,6 +262,7 @@ impl CooldownBook {
                 if let Some(signal) = self.signals.existing(account) {
                     self.signals.changed(signal.set(0));
                 }
+                self.held.fetch_sub(1, Ordering::Relaxed);
                 Some(o.remove())
             }
             _ => None,
@@ -311,7 +328,10 @@ impl CooldownBook {
             &self.entries,
             live,
             |current, incoming| current.until < incoming.until,
-            |account, entry| {
+            |account, entry, new| {
+                if new {
+                    self.held.fetch_add(1, Ordering::Relaxed);
+                }
                 let changed = self.signals.get(account).set(entry.until);
                 self.signals.changed(changed);
             },
@@ -321,18 +341,23 @@ impl CooldownBook {
 
     /// Drops entries that no longer matter at `now`: expired and at backoff level 0.
     pub fn purge(&self, now: UnixMs) {
-        self.entries
-            .retain(|_, e| e.until > now || e.backoff_level > 0);
+        self.entries.retain(|_, e| {
+            let keep = e.until > now || e.backoff_level > 0;
+            if !keep {
+                self.held.fetch_sub(1, Ordering::Relaxed);
+            }
+            keep
+        });
     }
 
     /// Number of accounts with an entry (expired or not).
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.held.load(Ordering::Relaxed)
     }
 
     /// True when no account has an entry.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 }
 
@@ -691,7 +716,73 @@ mod tests {
         ]
     }
 
+    /// One operation on a book, for the count's property test.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Failure(usize, Classification),
+        Success(usize),
+        Clear(usize),
+        ClearWindowOnly(usize),
+        Purge,
+        Import(Vec<(usize, u64, u32)>),
+    }
+
+    fn any_op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0usize..4, any_failure()).prop_map(|(a, c)| Op::Failure(a, c)),
+            4 => (0usize..4).prop_map(Op::Success),
+            1 => (0usize..4).prop_map(Op::Clear),
+            1 => (0usize..4).prop_map(Op::ClearWindowOnly),
+            1 => Just(Op::Purge),
+            1 => proptest::collection::vec((0usize..4, 0u64..400_000, 0u32..3), 0..4)
+                .prop_map(Op::Import),
+        ]
+    }
+
     proptest! {
+        /// The count a success reads before it takes any lock is the number of
+        /// entries after every operation, and a success with no entry held changes
+        /// nothing that a success with the lock would have changed.
+        #[test]
+        fn the_held_count_is_the_number_of_entries(
+            ops in proptest::collection::vec((any_op(), 0u64..200_000), 1..60),
+        ) {
+            let book = CooldownBook::default();
+            let mut now = NOW;
+            for (op, step) in ops {
+                now += step;
+                match op {
+                    Op::Failure(a, c) => {
+                        book.record_failure(&id(&a.to_string()), &c, now - 1, 10, now);
+                    }
+                    Op::Success(a) => book.record_success(&id(&a.to_string()), now),
+                    Op::Clear(a) => book.clear(&id(&a.to_string())),
+                    Op::ClearWindowOnly(a) => {
+                        book.clear_if(&id(&a.to_string()), |e| e.backoff_level > 1);
+                    }
+                    Op::Purge => book.purge(now),
+                    Op::Import(records) => {
+                        book.import(
+                            records.into_iter().map(|(a, ahead, level)| CooldownRecord {
+                                account: id(&a.to_string()),
+                                entry: CooldownEntry {
+                                    until: now + ahead,
+                                    set_at: now,
+                                    trigger: Trigger::OtherStatus { status: 503 },
+                                    backoff_level: level,
+                                    consecutive_failures: 1,
+                                    forbidden_streak: 0,
+                                },
+                            }),
+                            now,
+                        );
+                    }
+                }
+                prop_assert_eq!(book.len(), book.entries.len());
+                prop_assert_eq!(book.is_empty(), book.entries.is_empty());
+            }
+        }
+
         /// Whatever happened before, after a failure the account is in cooldown at
         /// least as long as that failure's own trigger says (at the level it was
         /// recorded at).

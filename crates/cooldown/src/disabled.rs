@@ -211,7 +211,7 @@ impl DisabledBook {
     /// keeps its own entry. Returns how many were taken.
     pub fn import(&self, records: impl IntoIterator<Item = DisabledRecord>) -> usize {
         let records = records.into_iter().map(|r| (r.account, r.disabled));
-        book::import(&self.entries, records, |_, _| false, |_, _| {})
+        book::import(&self.entries, records, |_, _| false, |_, _, _| {})
     }
 
     /// Number of disabled accounts.

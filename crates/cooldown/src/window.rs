@@ -468,7 +468,7 @@ impl WindowBook {
             &self.entries,
             live,
             |current, incoming| current.info.is_empty() || current.updated_at < incoming.updated_at,
-            |account, state| {
+            |account, state, _| {
                 let signal = self.signals.get(account);
                 let threshold = signal
                     .threshold()

@@ -119,10 +119,14 @@ impl RuntimeState {
             .map_or(0, |v| v.load(Ordering::Relaxed))
     }
 
-    /// Records that `id` served at `now` (never moves backwards).
+    /// Records that `id` served at `now` (never moves backwards). An account that
+    /// already served in this millisecond (a busy one, many times over) is only read:
+    /// no write to the line every serving thread shares.
     pub fn mark_used(&self, id: &AccountId, now: UnixMs) {
         if let Some(v) = self.last_used.get(id) {
-            v.fetch_max(now, Ordering::Relaxed);
+            if v.load(Ordering::Relaxed) < now {
+                v.fetch_max(now, Ordering::Relaxed);
+            }
             return;
         }
         self.last_used
