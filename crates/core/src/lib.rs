@@ -28,8 +28,15 @@
 //! assert_eq!(Strategy::default(), Strategy::RoundRobin);
 //! ```
 //!
+//! - [`per_thread`]: state that every serving thread writes on every request, in one
+//!   copy per thread (usage history and totals, metric rows).
+//!
 //! # Layout
-//! Everything is in `lib.rs`: the types are small and belong together.
+//! The types are in `lib.rs`: they are small and belong together. `per_thread.rs`
+//! holds [`per_thread::PerThread`] and the thread numbering it shares with the metric
+//! rows.
+
+pub mod per_thread;
 
 use std::fmt;
 use std::str::FromStr;

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use dashmap::DashMap;
 use keypool_core::UnixMs;
+use keypool_core::per_thread::PerThread;
 use serde::{Deserialize, Serialize};
 
 use crate::period::{Day, Month, Period};
@@ -171,8 +172,8 @@ pub struct Aggregates {
     /// Distinct models per period (touched only when a model is new in a period).
     models: Mutex<HashMap<Period, usize>>,
     /// Records added but not yet folded into `totals`, summed by group (see
-    /// [`Aggregates::record`]).
-    queued: Mutex<Queue>,
+    /// [`Aggregates::record`]), one queue per serving thread.
+    queued: PerThread<Queue>,
     /// Totals per (org, caller key id) since this process started, for the token and
     /// cost metrics (counters of this process): summed at the fold, so the request path
     /// pays nothing for them; never imported, exported or shared.
@@ -201,34 +202,41 @@ impl Aggregates {
             totals: DashMap::default(),
             deltas: track_deltas.then(|| Mutex::new(HashMap::default())),
             models: Mutex::default(),
-            queued: Mutex::default(),
+            queued: PerThread::default(),
             since_start: Mutex::default(),
         }
     }
 
     /// Adds one record to its aggregates.
     ///
-    /// On the request path this is a few pointer compares under a lock: the record is
-    /// added to the totals of its group (same org, caller, account, model and day) in a
-    /// queue, and the queue is folded into the maps every [`FOLD_EVERY`] records and
-    /// before anything reads the totals, so the maps are touched once per distinct
-    /// group instead of six times per request, and the record itself is not kept.
+    /// On the request path this is a few pointer compares under the lock of this
+    /// thread's queue ([`PerThread`]: no other serving thread writes it): the record is
+    /// added to the totals of its group (same org, caller, account, model and day) in
+    /// the queue, and the queue is folded into the maps every [`FOLD_EVERY`] records
+    /// (every queue before anything reads the totals), so the maps are touched once per
+    /// distinct group instead of six times per request, and the record itself is not
+    /// kept.
     pub fn record(&self, record: &UsageRecord) {
-        let full = {
-            let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
+        let full = self.queued.with(|queued| {
             queued.add(record);
-            queued.records >= FOLD_EVERY
-        };
-        if full {
-            self.fold();
+            (queued.records >= FOLD_EVERY).then(|| std::mem::take(queued))
+        });
+        if let Some(queued) = full {
+            self.add_groups(queued);
         }
     }
 
-    /// Folds the queued groups into the totals (and the deltas).
+    /// Folds every thread's queued groups into the totals (and the deltas).
     fn fold(&self) {
-        let queued =
-            std::mem::take(&mut *self.queued.lock().unwrap_or_else(PoisonError::into_inner));
-        self.add_groups(queued);
+        let mut queues = Vec::new();
+        self.queued.each(|queued| {
+            if queued.records > 0 {
+                queues.push(std::mem::take(queued));
+            }
+        });
+        for queued in queues {
+            self.add_groups(queued);
+        }
     }
 
     /// Adds a batch of records at once (what [`Aggregates::record`] does for its queue,

@@ -1,9 +1,8 @@
 //! [`MinuteHistory`]: requests, errors and tokens per minute over the last hour, in this
 //! process (the status page's trend chart).
 
-use std::sync::{Mutex, PoisonError};
-
 use keypool_core::UnixMs;
+use keypool_core::per_thread::PerThread;
 use serde::Serialize;
 
 /// Minutes kept.
@@ -23,10 +22,11 @@ pub struct Minute {
 }
 
 /// The last [`MINUTES`] minutes, one slot each (a slot is reused when its minute comes
-/// round again).
+/// round again). Every request adds to it: each serving thread counts in its own copy
+/// ([`PerThread`]), and [`MinuteHistory::series`] adds the copies up.
 #[derive(Debug)]
 pub struct MinuteHistory {
-    slots: Mutex<[Minute; MINUTES]>,
+    slots: PerThread<[Minute; MINUTES]>,
 }
 
 impl Default for MinuteHistory {
@@ -39,7 +39,7 @@ impl MinuteHistory {
     /// No history.
     pub fn new() -> Self {
         Self {
-            slots: Mutex::new([Minute::default(); MINUTES]),
+            slots: PerThread::new(|| [Minute::default(); MINUTES]),
         }
     }
 
@@ -47,39 +47,42 @@ impl MinuteHistory {
     pub fn record(&self, now: UnixMs, error: bool, tokens: u64) {
         let at = now - now % 60_000;
         let index = (at / 60_000) as usize % MINUTES;
-        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        let slot = &mut slots[index];
-        if slot.at != at {
-            *slot = Minute {
-                at,
-                ..Minute::default()
-            };
-        }
-        slot.requests += 1;
-        slot.errors += u64::from(error);
-        slot.tokens = slot.tokens.saturating_add(tokens);
+        self.slots.with(|slots| {
+            let slot = &mut slots[index];
+            if slot.at != at {
+                *slot = Minute {
+                    at,
+                    ..Minute::default()
+                };
+            }
+            slot.requests += 1;
+            slot.errors += u64::from(error);
+            slot.tokens = slot.tokens.saturating_add(tokens);
+        });
     }
 
     /// The last [`MINUTES`] minutes up to `now`'s, oldest first; minutes without
     /// requests are zeros.
     pub fn series(&self, now: UnixMs) -> Vec<Minute> {
         let current = now - now % 60_000;
-        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        (0..MINUTES as u64)
+        let mut series: Vec<Minute> = (0..MINUTES as u64)
             .rev()
-            .map(|back| {
-                let at = current.saturating_sub(back * 60_000);
-                let slot = slots[(at / 60_000) as usize % MINUTES];
-                if slot.at == at {
-                    slot
-                } else {
-                    Minute {
-                        at,
-                        ..Minute::default()
-                    }
-                }
+            .map(|back| Minute {
+                at: current.saturating_sub(back * 60_000),
+                ..Minute::default()
             })
-            .collect()
+            .collect();
+        self.slots.each(|slots| {
+            for minute in &mut series {
+                let slot = slots[(minute.at / 60_000) as usize % MINUTES];
+                if slot.at == minute.at {
+                    minute.requests += slot.requests;
+                    minute.errors += slot.errors;
+                    minute.tokens = minute.tokens.saturating_add(slot.tokens);
+                }
+            }
+        });
+        series
     }
 }
 
@@ -121,5 +124,30 @@ mod tests {
         assert_eq!(s[MINUTES - 1].tokens, 7);
         assert!(s.iter().all(|m| m.at != t0));
         assert_eq!(s.iter().map(|m| m.requests).sum::<u64>(), 2);
+    }
+
+    #[test]
+    fn the_counts_of_every_thread_are_added_up() {
+        let h = MinuteHistory::new();
+        let t0 = 1_800_000_000_000;
+        std::thread::scope(|s| {
+            for thread in 0..5u64 {
+                let h = &h;
+                s.spawn(move || {
+                    for i in 0..100 {
+                        h.record(t0 + thread * 60_000 + i, i % 10 == 0, 2);
+                    }
+                });
+            }
+        });
+        // A thread that counted a minute long gone leaves nothing in the series.
+        h.record(t0 - 110 * 60_000, false, 1_000);
+        let s = h.series(t0 + 4 * 60_000);
+        for (back, m) in s.iter().rev().take(5).enumerate() {
+            let at = t0 + (4 - back as u64) * 60_000;
+            assert_eq!((m.at, m.requests, m.errors, m.tokens), (at, 100, 10, 200));
+        }
+        assert_eq!(s.iter().map(|m| m.requests).sum::<u64>(), 500);
+        assert_eq!(s.iter().map(|m| m.tokens).sum::<u64>(), 1_000);
     }
 }

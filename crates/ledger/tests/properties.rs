@@ -278,3 +278,42 @@ fn a_large_pool_in_turn_is_counted_exactly() {
         assert_eq!(rows[0].2.cost_nano_usd, 600);
     }
 }
+
+/// Records added by several threads (each with its own queue, some folded on the way
+/// at FOLD_EVERY, some still queued when read) are all counted, and the deltas a
+/// shared store takes hold them all too.
+#[test]
+fn records_of_every_thread_are_counted() {
+    let aggregates = Aggregates::new(true);
+    let fold = aggregates::FOLD_EVERY as u64;
+    let per_thread = [fold * 2 + 17, 3, fold, 1, 0, 40];
+    std::thread::scope(|s| {
+        for (t, &n) in per_thread.iter().enumerate() {
+            let aggregates = &aggregates;
+            s.spawn(move || {
+                for i in 0..n {
+                    aggregates.record(&record(t as u8, Some(t as u8), 0, 10, 1, T0 + i));
+                }
+            });
+        }
+    });
+    let day = Period::Day(Day::of(T0));
+    let rows = aggregates.rows(day, Dimension::Account);
+    for (t, &n) in per_thread.iter().enumerate() {
+        let got = rows
+            .iter()
+            .find(|(_, key, _)| **key == *format!("a{t}"))
+            .map_or(0, |(_, _, totals)| totals.requests);
+        assert_eq!(got, n, "account a{t}");
+    }
+    let all: u64 = per_thread.iter().sum();
+    let models = aggregates.rows(day, Dimension::Model);
+    assert_eq!(models.iter().map(|r| r.2.requests).sum::<u64>(), all);
+    let taken = aggregates.take_deltas();
+    let day_models: u64 = taken
+        .iter()
+        .filter(|(k, _)| k.period == day && k.dimension == Dimension::Model)
+        .map(|(_, t)| t.requests)
+        .sum();
+    assert_eq!(day_models, all);
+}

@@ -13,25 +13,14 @@
 //! two. An account's series (two histograms in rows of 16 counters, and two counters) is
 //! then 320 bytes per row: 1.25 KiB on 2 CPUs, 20 KiB from 62 CPUs on (64 rows at most).
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// How many rows a set of counters has: one per CPU plus two (the main thread and
-/// one more), at most 64.
+use keypool_core::per_thread::{slot_count, thread_slot};
+
+/// How many rows a set of counters has: one per thread slot ([`slot_count`]: one per
+/// CPU plus two, at most 64).
 fn rows() -> usize {
-    static ROWS: OnceLock<usize> = OnceLock::new();
-    *ROWS.get_or_init(|| {
-        std::thread::available_parallelism()
-            .map_or(8, |n| n.get() + 2)
-            .clamp(2, 64)
-    })
-}
-
-static NEXT_ROW: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// This thread's row: its own while `< rows() - 1`, else the shared last one.
-    static ROW: usize = NEXT_ROW.fetch_add(1, Ordering::Relaxed).min(rows() - 1);
+    slot_count()
 }
 
 /// One thread's `W` counters, on cache lines of their own.
@@ -57,8 +46,10 @@ impl<const W: usize> Rows<W> {
     /// Adds `n` to counter `i` (wrapping: adding `n.wrapping_neg()` subtracts).
     #[inline]
     pub(crate) fn add(&self, i: usize, n: u64) {
+        // This thread's row: its own while its number is below the last row's, else
+        // the shared last one.
         let last = self.0.len() - 1;
-        let row = ROW.try_with(|r| *r).unwrap_or(last).min(last);
+        let row = thread_slot().min(last);
         let Some(counter) = self.0[row].0.get(i) else {
             return;
         };
