@@ -505,6 +505,17 @@ mod tests {
             .unwrap()
     }
 
+    /// A simulator streaming `chunks` deltas `interval_ms` apart after a 10 ms wait
+    /// that it reports in the message id (`--think-time-in-id`).
+    async fn stream_sim(chunks: u32, interval_ms: u64) -> SimHandle {
+        let spec = OkSpec::default()
+            .ttft(Delay::ms(10))
+            .think_time_in_id(true)
+            .chunks(chunks)
+            .chunk_interval(Delay::ms(interval_ms));
+        sim(Script::new(Behaviour::Ok(spec))).await
+    }
+
     fn endpoint(sim: &SimHandle, stream: bool) -> Endpoint {
         let body = if stream {
             r#"{"model":"m","max_tokens":8,"messages":[],"stream":true}"#
@@ -560,12 +571,7 @@ data: {"type":"message_start","message":{"id":"msg_sim00000000000000000007_think
     async fn streams_record_ttft_and_gaps() {
         // 10 ms to the first frames, reported as think time; 5 deltas 5 ms apart: the
         // first goes with message_start, then 4 paced writes.
-        let spec = OkSpec::default()
-            .ttft(Delay::ms(10))
-            .think_time_in_id(true)
-            .chunks(5)
-            .chunk_interval(Delay::ms(5));
-        let sim = sim(Script::new(Behaviour::Ok(spec))).await;
+        let sim = stream_sim(5, 5).await;
         let out = closed_loop(&client(), &endpoint(&sim, true), 2, bounds(4)).await;
         assert_eq!((out.ok, out.errors), (4, 0), "{:?}", out.first_errors);
         assert_eq!(out.ttft.len(), 4);
@@ -601,12 +607,7 @@ data: {"type":"message_start","message":{"id":"msg_sim00000000000000000007_think
     async fn staggered_workers_start_one_stagger_apart() {
         // One 210 ms stream per worker (so no worker takes a second one); worker i
         // starts i × 50 ms into the run, not before.
-        let spec = OkSpec::default()
-            .ttft(Delay::ms(10))
-            .think_time_in_id(true)
-            .chunks(2)
-            .chunk_interval(Delay::ms(100));
-        let sim = sim(Script::new(Behaviour::Ok(spec))).await;
+        let sim = stream_sim(2, 100).await;
         let bounds = Bounds {
             requests: Some(3),
             duration: Duration::from_secs(5),
