@@ -14,7 +14,7 @@
 
 use keypool_proxy::log::{with_plain_fields, write_quoted, write_u64};
 use std::fmt::{self, Write as _};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -104,7 +104,7 @@ fn level_label(level: Level) -> &'static str {
 
 /// Writes the current time as `2026-11-30T00:18:12.970542Z` (UTC).
 pub(crate) fn write_now(out: &mut impl fmt::Write) -> fmt::Result {
-    let since_epoch = SystemTime::now()
+    let since_epoch = keypool_store::clock::system_time()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     write_rfc3339_micros(out, since_epoch.as_secs(), since_epoch.subsec_micros())

@@ -165,7 +165,7 @@ pub(crate) async fn attempt(
     account: Arc<Account>,
     first_chunk: Arc<AtomicBool>,
 ) -> Result<Ready, Failure> {
-    let started = Instant::now();
+    let started = crate::timing::now();
     let settings = call.config.server();
     let leg = Leg::of(call, &account)?;
     let body = match account.model() {
@@ -350,7 +350,7 @@ async fn full_answer(
         Failure::Transport(TransportFailure::InvalidAnswer)
     };
     check_answer_head(answer.status, &answer.headers).map_err(invalid)?;
-    let ttft_ms = started.elapsed().as_millis() as u64;
+    let ttft_ms = crate::timing::since(started).as_millis() as u64;
     first_chunk.store(true, Ordering::Release);
     let mut held = call
         .app
@@ -381,7 +381,7 @@ async fn full_answer(
             body: bytes,
             held,
             usage,
-            total_ms: started.elapsed().as_millis() as u64,
+            total_ms: crate::timing::since(started).as_millis() as u64,
         },
     ))
 }
@@ -411,7 +411,7 @@ async fn hold_stream(
 ) -> Result<(u64, ReadyKind), Failure> {
     let settings = call.config.server();
     let mut hold = Hold::new(settings, StreamWire::of(leg.endpoint));
-    let deadline = Instant::now() + Duration::from_millis(settings.first_frame_timeout_ms);
+    let deadline = crate::timing::now() + Duration::from_millis(settings.first_frame_timeout_ms);
     let invalid = || Failure::Transport(TransportFailure::InvalidStreamStart);
     loop {
         if hold.take_frames(started, first_chunk)? {
@@ -472,7 +472,7 @@ async fn hold_stream(
 }
 
 fn elapsed_ms(started: Instant) -> u64 {
-    started.elapsed().as_millis() as u64
+    crate::timing::since(started).as_millis() as u64
 }
 
 /// What a stream's hold has read so far.
@@ -550,7 +550,10 @@ pub(crate) fn observe_content(
     frame: &keypool_sse::Frame,
 ) {
     if role == FrameRole::Content {
-        watch.observe(started.elapsed().as_millis() as u64, frame.raw().len());
+        watch.observe(
+            crate::timing::since(started).as_millis() as u64,
+            frame.raw().len(),
+        );
     }
 }
 

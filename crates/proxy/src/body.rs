@@ -294,7 +294,7 @@ impl StreamBody {
             upstream: Some(body),
             idle,
             sleep: Box::pin(tokio::time::sleep(idle)),
-            last_data: Instant::now(),
+            last_data: crate::timing::now(),
             usage,
             saw_stop,
             wire,
@@ -381,7 +381,7 @@ impl StreamBody {
                 // a body shorter than its `content-length` or silence ends it as well.
                 if !self.stopping {
                     self.stopping = true;
-                    let deadline = Instant::now() + AFTER_STOP_GRACE.min(self.idle);
+                    let deadline = crate::timing::now() + AFTER_STOP_GRACE.min(self.idle);
                     self.sleep.as_mut().reset(deadline);
                 }
                 match Pin::new(upstream).poll_frame(cx) {
@@ -398,7 +398,7 @@ impl StreamBody {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         self.decoder.push(&data);
-                        self.last_data = Instant::now();
+                        self.last_data = crate::timing::now();
                     }
                 }
                 Poll::Ready(Some(Err(_))) => self.end(StreamEnd::Failed(TransportFailure::Reset)),
@@ -465,7 +465,7 @@ impl Watch {
 }
 
 fn elapsed_ms(started: Instant) -> u64 {
-    started.elapsed().as_millis() as u64
+    crate::timing::since(started).as_millis() as u64
 }
 
 impl Drop for StreamBody {

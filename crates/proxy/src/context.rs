@@ -49,7 +49,7 @@ impl<'a> RequestContext<'a> {
         Self {
             metrics,
             id,
-            started: Instant::now(),
+            started: keypool_store::clock::instant(),
             labels: (unresolved.clone(), unresolved.clone()),
             status: CLIENT_CLOSED_REQUEST,
             log: None,

@@ -85,7 +85,7 @@ pub(crate) async fn serve(
     let timer = tokio::time::sleep(header_read_timeout);
     tokio::pin!(timer);
     loop {
-        let deadline = tokio::time::Instant::now() + header_read_timeout;
+        let deadline = crate::timing::now() + header_read_timeout;
         let head = match conn.read_head(timer.as_mut(), deadline, &mut drain).await {
             Ok(Some(head)) => head,
             Ok(None) => break,
@@ -604,7 +604,7 @@ struct CachedDate {
 impl CachedDate {
     /// The date now, as IMF-fixdate (`Wed, 02 Dec 2026 07:34:49 GMT`).
     fn now(&self) -> [u8; 29] {
-        let now = std::time::SystemTime::now();
+        let now = keypool_store::clock::system_time();
         let second = now
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());

@@ -627,7 +627,9 @@ fn number(out: &mut String, name: &str, value: Option<u64>) -> fmt::Result {
 
 impl Drop for RequestLog {
     fn drop(&mut self) {
-        let duration_ms = self.started.elapsed().as_millis() as u64;
+        let duration_ms = keypool_store::clock::instant()
+            .saturating_duration_since(self.started)
+            .as_millis() as u64;
         let ledger = self.ledger.take();
         let record = ledger
             .as_ref()

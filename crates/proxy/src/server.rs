@@ -302,10 +302,11 @@ async fn serve(
             drain: drain_signal.clone(),
         };
         let (app, protocols) = (app.clone(), protocols.clone());
-        tokio::spawn(async move {
+        // The clock is read once per poll of the connection (`keypool_store::clock`).
+        tokio::spawn(keypool_store::clock::once_per_poll(async move {
             connection::serve(stream, peer, side, tls, &protocols, app, signals).await;
             drop(open);
-        });
+        }));
     };
     tokio::pin!(shutdown);
     loop {

@@ -1,13 +1,43 @@
 //! Timeouts on the request path that cost no clock read and no timer-wheel operation
 //! in the usual case (issue 22): a body that is already there is taken at once, and a
 //! deadline that only moves later leaves its timer where it is until it fires.
+//!
+//! [`now`] and [`since`] read tokio's clock (which tests pause) at most once per poll
+//! of a connection's task, like [`keypool_store::clock`] does for the others.
 
+use std::cell::Cell;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
+
+thread_local! {
+    /// tokio's time as read in a poll, with the poll's number ([`keypool_store::clock::poll_epoch`]).
+    static READ: Cell<(u64, Option<Instant>)> = const { Cell::new((0, None)) };
+}
+
+/// tokio's `Instant::now()`, read once per poll under
+/// [`keypool_store::clock::once_per_poll`] (every call reads it outside one).
+pub(crate) fn now() -> Instant {
+    let Some(epoch) = keypool_store::clock::poll_epoch() else {
+        return Instant::now();
+    };
+    READ.with(|read| match read.get() {
+        (seen, Some(at)) if seen == epoch => at,
+        _ => {
+            let at = Instant::now();
+            read.set((epoch, Some(at)));
+            at
+        }
+    })
+}
+
+/// The time since `start` by [`now`] (zero for a `start` later than now).
+pub(crate) fn since(start: Instant) -> Duration {
+    now().saturating_duration_since(start)
+}
 
 /// Ready once `due` has passed, for a timer whose deadline usually moves later and is
 /// not reset at each move (a timer-wheel removal and insertion): `sleep` is left armed
@@ -88,6 +118,36 @@ impl Paced {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn until_tokio_time_moves() {
+        let start = Instant::now();
+        while Instant::now() == start {}
+    }
+
+    /// Under `once_per_poll`, tokio's clock is read once per poll; outside it, at
+    /// every call. (Real time: a paused clock would not move either way.)
+    #[test]
+    fn tokio_time_is_read_once_per_poll_of_a_connection() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let a = now();
+            until_tokio_time_moves();
+            assert!(now() > a, "outside a poll every call reads");
+            let (first, second, later) = keypool_store::clock::once_per_poll(async {
+                let first = now();
+                until_tokio_time_moves();
+                let second = now();
+                tokio::task::yield_now().await;
+                (first, second, since(first))
+            })
+            .await;
+            assert_eq!(first, second, "one read within a poll");
+            assert!(later > Duration::ZERO, "the next poll reads again");
+        });
+    }
 
     /// A piece that is there is taken without arming anything; one that never comes is
     /// `Idle` after `idle`, and pieces that keep coming just within `idle` end at

@@ -50,6 +50,8 @@
 //! # Layout
 //! - [`alerts`]: the alert events of SPEC 15, their pure policy (deduplication,
 //!   backoff, pool outages) and the bounded queue the proxy's sender drains.
+//! - [`clock`]: the wall and monotonic clocks, read at most once per poll of a
+//!   connection's task ([`clock::once_per_poll`]); [`store::now_ms`] reads through it.
 //! - [`config`]: the TOML schema, validation with located errors, env overrides,
 //!   [`config::Secret`].
 //! - [`error`]: the crate error, [`StoreError`].
@@ -72,6 +74,7 @@
 //!   temp folders, for this crate's tests and the end-to-end suites.
 
 pub mod alerts;
+pub mod clock;
 pub mod config;
 pub mod document;
 pub mod error;

@@ -38,11 +38,10 @@ type RedisReceivers = (
 const TICK: Duration = Duration::from_millis(200);
 
 /// The current wall-clock time in unix ms (the store is an I/O crate: it may read the
-/// clock at its edges; everything below takes `now` as an argument).
+/// clock at its edges; everything below takes `now` as an argument). Within a poll
+/// of a connection's task the clock is read once ([`crate::clock`]).
 pub fn now_ms() -> UnixMs {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    crate::clock::now_ms()
 }
 
 /// Which persistence backend a store uses.

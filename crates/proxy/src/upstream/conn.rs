@@ -276,7 +276,7 @@ impl Upstream {
 
     /// The most recently used idle connection to the origin that is still usable.
     fn checkout(&self, cx: &mut Context<'_>, tls: bool, authority: &str) -> Option<Box<Conn>> {
-        let now = Instant::now();
+        let now = crate::timing::now();
         loop {
             let mut idle = {
                 let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
@@ -304,7 +304,7 @@ impl Upstream {
             };
             list.push(Idle {
                 conn,
-                since: Instant::now(),
+                since: crate::timing::now(),
             });
             (list.len() > MAX_IDLE_PER_ORIGIN).then(|| list.remove(0))
         };
