@@ -12,6 +12,10 @@
 //! - `cargo xtask ab REV [--rounds N] [--seconds S] [--pool NAME]`: this tree's keypool
 //!   against commit `REV`'s, measured alternately: req/s and CPU per request
 //!   (`bench::ab`).
+//! - `cargo xtask instructions [--requests N] [--warm N]`: instructions per request of
+//!   keypool (8 accounts at info and warn, 1,000 accounts) and nginx under valgrind's
+//!   callgrind, and where keypool's go by crate and source file
+//!   (`bench::instructions`).
 //! - `tidy` (tests only, run by `cargo test --workspace` and so by `cargo xtask ci`):
 //!   the dependency and clock rules of `docs/ARCHITECTURE.md`.
 //! - `cargo xtask endurance [--quick]`: keypool's resident memory idle, over 10,000
@@ -40,6 +44,7 @@ fn main() -> anyhow::Result<()> {
         Some("ci") => ci(&root),
         Some("bench") => bench::run(&root, &args[1..]),
         Some("ab") => bench::ab::run(&root, &args[1..]),
+        Some("instructions") => bench::instructions::run(&root, &args[1..]),
         Some("endurance") => endurance::run(&root, &args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
@@ -59,6 +64,7 @@ fn print_help() {
          ci     cargo fmt --check, cargo clippy -D warnings, promtool check rules, and the whole test suite\n  \
          bench  [--quick] [--peers] [--floor] overhead and throughput on loopback (--floor: only beside nginx and HAProxy), target/bench/report.json\n  \
          ab     REV [--rounds N] [--seconds S] [--pool NAME] [--concurrency C] this tree against commit REV, interleaved\n  \
+         instructions  [--requests N] [--warm N] instructions per request of keypool and nginx (callgrind), and where keypool's go\n  \
          endurance  [--quick] keypool's memory idle, over 10,000 streams and 1,000 at once"
     );
 }

@@ -30,10 +30,13 @@
 //! - `setup`: generated configs, keygen, the peers' cached installs.
 //! - `ab`: `cargo xtask ab REV`, this tree against an older commit, interleaved.
 //! - `floor`: nginx and HAProxy beside keypool, interleaved rounds, issue 22's targets.
+//! - `instructions`: `cargo xtask instructions`, instructions per request of keypool and
+//!   nginx under callgrind, and where keypool's go.
 
 pub mod ab;
 pub mod driver;
 pub mod floor;
+pub mod instructions;
 pub mod procs;
 pub mod report;
 pub mod setup;
