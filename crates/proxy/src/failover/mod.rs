@@ -63,41 +63,48 @@ async fn walk_plan(
             return Reject::from(e).respond(&ctx.id);
         }
     };
-    let mut walker = Walker::new(call, &mut planned);
-    walker.start_fan_out().await;
-    loop {
-        if walker.idle() && !walker.launch_next(ctx).await {
-            break;
-        }
-        match walker.next_event().await {
-            Event::HedgeDelay => walker.on_hedge_delay().await,
-            Event::Done(which, result) => {
-                if result.is_ok()
-                    && let Some((session, served)) = walker.on_win(which, ctx)
-                {
-                    // Bind, re-bind or refresh: the session follows the account that served.
-                    walk::bind_session(call, session, served).await;
-                }
-                if let Some(response) = walker.on_done(which, result, ctx) {
-                    return response;
-                }
-                if walker.must_stop() {
-                    break;
+    let (last_failure, stopped) = {
+        // The first attempt's future lives here, not in a box; the block ends its
+        // borrow of `planned` before the answer below reads the snapshot.
+        let inline = std::pin::pin!(None);
+        let mut walker = Walker::new(
+            call,
+            &mut planned,
+            inline,
+            crate::oauth::attempt_with_refresh,
+        );
+        walker.start_fan_out().await;
+        loop {
+            if walker.idle() && !walker.launch_next(ctx).await {
+                break;
+            }
+            match walker.next_event().await {
+                Event::HedgeDelay => walker.on_hedge_delay().await,
+                Event::Done(which, result) => {
+                    if result.is_ok()
+                        && let Some((session, served)) = walker.on_win(which, ctx)
+                    {
+                        // Bind, re-bind or refresh: the session follows the account that served.
+                        walk::bind_session(call, session, served).await;
+                    }
+                    if let Some(response) = walker.on_done(which, result, ctx) {
+                        return response;
+                    }
+                    if walker.must_stop() {
+                        break;
+                    }
                 }
             }
         }
-    }
-    call.app
-        .metrics()
-        .attempts(walker.attempts_started() as u64);
-    let last_failure = walker.last_failure.take();
-    match walker.stopped.take() {
+        call.app
+            .metrics()
+            .attempts(walker.attempts_started() as u64);
+        (walker.last_failure.take(), walker.stopped.take())
+    };
+    match stopped {
         Some(Stopped::Local) => Reject::overloaded(1).respond(&ctx.id),
         Some(Stopped::Queue(e)) => queue_rejected(&e, &ctx.id),
-        None => {
-            drop(walker);
-            exhausted(call, &planned.snapshot, last_failure, &ctx.id)
-        }
+        None => exhausted(call, &planned.snapshot, last_failure, &ctx.id),
     }
 }
 

@@ -28,9 +28,20 @@ use crate::metrics::{AffinityOutcome, FanOutRole, InFlight};
 
 type AttemptFuture<'a> = Pin<Box<dyn Future<Output = Result<Ready, Failure>> + Send + 'a>>;
 
+/// Where an attempt's future lives.
+enum AttemptSlot<'a> {
+    /// In the walker's inline slot, pinned in the walk's own future: the first attempt
+    /// of a request, which is most often the only one, allocates nothing. The future is
+    /// ~2.8 KB, and a box of it took mimalloc's slow path for blocks above 1 KiB on
+    /// every request (`docs/BENCHMARKS.md`, issue 22).
+    Inline,
+    /// Boxed: the fan-out partner, or any attempt while the inline slot is taken.
+    Boxed(AttemptFuture<'a>),
+}
+
 /// One attempt in flight.
 pub(super) struct Running<'a> {
-    future: AttemptFuture<'a>,
+    future: AttemptSlot<'a>,
     /// Index into the snapshot.
     pub index: usize,
     pub started_at: UnixMs,
@@ -88,10 +99,17 @@ struct Deferred {
 }
 
 /// The walk of one planned request.
-pub(super) struct Walker<'c> {
+pub(super) struct Walker<'c, 's, F, M> {
     call: &'c Call<'c>,
     planned: &'c PlannedRequest,
     running: [Option<Running<'c>>; 2],
+    /// The future of the one attempt whose slot is [`AttemptSlot::Inline`], if any.
+    /// Emptied whenever that attempt leaves `running`: an attempt aborted is dropped
+    /// at once, as a boxed one is.
+    inline: Pin<&'s mut Option<F>>,
+    /// Makes an attempt's future ([`crate::oauth::attempt_with_refresh`]); a function
+    /// item, called directly, so that its future can be built in place.
+    make: M,
     /// The next position in the plan.
     next: usize,
     ceiling: AttemptCeiling,
@@ -106,8 +124,19 @@ pub(super) struct Walker<'c> {
     pub stopped: Option<Stopped>,
 }
 
-impl<'c> Walker<'c> {
-    pub fn new(call: &'c Call<'c>, planned: &'c mut PlannedRequest) -> Self {
+impl<'c, 's, F, M> Walker<'c, 's, F, M>
+where
+    F: Future<Output = Result<Ready, Failure>> + Send + 'c,
+    M: Fn(&'c Call<'c>, Arc<Account>, Arc<AtomicBool>) -> F,
+{
+    /// A walk of `planned` whose attempts `make` makes; `inline` (empty) holds one of
+    /// them at a time without a box.
+    pub fn new(
+        call: &'c Call<'c>,
+        planned: &'c mut PlannedRequest,
+        inline: Pin<&'s mut Option<F>>,
+        make: M,
+    ) -> Self {
         let extra = planned.extra.take();
         let planned: &'c PlannedRequest = planned;
         Self {
@@ -115,6 +144,8 @@ impl<'c> Walker<'c> {
             ceiling: AttemptCeiling::new(planned.plan.len()),
             planned,
             running: [None, None],
+            inline,
+            make,
             next: 0,
             last_failure: None,
             hedge_timer: None,
@@ -156,12 +187,19 @@ impl<'c> Walker<'c> {
     ) {
         let first_chunk = Arc::new(AtomicBool::new(false));
         let in_flight = self.call.app.metrics().start_in_flight(account.id());
-        self.running[which] = Some(Running {
-            future: Box::pin(crate::oauth::attempt_with_refresh(
+        let future = if self.inline.is_none() {
+            self.inline
+                .set(Some((self.make)(self.call, account, first_chunk.clone())));
+            AttemptSlot::Inline
+        } else {
+            AttemptSlot::Boxed(Box::pin((self.make)(
                 self.call,
                 account,
                 first_chunk.clone(),
-            )),
+            )))
+        };
+        self.running[which] = Some(Running {
+            future,
             index,
             started_at: now_ms(),
             role,
@@ -314,10 +352,20 @@ impl<'c> Walker<'c> {
     /// Waits for the next event: an attempt done, or the hedge delay.
     pub async fn next_event(&mut self) -> Event {
         std::future::poll_fn(|cx| {
-            for (i, running) in self.running.iter_mut().enumerate() {
-                if let Some(running) = running
-                    && let Poll::Ready(result) = running.future.as_mut().poll(cx)
-                {
+            let Self {
+                running, inline, ..
+            } = &mut *self;
+            for (i, running) in running.iter_mut().enumerate() {
+                let Some(running) = running else { continue };
+                let poll = match &mut running.future {
+                    AttemptSlot::Boxed(future) => future.as_mut().poll(cx),
+                    AttemptSlot::Inline => match inline.as_mut().as_pin_mut() {
+                        Some(future) => future.poll(cx),
+                        // Never: the slot is emptied only with its attempt.
+                        None => continue,
+                    },
+                };
+                if let Poll::Ready(result) = poll {
                     return Poll::Ready(Event::Done(i, result));
                 }
             }
@@ -385,7 +433,7 @@ impl<'c> Walker<'c> {
         result: Result<Ready, Failure>,
         ctx: &mut RequestContext<'_>,
     ) -> Option<Response<ProxyBody>> {
-        let running = self.running[which].take()?;
+        let running = self.take(which)?;
         match result {
             Ok(ready) => {
                 // `on_win` aborted the partner
@@ -473,10 +521,22 @@ impl<'c> Walker<'c> {
     /// Drops the attempts still in flight (their upstream connections close), noting
     /// them as aborted.
     fn abort_others(&mut self, ctx: &mut RequestContext<'_>) {
-        for other in self.running.iter_mut().filter_map(Option::take) {
-            let id = &self.planned.snapshot[other.index].id;
-            ctx.attempt(id, None, "aborted", None, other.started_at);
+        for which in 0..self.running.len() {
+            if let Some(other) = self.take(which) {
+                let id = &self.planned.snapshot[other.index].id;
+                ctx.attempt(id, None, "aborted", None, other.started_at);
+            }
         }
+    }
+
+    /// Takes `running[which]` out of the walk; its future, if inline, is dropped now
+    /// (finished, or aborted in flight).
+    fn take(&mut self, which: usize) -> Option<Running<'c>> {
+        let running = self.running[which].take()?;
+        if matches!(running.future, AttemptSlot::Inline) {
+            self.inline.set(None);
+        }
+        Some(running)
     }
 
     /// Whether the walk must end now (keypool's own failure).
