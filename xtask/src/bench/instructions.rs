@@ -353,6 +353,7 @@ fn callgrind_control(pid: u32, flag: &str) -> anyhow::Result<()> {
         .arg(flag)
         .arg(pid.to_string())
         .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .status()
         .context("cannot run callgrind_control")?;
     if !status.success() {
