@@ -26,7 +26,7 @@ use anyhow::{Context, bail};
 use super::driver::{self, Bounds, Endpoint, HttpClient};
 use super::floor::median;
 use super::procs::{self, Proc};
-use super::{MODEL, body, common_headers, setup, sim_command, uri, wait_http};
+use super::{MODEL, body, common_headers, setup, uri, wait_http};
 
 /// What `cargo xtask ab` was asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -341,17 +341,12 @@ async fn measure(
 ) -> anyhow::Result<Vec<Row>> {
     let client = driver::client();
     let ticks_per_second = procs::clock_ticks_per_second();
-    let fast_addr = procs::free_addr()?;
-    let mut sim = Proc::spawn(
-        "keypool-sim",
-        sim_command(&bins.sim, fast_addr, false),
-        &dir.join("ab-sim.log"),
-    )?;
-    wait_http(
+    let (_sim, fast_addr) = super::start_sim(
         &client,
-        &mut sim,
-        &uri(fast_addr, "/")?,
-        Duration::from_secs(10),
+        &bins.sim,
+        false,
+        "keypool-sim",
+        &dir.join("ab-sim.log"),
     )
     .await?;
     let fast_base = format!("http://{fast_addr}");

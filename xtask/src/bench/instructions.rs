@@ -30,7 +30,7 @@ use anyhow::{Context, bail};
 
 use super::driver::{self, Bounds, Endpoint};
 use super::procs::{self, Proc};
-use super::{MODEL, body, common_headers, setup, sim_command, uri, wait_http};
+use super::{MODEL, body, common_headers, setup, uri, wait_http};
 
 /// What `cargo xtask instructions` was asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,10 +77,10 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let Some((target, bins)) = super::release_build(root, "instructions", args)? else {
         return Ok(());
     };
+    // Found on PATH, else installed from Debian's packages like the floor run's peers.
     for program in ["valgrind", "callgrind_control"] {
-        if which(program).is_none() {
-            bail!("{program} is not installed: apt-get install -y valgrind");
-        }
+        super::floor::ensure_debian_program(program, "valgrind")
+            .map_err(|reason| anyhow::anyhow!("{program}: {reason}"))?;
     }
     let dir = target.join("bench").join("instructions");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -102,14 +102,6 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let rows = runtime.block_on(measure(&options, &bins, &dir))?;
     println!("{}", table(&rows, options.requests));
     Ok(())
-}
-
-fn which(program: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join(program))
-            .find(|p| p.is_file())
-    })
 }
 
 /// One target's count.
@@ -146,17 +138,12 @@ async fn measure(
     dir: &Path,
 ) -> anyhow::Result<Vec<Row>> {
     let client = driver::client();
-    let fast_addr = procs::free_addr()?;
-    let mut sim = Proc::spawn(
-        "keypool-sim",
-        sim_command(&bins.sim, fast_addr, false),
-        &dir.join("sim.log"),
-    )?;
-    wait_http(
+    let (_sim, fast_addr) = super::start_sim(
         &client,
-        &mut sim,
-        &uri(fast_addr, "/")?,
-        Duration::from_secs(10),
+        &bins.sim,
+        false,
+        "keypool-sim",
+        &dir.join("sim.log"),
     )
     .await?;
     let fast_base = format!("http://{fast_addr}");

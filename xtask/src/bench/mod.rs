@@ -349,6 +349,22 @@ fn sim_command(sim: &Path, addr: SocketAddr, slow: bool) -> Command {
 
 /// Waits until `GET uri` gets any HTTP answer, or fails after `limit` (or when the
 /// process exits).
+/// A standalone simulator (`slow`: the paced one, [`sim_command`]) on a free loopback
+/// port, answering: its process and address.
+async fn start_sim(
+    client: &HttpClient,
+    sim: &Path,
+    slow: bool,
+    name: &str,
+    log: &Path,
+) -> anyhow::Result<(Proc, SocketAddr)> {
+    let addr = procs::free_addr()?;
+    let mut proc = Proc::spawn(name, sim_command(sim, addr, slow), log)?;
+    // Any path answers (404 for GET): the simulator is up.
+    wait_http(client, &mut proc, &uri(addr, "/")?, Duration::from_secs(10)).await?;
+    Ok((proc, addr))
+}
+
 async fn wait_http(
     client: &HttpClient,
     proc: &mut Proc,
@@ -471,31 +487,20 @@ async fn bench(options: &Options, bins: &Bins, dir: &Path) -> anyhow::Result<Rep
     let ticks = procs::clock_ticks_per_second();
 
     // Upstreams.
-    let fast_addr = procs::free_addr()?;
-    let slow_addr = procs::free_addr()?;
-    let mut sim_fast = Proc::spawn(
-        "keypool-sim (fast)",
-        sim_command(&bins.sim, fast_addr, false),
-        &dir.join("sim-fast.log"),
-    )?;
-    let mut sim_slow = Proc::spawn(
-        "keypool-sim (slow)",
-        sim_command(&bins.sim, slow_addr, true),
-        &dir.join("sim-slow.log"),
-    )?;
-    // Any path answers (404 for GET): the simulator is up.
-    wait_http(
+    let (mut sim_fast, fast_addr) = start_sim(
         &client,
-        &mut sim_fast,
-        &uri(fast_addr, "/")?,
-        Duration::from_secs(10),
+        &bins.sim,
+        false,
+        "keypool-sim (fast)",
+        &dir.join("sim-fast.log"),
     )
     .await?;
-    wait_http(
+    let (mut sim_slow, slow_addr) = start_sim(
         &client,
-        &mut sim_slow,
-        &uri(slow_addr, "/")?,
-        Duration::from_secs(10),
+        &bins.sim,
+        true,
+        "keypool-sim (slow)",
+        &dir.join("sim-slow.log"),
     )
     .await?;
     let fast_base = format!("http://{fast_addr}");
