@@ -2,6 +2,8 @@
 //! (org, model) (SPEC 11), and the deltas a shared store has not taken yet.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use dashmap::DashMap;
@@ -129,30 +131,84 @@ struct Queue {
     /// different accounts still share their caller's and model's groups: a pool of many
     /// accounts served in turn has a new account per record, but one caller and model.
     groups: [Vec<(Group, Totals)>; 3],
+    /// Where each group of `groups` is, by its [`GroupId`]: a record finds its group in
+    /// one lookup however many the queue holds, so a pool of 1,000 accounts served in
+    /// turn sums each account's records in the queue, and the fold touches the totals
+    /// map once per account per batch instead of twice per record.
+    index: HashMap<GroupId, u32, Hasher>,
     records: usize,
 }
 
+/// A queued group's identity: its dimension, its day and its names. The org, caller and
+/// account names are the config's own `Arc`s, which the group holds (so no other name
+/// can take their address while it is queued), and are known by address; a model is
+/// the request's own text and is known by a hash of it. Two groups with one id are
+/// told apart by [`Group::holds`]; the index then points at the newer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct GroupId {
+    dimension: Dimension,
+    day: Day,
+    org: usize,
+    key: u64,
+}
+
+/// Records queued before [`Aggregates::record`] folds its queue itself.
+pub const FOLD_EVERY: usize = 4096;
+
+/// Distinct groups queued before [`Aggregates::record`] folds its queue itself (what
+/// bounds the queue's memory when nearly every record has groups of its own).
+pub const MAX_QUEUED_GROUPS: usize = 4096;
+
 impl Queue {
-    /// Adds `record` to its group in each dimension it has: one of the newest few,
-    /// else a new one (many distinct groups in a row gain nothing from a longer search).
+    /// Adds `record` to its group in each dimension it has: the dimension's newest
+    /// group when it holds the record (a caller's and a model's usually do), else the
+    /// one the index finds, else a new one.
     fn add(&mut self, record: &UsageRecord) {
         let add = Totals::of(record);
         let day = Day::of(record.at);
         self.records += 1;
-        for (groups, dimension) in self.groups.iter_mut().zip(Dimension::ALL) {
+        let Self { groups, index, .. } = self;
+        for (groups, dimension) in groups.iter_mut().zip(Dimension::ALL) {
             let Some(key) = value_of(dimension, record) else {
                 continue;
             };
-            match groups
-                .iter_mut()
-                .rev()
-                .take(16)
-                .find(|(g, _)| g.holds(record, key, day))
+            if let Some((newest, totals)) = groups.last_mut()
+                && newest.holds(record, key, day)
             {
-                Some((_, totals)) => totals.add(&add),
-                None => groups.extend(Group::new(dimension, record, day).map(|g| (g, add))),
+                totals.add(&add);
+                continue;
             }
+            let id = GroupId {
+                dimension,
+                day,
+                org: Arc::as_ptr(&record.org).cast::<u8>() as usize,
+                key: match dimension {
+                    Dimension::Model => index.hasher().hash_one(&**key),
+                    _ => Arc::as_ptr(key).cast::<u8>() as usize as u64,
+                },
+            };
+            let at = u32::try_from(groups.len()).unwrap_or(u32::MAX);
+            match index.entry(id) {
+                Entry::Occupied(mut e) => match groups.get_mut(*e.get() as usize) {
+                    Some((group, totals)) if group.holds(record, key, day) => {
+                        totals.add(&add);
+                        continue;
+                    }
+                    _ => {
+                        e.insert(at);
+                    }
+                },
+                Entry::Vacant(e) => {
+                    e.insert(at);
+                }
+            }
+            groups.extend(Group::new(dimension, record, day).map(|g| (g, add)));
         }
+    }
+
+    /// Whether [`Aggregates::record`] should fold the queue now.
+    fn is_full(&self) -> bool {
+        self.records >= FOLD_EVERY || self.index.len() >= MAX_QUEUED_GROUPS
     }
 }
 
@@ -192,9 +248,6 @@ pub const MAX_MODELS: usize = 1_000;
 /// The model key of the models past [`MAX_MODELS`].
 pub const OTHER_MODELS: &str = "(other models)";
 
-/// Records queued before [`Aggregates::record`] folds them itself.
-pub const FOLD_EVERY: usize = 256;
-
 impl Aggregates {
     /// Empty aggregates; `track_deltas` for a shared store.
     pub fn new(track_deltas: bool) -> Self {
@@ -209,17 +262,18 @@ impl Aggregates {
 
     /// Adds one record to its aggregates.
     ///
-    /// On the request path this is a few pointer compares under the lock of this
-    /// thread's queue ([`PerThread`]: no other serving thread writes it): the record is
-    /// added to the totals of its group (same org, caller, account, model and day) in
-    /// the queue, and the queue is folded into the maps every [`FOLD_EVERY`] records
-    /// (every queue before anything reads the totals), so the maps are touched once per
-    /// distinct group instead of six times per request, and the record itself is not
-    /// kept.
+    /// On the request path this is a few pointer compares and at most one lookup in
+    /// a small index per dimension, under the lock of this thread's queue
+    /// ([`PerThread`]: no other serving thread writes it): the record is added to the
+    /// totals of its group (same org, caller, account, model and day) in the queue, and
+    /// the queue is folded into the maps every [`FOLD_EVERY`] records or
+    /// [`MAX_QUEUED_GROUPS`] groups (every queue before anything reads the totals), so
+    /// the maps are touched once per distinct group instead of six times per request,
+    /// and the record itself is not kept.
     pub fn record(&self, record: &UsageRecord) {
         let full = self.queued.with(|queued| {
             queued.add(record);
-            (queued.records >= FOLD_EVERY).then(|| std::mem::take(queued))
+            queued.is_full().then(|| std::mem::take(queued))
         });
         if let Some(queued) = full {
             self.add_groups(queued);
@@ -478,4 +532,166 @@ pub fn day_of(at: UnixMs) -> Period {
 /// The month of `at` as a period.
 pub fn month_at(at: UnixMs) -> Period {
     Period::Month(Month::of(at))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use keypool_core::{AccountId, Usage};
+
+    use super::*;
+    use crate::record::{CallerKind, CallerRef, CostBasis};
+
+    const T0: UnixMs = 1_764_547_200_000;
+
+    /// A record of `account` by one caller of one org (the config's shared names), of
+    /// model `model` (its own text, as a request's is).
+    fn record(org: &Arc<str>, caller: &Arc<str>, account: &AccountId, model: &str) -> UsageRecord {
+        UsageRecord {
+            request_id: Arc::from("r"),
+            at: T0,
+            org: org.clone(),
+            url: Arc::from("team"),
+            caller: CallerRef {
+                kind: CallerKind::User,
+                id: caller.clone(),
+            },
+            endpoint: Cow::Borrowed("messages"),
+            model: Some(Arc::from(model)),
+            model_sent: None,
+            routing: None,
+            stream: false,
+            status: 200,
+            account: Some(account.clone()),
+            attempts: Vec::new(),
+            usage: Usage {
+                output_tokens: 7,
+                ..Usage::default()
+            },
+            cost_nano_usd: 3,
+            cost_basis: CostBasis::Api,
+            ttft_ms: None,
+            total_ms: 1,
+            stream_end: None,
+            limit: None,
+        }
+    }
+
+    fn names(n: usize) -> (Arc<str>, Arc<str>, Vec<AccountId>) {
+        let accounts = (0..n).map(|i| AccountId::from(format!("a{i}"))).collect();
+        (Arc::from("acme"), Arc::from("k1"), accounts)
+    }
+
+    /// 1,000 accounts served in turn, three times over: the queue holds one group per
+    /// account and one for the caller and for the model (whose text is a new `Arc` in
+    /// every record), each with exactly its records.
+    #[test]
+    fn a_queue_sums_each_account_of_a_large_pool_in_turn() {
+        let (org, caller, accounts) = names(1_000);
+        let mut queue = Queue::default();
+        for _ in 0..3 {
+            for account in &accounts {
+                queue.add(&record(&org, &caller, account, "claude"));
+            }
+        }
+        let [callers, by_account, models] = &queue.groups;
+        assert_eq!(
+            (callers.len(), by_account.len(), models.len()),
+            (1, 1_000, 1)
+        );
+        assert_eq!(queue.index.len(), 1_002);
+        assert!(
+            by_account
+                .iter()
+                .all(|(_, t)| t.requests == 3 && t.output_tokens == 21)
+        );
+        assert_eq!(callers[0].1.requests, 3_000);
+        assert_eq!(models[0].1.cost_nano_usd, 9_000);
+    }
+
+    /// A model whose id finds another model's group in the index (a hash collision,
+    /// forced here) gets a group of its own, each model is counted exactly, and the
+    /// index then finds the new group.
+    #[test]
+    fn a_colliding_model_id_costs_a_group_not_a_wrong_count() {
+        let (org, caller, accounts) = names(2);
+        let mut queue = Queue::default();
+        queue.add(&record(&org, &caller, &accounts[0], "opus"));
+        // Every model's id now points at the "opus" group.
+        let opus = *queue
+            .index
+            .iter()
+            .find(|(id, _)| id.dimension == Dimension::Model)
+            .expect("the model's group is indexed")
+            .0;
+        let sonnet = GroupId {
+            key: queue.index.hasher().hash_one("sonnet"),
+            ..opus
+        };
+        queue.index.insert(sonnet, 0);
+        // Between the models, another account's record, so that "sonnet" is not
+        // found as the newest group of its dimension.
+        queue.add(&record(&org, &caller, &accounts[1], "sonnet"));
+        queue.add(&record(&org, &caller, &accounts[0], "opus"));
+        queue.add(&record(&org, &caller, &accounts[1], "sonnet"));
+        let models: Vec<(&str, u64)> = queue.groups[2]
+            .iter()
+            .map(|(g, t)| (&*g.key, t.requests))
+            .collect();
+        assert_eq!(models, [("opus", 2), ("sonnet", 2)]);
+        assert_eq!(queue.index.get(&sonnet), Some(&1));
+        let aggregates = Aggregates::new(false);
+        aggregates.add_groups(queue);
+        let rows = aggregates.rows(Period::Day(Day::of(T0)), Dimension::Model);
+        let rows: Vec<(&str, u64)> = rows.iter().map(|r| (&*r.1, r.2.requests)).collect();
+        assert_eq!(rows, [("opus", 2), ("sonnet", 2)]);
+    }
+
+    /// A thread's queue folds itself at [`MAX_QUEUED_GROUPS`] distinct groups, long
+    /// before [`FOLD_EVERY`] records when every record brings groups of its own, and
+    /// at [`FOLD_EVERY`] records however few groups they have.
+    #[test]
+    fn a_queue_folds_at_its_group_or_record_bound() {
+        let queued = |a: &Aggregates| a.queued.with(|q| (q.records, q.index.len()));
+        let (org, caller, accounts) = names(MAX_QUEUED_GROUPS);
+        let aggregates = Aggregates::new(false);
+        // Each record: a new account group; the caller's and model's are shared.
+        for (i, account) in accounts.iter().enumerate().take(MAX_QUEUED_GROUPS - 3) {
+            aggregates.record(&record(&org, &caller, account, "claude"));
+            assert_eq!(queued(&aggregates), (i + 1, i + 3));
+        }
+        aggregates.record(&record(
+            &org,
+            &caller,
+            &accounts[MAX_QUEUED_GROUPS - 3],
+            "claude",
+        ));
+        assert_eq!(
+            queued(&aggregates),
+            (0, 0),
+            "folded at {MAX_QUEUED_GROUPS} groups"
+        );
+        assert_eq!(aggregates.totals.len(), 2 * MAX_QUEUED_GROUPS);
+
+        let aggregates = Aggregates::new(false);
+        for i in 1..FOLD_EVERY {
+            aggregates.record(&record(&org, &caller, &accounts[i % 8], "claude"));
+        }
+        assert_eq!(queued(&aggregates), (FOLD_EVERY - 1, 10));
+        assert!(aggregates.totals.is_empty());
+        aggregates.record(&record(&org, &caller, &accounts[0], "claude"));
+        assert_eq!(
+            queued(&aggregates),
+            (0, 0),
+            "folded at {FOLD_EVERY} records"
+        );
+        let day = Period::Day(Day::of(T0));
+        let total: u64 = aggregates
+            .rows(day, Dimension::Account)
+            .iter()
+            .map(|r| r.2.requests)
+            .sum();
+        assert_eq!(total, FOLD_EVERY as u64);
+    }
 }
