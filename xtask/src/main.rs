@@ -11,11 +11,12 @@
 //!   HAProxy; `--floor` runs only the comparison with nginx and HAProxy (`bench`).
 //! - `cargo xtask ab REV [--rounds N] [--seconds S] [--pool NAME]`: this tree's keypool
 //!   against commit `REV`'s, measured alternately: req/s and CPU per request
-//!   (`bench::ab`).
-//! - `cargo xtask instructions [--requests N] [--warm N]`: instructions per request of
-//!   keypool (8 accounts at info and warn, 1,000 accounts) and nginx under valgrind's
-//!   callgrind, and where keypool's go by crate and source file
-//!   (`bench::instructions`).
+//!   (`bench::ab`); `--limits` measures one binary without and with caller limits,
+//!   `--pool-against NAME` one binary on `--pool` and on pool `NAME`.
+//! - `cargo xtask instructions [--requests N] [--warm N] [--baseline-binary PATH]`:
+//!   instructions per request of keypool (8 accounts at info and warn, 1,000 accounts;
+//!   and another build's at 8 and 1,000) and nginx under valgrind's callgrind, and
+//!   where keypool's go by crate and source file (`bench::instructions`).
 //! - `tidy` (tests only, run by `cargo test --workspace` and so by `cargo xtask ci`):
 //!   the dependency and clock rules of `docs/ARCHITECTURE.md`.
 //! - `cargo xtask endurance [--quick]`: keypool's resident memory idle, over 10,000
@@ -63,8 +64,8 @@ fn print_help() {
          commands:\n  \
          ci     cargo fmt --check, cargo clippy -D warnings, promtool check rules, and the whole test suite\n  \
          bench  [--quick] [--peers] [--floor] overhead and throughput on loopback (--floor: only beside nginx and HAProxy), target/bench/report.json\n  \
-         ab     REV [--rounds N] [--seconds S] [--pool NAME] [--concurrency C] this tree against commit REV, interleaved\n  \
-         instructions  [--requests N] [--warm N] instructions per request of keypool and nginx (callgrind), and where keypool's go\n  \
+         ab     (REV | --limits | --pool-against NAME) [--rounds N] [--seconds S] [--pool NAME] [--concurrency C] this tree against commit REV (or one binary without and with limits, or on two pools), interleaved\n  \
+         instructions  [--requests N] [--warm N] [--baseline-binary PATH] instructions per request of keypool and nginx (callgrind), and where keypool's go\n  \
          endurance  [--quick] keypool's memory idle, over 10,000 streams and 1,000 at once"
     );
 }

@@ -3,6 +3,9 @@
 //! commit `REV`, side by side, in one run. `cargo xtask ab --limits [--against REV2] …`
 //! measures one binary (this tree's, or `REV2`'s) twice instead: without caller limits
 //! (the baseline) and with every SPEC 12 limit on the bench key (`current`).
+//! `cargo xtask ab --pool-against NAME [--pool NAME] …` also measures one binary twice:
+//! sending to the `--pool` (the baseline, `rr8` by default) and to the pool `NAME`
+//! (`current`): issue 22's "1,000 accounts within 5 % of 8", paired round by round.
 //!
 //! The question it answers is "what did this change cost on the hot path?", on a shared
 //! and noisy machine, so it measures the two binaries *alternately* (A B, B A, A B, …),
@@ -45,9 +48,11 @@ pub struct AbOptions {
     pub concurrency: usize,
     /// One binary, without and with caller limits, instead of two commits.
     pub limits: bool,
+    /// One binary, sending to `pool` and to this pool, instead of two commits.
+    pub pool_against: Option<String>,
 }
 
-const USAGE: &str = "cargo xtask ab (REV | --limits) [--against REV2] [--rounds N] [--seconds S] [--pool NAME] [--concurrency C]";
+const USAGE: &str = "cargo xtask ab (REV | --limits | --pool-against NAME) [--against REV2] [--rounds N] [--seconds S] [--pool NAME] [--concurrency C]";
 
 impl AbOptions {
     /// Parses the arguments after `ab`.
@@ -60,6 +65,7 @@ impl AbOptions {
             pool: "rr8".into(),
             concurrency: 16,
             limits: false,
+            pool_against: None,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -76,13 +82,9 @@ impl AbOptions {
                 "--concurrency" => {
                     o.concurrency = number(&value("--concurrency")?, "--concurrency", 1, 1024)?;
                 }
-                "--pool" => {
-                    let pool = value("--pool")?;
-                    if !setup::POOLS.iter().any(|p| p.name == pool) {
-                        let names: Vec<&str> = setup::POOLS.iter().map(|p| p.name).collect();
-                        bail!("--pool {pool:?} is not one of {}", names.join(", "));
-                    }
-                    o.pool = pool;
+                "--pool" => o.pool = bench_pool("--pool", value("--pool")?)?,
+                "--pool-against" => {
+                    o.pool_against = Some(bench_pool("--pool-against", value("--pool-against")?)?);
                 }
                 flag if flag.starts_with('-') => bail!("unknown option {flag:?} ({USAGE})"),
                 rev if o.rev.is_empty() => o.rev = rev.to_owned(),
@@ -94,11 +96,30 @@ impl AbOptions {
                 "--limits measures one binary with and without limits: no baseline commit ({USAGE})"
             );
         }
-        if o.rev.is_empty() && !o.limits {
+        if o.pool_against.is_some() && (o.limits || !o.rev.is_empty()) {
+            bail!(
+                "--pool-against measures one binary on two pools: no baseline commit and no --limits ({USAGE})"
+            );
+        }
+        if o.rev.is_empty() && !o.limits && o.pool_against.is_none() {
             bail!("which commit is the baseline? ({USAGE})");
         }
         Ok(o)
     }
+
+    /// The pool the current side sends to.
+    fn current_pool(&self) -> &str {
+        self.pool_against.as_deref().unwrap_or(&self.pool)
+    }
+}
+
+/// `pool` when it is one of the generated config's pools.
+fn bench_pool(option: &str, pool: String) -> anyhow::Result<String> {
+    if !setup::POOLS.iter().any(|p| p.name == pool) {
+        let names: Vec<&str> = setup::POOLS.iter().map(|p| p.name).collect();
+        bail!("{option} {pool:?} is not one of {}", names.join(", "));
+    }
+    Ok(pool)
 }
 
 fn number<T: TryFrom<u64>>(text: &str, name: &str, min: u64, max: u64) -> anyhow::Result<T> {
@@ -127,11 +148,16 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let (commit, baseline) = if options.limits {
         let name = format!("{current_name} without limits");
         (name, bins.keypool.clone())
+    } else if options.pool_against.is_some() {
+        let name = format!("{current_name}, pool {}", options.pool);
+        (name, bins.keypool.clone())
     } else {
         build_baseline(root, &target, &options.rev)?
     };
     let current_name = if options.limits {
         format!("{current_name} with every caller limit")
+    } else if let Some(pool) = &options.pool_against {
+        format!("{current_name}, pool {pool}")
     } else {
         current_name
     };
@@ -264,12 +290,13 @@ struct Gateway {
     endpoint: Endpoint,
 }
 
-/// One side of the comparison: its name, its binary, and whether its config has
-/// every caller limit on the bench key.
+/// One side of the comparison: its name, its binary, whether its config has every
+/// caller limit on the bench key, and the pool it is sent to.
 struct Side<'a> {
     name: &'a str,
     binary: &'a Path,
     limits: bool,
+    pool: &'a str,
 }
 
 async fn start_gateway(
@@ -278,12 +305,12 @@ async fn start_gateway(
     dir: &Path,
     fast_base: &str,
     key: &setup::LbKey,
-    pool: &str,
 ) -> anyhow::Result<Gateway> {
     let Side {
         name,
         binary,
         limits,
+        pool,
     } = side;
     let addr = procs::free_addr()?;
     let config = dir.join(format!("ab-{name}.toml"));
@@ -358,24 +385,28 @@ async fn measure(
                 name: "baseline",
                 binary: baseline,
                 limits: false,
+                pool: &options.pool,
             },
             dir,
             &fast_base,
             &key,
-            &options.pool,
         )
         .await?,
         start_gateway(
             &client,
             Side {
                 name: "current",
-                binary: &bins.keypool,
+                binary: if options.pool_against.is_some() {
+                    baseline
+                } else {
+                    &bins.keypool
+                },
                 limits: options.limits,
+                pool: options.current_pool(),
             },
             dir,
             &fast_base,
             &key,
-            &options.pool,
         )
         .await?,
     ];
@@ -491,7 +522,11 @@ impl Report<'_> {
              baseline {} against {}; closed loop at concurrency {}, {} s per measurement\n\n\
              | round | baseline req/s | current req/s | baseline CPU µs/req | current CPU µs/req |\n\
              | --- | --- | --- | --- | --- |\n",
-            if o.limits { "--limits" } else { &o.rev },
+            match &o.pool_against {
+                _ if o.limits => "--limits".to_owned(),
+                Some(pool) => format!("--pool-against {pool}"),
+                None => o.rev.clone(),
+            },
             o.against
                 .as_ref()
                 .map_or_else(String::new, |a| format!(" --against {a}")),
@@ -560,6 +595,7 @@ impl Report<'_> {
             "baseline": self.commit,
             "current": self.current,
             "pool": self.options.pool,
+            "current_pool": self.options.current_pool(),
             "concurrency": self.options.concurrency,
             "seconds": self.options.seconds,
             "rounds": self.rows.iter().map(|r| serde_json::json!({
@@ -667,6 +703,15 @@ mod tests {
         assert!(AbOptions::parse(&args(&[])).is_err());
         assert!(AbOptions::parse(&args(&["a", "--pool", "nope"])).is_err());
         assert!(AbOptions::parse(&args(&["a", "--seconds"])).is_err());
+        let p = AbOptions::parse(&args(&["--pool-against", "rr1000"])).unwrap();
+        assert_eq!(
+            (p.pool.as_str(), p.current_pool(), p.rev.as_str()),
+            ("rr8", "rr1000", "")
+        );
+        assert_eq!(o.current_pool(), "rr1000");
+        assert!(AbOptions::parse(&args(&["--pool-against", "nope"])).is_err());
+        assert!(AbOptions::parse(&args(&["HEAD", "--pool-against", "rr1000"])).is_err());
+        assert!(AbOptions::parse(&args(&["--limits", "--pool-against", "rr1000"])).is_err());
     }
 
     #[test]

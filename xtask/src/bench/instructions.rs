@@ -1,4 +1,4 @@
-//! `cargo xtask instructions [--requests N]`: instructions per request of keypool and of
+//! `cargo xtask instructions [--requests N] [--warm N] [--baseline-binary PATH]`: instructions per request of keypool and of
 //! nginx, counted by valgrind's callgrind, in front of the same simulator.
 //!
 //! CPU time per request on a shared two-vCPU machine moves by ±30 % between rounds;
@@ -19,10 +19,14 @@
 //! split by the source file each instruction's line comes from (inlined code counts
 //! where it was written), grouped by crate: where a request's instructions go.
 //!
+//! With `--baseline-binary PATH`, that keypool (another commit's build) is counted
+//! too, at `rr8` and `rr1000` with log level `info`, in the same run: a change's
+//! before and after, to the instruction.
+//!
 //! The dumps stay in `target/bench/instructions/` for `callgrind_annotate`.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -39,9 +43,11 @@ pub struct InstructionOptions {
     pub requests: u64,
     /// Requests sent before the counters are zeroed.
     pub warm: u64,
+    /// Another keypool binary counted beside this tree's.
+    pub baseline: Option<PathBuf>,
 }
 
-const USAGE: &str = "cargo xtask instructions [--requests N] [--warm N]";
+const USAGE: &str = "cargo xtask instructions [--requests N] [--warm N] [--baseline-binary PATH]";
 
 impl InstructionOptions {
     /// Parses the arguments after `instructions`.
@@ -49,6 +55,7 @@ impl InstructionOptions {
         let mut o = Self {
             requests: 2_000,
             warm: 300,
+            baseline: None,
         };
         let mut it = args.iter();
         while let Some(arg) = it.next() {
@@ -64,6 +71,12 @@ impl InstructionOptions {
             match arg.as_str() {
                 "--requests" => o.requests = number("--requests")?,
                 "--warm" => o.warm = number("--warm")?,
+                "--baseline-binary" => {
+                    let path = it
+                        .next()
+                        .with_context(|| format!("--baseline-binary needs a path ({USAGE})"))?;
+                    o.baseline = Some(PathBuf::from(path));
+                }
                 other => bail!("unknown argument {other:?} ({USAGE})"),
             }
         }
@@ -74,6 +87,14 @@ impl InstructionOptions {
 /// Entry point of `cargo xtask instructions`.
 pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let options = InstructionOptions::parse(args)?;
+    if let Some(baseline) = &options.baseline
+        && !baseline.is_file()
+    {
+        bail!(
+            "--baseline-binary {} is not a file: give the path of another build's keypool",
+            baseline.display()
+        );
+    }
     let Some((target, bins)) = super::release_build(root, "instructions", args)? else {
         return Ok(());
     };
@@ -149,13 +170,40 @@ async fn measure(
     let fast_base = format!("http://{fast_addr}");
     let key = setup::keygen(&bins.keypool)?;
     let mut specs = Vec::new();
-    for (name, pool, level, split) in [
-        ("keypool rr8, log level info", "rr8", "info", true),
-        ("keypool rr8, log level warn", "rr8", "warn", false),
-        ("keypool rr1000, log level info", "rr1000", "info", false),
-    ] {
+    let this = bins.keypool.as_path();
+    let mut targets = vec![
+        ("keypool rr8, log level info", this, "rr8", "info", true),
+        ("keypool rr8, log level warn", this, "rr8", "warn", false),
+        (
+            "keypool rr1000, log level info",
+            this,
+            "rr1000",
+            "info",
+            false,
+        ),
+    ];
+    if let Some(baseline) = &options.baseline {
+        targets.extend([
+            (
+                "baseline rr8, log level info",
+                baseline.as_path(),
+                "rr8",
+                "info",
+                false,
+            ),
+            (
+                "baseline rr1000, log level info",
+                baseline.as_path(),
+                "rr1000",
+                "info",
+                false,
+            ),
+        ]);
+    }
+    for (name, binary, pool, level, split) in targets {
+        let file = name.split(',').next().unwrap_or(name).replace(' ', "-");
         let addr = procs::free_addr()?;
-        let config = dir.join(format!("keypool-{pool}-{level}.toml"));
+        let config = dir.join(format!("{file}-{level}.toml"));
         let text = one_worker(&setup::keypool_config(
             addr,
             &fast_base,
@@ -164,9 +212,9 @@ async fn measure(
         ));
         std::fs::write(&config, text)
             .with_context(|| format!("cannot write {}", config.display()))?;
-        let mut command = callgrind(dir, &format!("keypool-{pool}-{level}"));
+        let mut command = callgrind(dir, &format!("{file}-{level}"));
         command
-            .arg(&bins.keypool)
+            .arg(binary)
             .arg("serve")
             .arg("--config")
             .arg(&config)
@@ -493,6 +541,26 @@ pub fn table(rows: &[Row], asked: u64) -> String {
             (m.per_request() / k.per_request() - 1.0) * 100.0
         );
     }
+    for (pool, this, base) in [
+        ("rr8", "keypool rr8, log level info", "baseline rr8"),
+        ("rr1000", "keypool rr1000", "baseline rr1000"),
+    ] {
+        if let (Some(k), Some(b)) = (find(this), find(base)) {
+            let _ = writeln!(
+                t,
+                "this tree against the baseline, {pool}: {:+.0} instructions per request ({:+.1} %)",
+                k.per_request() - b.per_request(),
+                (k.per_request() / b.per_request() - 1.0) * 100.0
+            );
+        }
+    }
+    if let (Some(b8), Some(b1000)) = (find("baseline rr8"), find("baseline rr1000")) {
+        let _ = writeln!(
+            t,
+            "the baseline's 1,000 accounts against 8: {:+.1} %",
+            (b1000.per_request() / b8.per_request() - 1.0) * 100.0
+        );
+    }
     if let Some(k) = info.filter(|k| !k.by_origin.is_empty()) {
         let _ = writeln!(
             t,
@@ -526,13 +594,24 @@ mod tests {
             args(&[]).unwrap(),
             InstructionOptions {
                 requests: 2_000,
-                warm: 300
+                warm: 300,
+                baseline: None,
             }
         );
-        let o = args(&["--requests", "50", "--warm", "7"]).unwrap();
+        let o = args(&[
+            "--requests",
+            "50",
+            "--warm",
+            "7",
+            "--baseline-binary",
+            "/b/keypool",
+        ])
+        .unwrap();
         assert_eq!((o.requests, o.warm), (50, 7));
+        assert_eq!(o.baseline, Some(PathBuf::from("/b/keypool")));
         for bad in [
             &["--requests"][..],
+            &["--baseline-binary"],
             &["--requests", "0"],
             &["--requests", "x"],
             &["--warm", "-1"],
@@ -671,5 +750,42 @@ totals: 190
         );
         assert!(t.contains("1,000 accounts against 8: +5.0 %"), "{t}");
         assert!(t.contains("| tokio | 3000 | 75.0 % |"), "{t}");
+        assert!(!t.contains("baseline"), "{t}");
+    }
+
+    #[test]
+    fn the_table_compares_this_tree_with_the_baseline_binary() {
+        let row = |name: &str, per: u64| Row {
+            name: name.to_owned(),
+            requests: 4,
+            instructions: per * 4,
+            by_origin: Vec::new(),
+        };
+        let t = table(
+            &[
+                row("keypool rr8, log level info", 47_000),
+                row("keypool rr1000, log level info", 47_470),
+                row("baseline rr8, log level info", 47_200),
+                row("baseline rr1000, log level info", 49_088),
+            ],
+            4,
+        );
+        assert!(
+            t.contains(
+                "this tree against the baseline, rr8: -200 instructions per request (-0.4 %)"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "this tree against the baseline, rr1000: -1618 instructions per request (-3.3 %)"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("the baseline's 1,000 accounts against 8: +4.0 %"),
+            "{t}"
+        );
+        assert!(t.contains("1,000 accounts against 8: +1.0 %"), "{t}");
     }
 }
