@@ -23,6 +23,13 @@
 //! too, at `rr8` and `rr1000` with log level `info`, in the same run: a change's
 //! before and after, to the instruction.
 //!
+//! With `--cache-sim`, callgrind also simulates the data caches, shaped as this
+//! machine's L1 data cache and its L2 (read from `/sys`; the L2 stands in for
+//! callgrind's last level, since a miss there is what costs a request time: the L3 of
+//! a shared host is shared). It counts the misses per request, to the miss: what a
+//! 1,000-account pool costs beyond its instructions (each request touches a different
+//! account's state).
+//!
 //! The dumps stay in `target/bench/instructions/` for `callgrind_annotate`.
 
 use std::collections::HashMap;
@@ -45,9 +52,12 @@ pub struct InstructionOptions {
     pub warm: u64,
     /// Another keypool binary counted beside this tree's.
     pub baseline: Option<PathBuf>,
+    /// Also simulate the L1 data cache and the L2, and count their misses.
+    pub cache_sim: bool,
 }
 
-const USAGE: &str = "cargo xtask instructions [--requests N] [--warm N] [--baseline-binary PATH]";
+const USAGE: &str =
+    "cargo xtask instructions [--requests N] [--warm N] [--baseline-binary PATH] [--cache-sim]";
 
 impl InstructionOptions {
     /// Parses the arguments after `instructions`.
@@ -56,6 +66,7 @@ impl InstructionOptions {
             requests: 2_000,
             warm: 300,
             baseline: None,
+            cache_sim: false,
         };
         let mut it = args.iter();
         while let Some(arg) = it.next() {
@@ -71,6 +82,7 @@ impl InstructionOptions {
             match arg.as_str() {
                 "--requests" => o.requests = number("--requests")?,
                 "--warm" => o.warm = number("--warm")?,
+                "--cache-sim" => o.cache_sim = true,
                 "--baseline-binary" => {
                     let path = it
                         .next()
@@ -103,6 +115,11 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         super::floor::ensure_debian_program(program, "valgrind")
             .map_err(|reason| anyhow::anyhow!("{program}: {reason}"))?;
     }
+    let caches = if options.cache_sim {
+        Some(Caches::of_this_machine()?)
+    } else {
+        None
+    };
     let dir = target.join("bench").join("instructions");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     // A dump is found by its process id: none of an earlier run may be taken for it.
@@ -120,8 +137,11 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
-    let rows = runtime.block_on(measure(&options, &bins, &dir))?;
+    let rows = runtime.block_on(measure(&options, &bins, &dir, caches.as_ref()))?;
     println!("{}", table(&rows, options.requests));
+    if let Some(caches) = &caches {
+        println!("{}", miss_table(&rows, caches));
+    }
     Ok(())
 }
 
@@ -136,12 +156,102 @@ pub struct Row {
     pub instructions: u64,
     /// Self instructions by crate or source file (keypool at `info` only), largest first.
     pub by_origin: Vec<(String, u64)>,
+    /// With `--cache-sim`: data reads and writes that missed the L1 and the L2.
+    pub misses: Option<Misses>,
 }
 
 impl Row {
     fn per_request(&self) -> f64 {
         self.instructions as f64 / self.requests.max(1) as f64
     }
+}
+
+/// Data accesses (reads and writes) that missed each simulated cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Misses {
+    /// Missed the L1 data cache.
+    pub l1: u64,
+    /// Missed the L2 as well (callgrind's last level).
+    pub l2: u64,
+}
+
+impl Misses {
+    /// From a dump's event totals (`D1mr`, `D1mw`, `DLmr`, `DLmw`).
+    fn of(events: &[(String, u64)]) -> Option<Self> {
+        let get = |name: &str| events.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+        Some(Self {
+            l1: get("D1mr")? + get("D1mw")?,
+            l2: get("DLmr")? + get("DLmw")?,
+        })
+    }
+}
+
+/// The caches `--cache-sim` simulates: `(size in bytes, ways, line size)` of this
+/// machine's L1 data cache and of its L2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caches {
+    /// The L1 data cache.
+    pub l1: (u64, u64, u64),
+    /// The L2, simulated as callgrind's last level.
+    pub l2: (u64, u64, u64),
+}
+
+impl Caches {
+    fn of_this_machine() -> anyhow::Result<Self> {
+        let cache = |index: u32| -> anyhow::Result<(u64, u64, u64)> {
+            let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{index}");
+            let read = |f: &str| {
+                std::fs::read_to_string(format!("{dir}/{f}")).with_context(|| {
+                    format!("--cache-sim reads the caches' shape: cannot read {dir}/{f}")
+                })
+            };
+            let shape = (
+                read("size")?,
+                read("ways_of_associativity")?,
+                read("coherency_line_size")?,
+            );
+            parse_cache(&shape.0, &shape.1, &shape.2).with_context(|| {
+                format!("--cache-sim: {dir} describes no cache valgrind can simulate: {shape:?}")
+            })
+        };
+        // index0 is the L1 data cache and index2 the L2 on x86 Linux.
+        Ok(Self {
+            l1: cache(0)?,
+            l2: cache(2)?,
+        })
+    }
+
+    /// valgrind's options for them.
+    fn args(&self) -> [String; 3] {
+        let spec = |(size, ways, line): (u64, u64, u64)| format!("{size},{ways},{line}");
+        [
+            "--cache-sim=yes".to_owned(),
+            format!("--D1={}", spec(self.l1)),
+            format!("--LL={}", spec(self.l2)),
+        ]
+    }
+}
+
+/// A cache's `size` (`48K`, `2048K`, `1M`), ways and line size as `/sys` writes them;
+/// `None` unless valgrind can simulate it (a power-of-two number of sets).
+pub fn parse_cache(size: &str, ways: &str, line: &str) -> Option<(u64, u64, u64)> {
+    let size = size.trim();
+    let (digits, unit) = match size.strip_suffix('K') {
+        Some(d) => (d, 1024),
+        None => match size.strip_suffix('M') {
+            Some(d) => (d, 1024 * 1024),
+            None => (size, 1),
+        },
+    };
+    let size = digits.parse::<u64>().ok()? * unit;
+    let ways = ways.trim().parse::<u64>().ok().filter(|w| *w > 0)?;
+    let line = line
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|l| l.is_power_of_two())?;
+    let sets = size / (ways * line);
+    (sets * ways * line == size && sets.is_power_of_two()).then_some((size, ways, line))
 }
 
 /// A target: how to start it under callgrind and where to send.
@@ -157,6 +267,7 @@ async fn measure(
     options: &InstructionOptions,
     bins: &super::Bins,
     dir: &Path,
+    caches: Option<&Caches>,
 ) -> anyhow::Result<Vec<Row>> {
     let client = driver::client();
     let (_sim, fast_addr) = super::start_sim(
@@ -212,7 +323,7 @@ async fn measure(
         ));
         std::fs::write(&config, text)
             .with_context(|| format!("cannot write {}", config.display()))?;
-        let mut command = callgrind(dir, &format!("{file}-{level}"));
+        let mut command = callgrind(dir, &format!("{file}-{level}"), caches);
         command
             .arg(binary)
             .arg("serve")
@@ -248,7 +359,7 @@ async fn measure(
             ));
             std::fs::write(&conf, text)
                 .with_context(|| format!("cannot write {}", conf.display()))?;
-            let mut command = callgrind(dir, "nginx");
+            let mut command = callgrind(dir, "nginx", caches);
             command
                 .arg(nginx)
                 .arg("-p")
@@ -279,8 +390,9 @@ async fn measure(
     Ok(rows)
 }
 
-/// `valgrind --tool=callgrind` with its dumps under `dir`, named after `name`.
-fn callgrind(dir: &Path, name: &str) -> Command {
+/// `valgrind --tool=callgrind` with its dumps under `dir`, named after `name`,
+/// simulating `caches` if given.
+fn callgrind(dir: &Path, name: &str, caches: Option<&Caches>) -> Command {
     let mut c = Command::new("valgrind");
     c.arg("--tool=callgrind")
         .arg(format!(
@@ -288,6 +400,9 @@ fn callgrind(dir: &Path, name: &str) -> Command {
             dir.join(format!("callgrind.{name}.%p")).display()
         ))
         .arg("--trace-children=no");
+    if let Some(caches) = caches {
+        c.args(caches.args());
+    }
     c
 }
 
@@ -365,8 +480,11 @@ async fn count(
         })?;
     let text = std::fs::read_to_string(&dump)
         .with_context(|| format!("cannot read {}", dump.display()))?;
-    let instructions = total(&text)
+    let events = events(&text)
         .with_context(|| format!("{} has no `totals:` or `summary:` line", dump.display()))?;
+    let instructions = total(&events)
+        .with_context(|| format!("{} counts no instructions (`Ir`)", dump.display()))?;
+    let misses = Misses::of(&events);
     let by_origin = if split { by_origin(&text) } else { Vec::new() };
     eprintln!(
         "instructions: {name}: {:.0} per request ({} requests, {})",
@@ -380,6 +498,7 @@ async fn count(
         requests: out.ok,
         instructions,
         by_origin,
+        misses,
     })
 }
 
@@ -397,14 +516,34 @@ fn callgrind_control(pid: u32, flag: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The dump's instruction total: its `totals:` line, else its `summary:` line.
-pub fn total(dump: &str) -> Option<u64> {
-    let find = |prefix: &str| {
-        dump.lines()
-            .find_map(|l| l.strip_prefix(prefix))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-    };
-    find("totals:").or_else(|| find("summary:"))
+/// The dump's totals by event (`Ir`, and with the cache simulation `D1mr` …): the
+/// names of its `events:` line (`Ir` alone when it has none) with the values of its
+/// `totals:` line, else of its `summary:` line (an event left off at the end is 0).
+pub fn events(dump: &str) -> Option<Vec<(String, u64)>> {
+    let line = |prefix: &str| dump.lines().find_map(|l| l.strip_prefix(prefix));
+    let names: Vec<String> = line("events:").map_or_else(
+        || vec!["Ir".to_owned()],
+        |l| l.split_whitespace().map(str::to_owned).collect(),
+    );
+    let values: Vec<u64> = line("totals:")
+        .or_else(|| line("summary:"))?
+        .split_whitespace()
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    if values.is_empty() || values.len() > names.len() {
+        return None;
+    }
+    Some(
+        names
+            .into_iter()
+            .zip(values.into_iter().chain(std::iter::repeat(0)))
+            .collect(),
+    )
+}
+
+/// The instructions (`Ir`) of a dump's [`events`].
+pub fn total(events: &[(String, u64)]) -> Option<u64> {
+    events.iter().find(|(n, _)| n == "Ir").map(|(_, v)| *v)
 }
 
 /// Self instructions by where their source line lives, grouped ([`origin`]), largest
@@ -496,6 +635,50 @@ pub fn origin(file: &str) -> String {
     }
     let base = file.rsplit('/').next().unwrap_or(file);
     format!("other: {base}")
+}
+
+/// The cache table: data misses per request of each target in the simulated L1 and
+/// L2, and what 1,000 accounts add to them.
+pub fn miss_table(rows: &[Row], caches: &Caches) -> String {
+    use std::fmt::Write as _;
+    let kib = |(size, ways, _): (u64, u64, u64)| format!("{} KiB {ways}-way", size / 1024);
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "Data cache misses per request (callgrind's simulation of this machine's L1 data cache, {}, and L2, {})\n\n\
+         | target | L1 misses per request | L2 misses per request |\n|---|--:|--:|",
+        kib(caches.l1),
+        kib(caches.l2)
+    );
+    let per = |n: u64, r: &Row| n as f64 / r.requests.max(1) as f64;
+    for r in rows {
+        if let Some(m) = r.misses {
+            let _ = writeln!(
+                t,
+                "| {} | {:.1} | {:.1} |",
+                r.name,
+                per(m.l1, r),
+                per(m.l2, r)
+            );
+        }
+    }
+    let find = |prefix: &str| rows.iter().find(|r| r.name.starts_with(prefix));
+    for (label, eight, thousand) in [
+        ("this tree", "keypool rr8, log level info", "keypool rr1000"),
+        ("the baseline", "baseline rr8", "baseline rr1000"),
+    ] {
+        if let (Some(a), Some(b)) = (find(eight), find(thousand))
+            && let (Some(ma), Some(mb)) = (a.misses, b.misses)
+        {
+            let _ = writeln!(
+                t,
+                "\n{label}, 1,000 accounts against 8: {:+.1} L1 and {:+.1} L2 misses per request",
+                per(mb.l1, b) - per(ma.l1, a),
+                per(mb.l2, b) - per(ma.l2, a)
+            );
+        }
+    }
+    t
 }
 
 /// The table: instructions per request of each target, keypool's against nginx's, the
@@ -596,6 +779,7 @@ mod tests {
                 requests: 2_000,
                 warm: 300,
                 baseline: None,
+                cache_sim: false,
             }
         );
         let o = args(&[
@@ -605,8 +789,10 @@ mod tests {
             "7",
             "--baseline-binary",
             "/b/keypool",
+            "--cache-sim",
         ])
         .unwrap();
+        assert!(o.cache_sim);
         assert_eq!((o.requests, o.warm), (50, 7));
         assert_eq!(o.baseline, Some(PathBuf::from("/b/keypool")));
         for bad in [
@@ -622,14 +808,99 @@ mod tests {
         }
     }
 
+    fn total_of(dump: &str) -> Option<u64> {
+        total(&events(dump)?)
+    }
+
     #[test]
     fn the_total_is_the_totals_line_or_else_the_summary() {
-        assert_eq!(total("summary: 10\nfn=(1) a\n0 10\ntotals: 12\n"), Some(12));
         assert_eq!(
-            total("events: Ir\nsummary: 1259108821\n"),
+            total_of("summary: 10\nfn=(1) a\n0 10\ntotals: 12\n"),
+            Some(12)
+        );
+        assert_eq!(
+            total_of("events: Ir\nsummary: 1259108821\n"),
             Some(1_259_108_821)
         );
-        assert_eq!(total("events: Ir\n"), None);
+        assert_eq!(total_of("events: Ir\n"), None);
+    }
+
+    /// With the cache simulation a dump counts several events: each total is found
+    /// by its name, an event left off the end of the line is 0, and the misses are
+    /// the reads' and the writes'.
+    #[test]
+    fn the_cache_simulation_totals_are_read_by_event() {
+        let dump = "events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw\nsummary: 1\n\
+                    totals: 1000 300 200 5 40 2 1 7 3\n";
+        let e = events(dump).unwrap();
+        assert_eq!(e.len(), 9);
+        assert_eq!(total(&e), Some(1000));
+        assert_eq!(Misses::of(&e), Some(Misses { l1: 42, l2: 10 }));
+        let short = events("events: Ir D1mr D1mw DLmr DLmw\ntotals: 9 4\n").unwrap();
+        assert_eq!(Misses::of(&short), Some(Misses { l1: 4, l2: 0 }));
+        // Without the simulation: instructions only, no misses.
+        let plain = events("events: Ir\ntotals: 12\n").unwrap();
+        assert_eq!(Misses::of(&plain), None);
+        assert_eq!(events("events: Ir\ntotals: 1 2\n"), None);
+    }
+
+    #[test]
+    fn caches_are_taken_as_sys_writes_them_when_valgrind_can_simulate_them() {
+        assert_eq!(parse_cache("48K\n", "12\n", "64\n"), Some((49_152, 12, 64)));
+        assert_eq!(parse_cache("2048K", "16", "64"), Some((2_097_152, 16, 64)));
+        assert_eq!(parse_cache("1M", "16", "64"), Some((1_048_576, 16, 64)));
+        // 1.25 MiB, 20-way: 1,024 sets.
+        assert_eq!(parse_cache("1280K", "20", "64"), Some((1_310_720, 20, 64)));
+        // 12 MiB, 12-way: 16,384 sets; 36 MiB, 12-way: not a power of two.
+        assert!(parse_cache("12288K", "12", "64").is_some());
+        assert_eq!(parse_cache("36864K", "12", "64"), None);
+        assert_eq!(parse_cache("48K", "0", "64"), None);
+        assert_eq!(parse_cache("big", "8", "64"), None);
+        let c = Caches {
+            l1: (49_152, 12, 64),
+            l2: (2_097_152, 16, 64),
+        };
+        assert_eq!(
+            c.args(),
+            ["--cache-sim=yes", "--D1=49152,12,64", "--LL=2097152,16,64"]
+        );
+    }
+
+    #[test]
+    fn the_miss_table_shows_what_1000_accounts_add() {
+        let row = |name: &str, l1: u64, l2: u64| Row {
+            name: name.to_owned(),
+            requests: 10,
+            instructions: 1,
+            by_origin: Vec::new(),
+            misses: Some(Misses { l1, l2 }),
+        };
+        let caches = Caches {
+            l1: (49_152, 12, 64),
+            l2: (2_097_152, 16, 64),
+        };
+        let t = miss_table(
+            &[
+                row("keypool rr8, log level info", 1_000, 20),
+                row("keypool rr1000, log level info", 1_500, 95),
+            ],
+            &caches,
+        );
+        assert!(
+            t.contains("L1 data cache, 48 KiB 12-way, and L2, 2048 KiB 16-way"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| keypool rr1000, log level info | 150.0 | 9.5 |"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "this tree, 1,000 accounts against 8: +50.0 L1 and +7.5 L2 misses per request"
+            ),
+            "{t}"
+        );
+        assert!(!t.contains("the baseline"), "{t}");
     }
 
     /// Compressed names, inlined files, and a call's inclusive cost not counted as the
@@ -671,7 +942,7 @@ totals: 190
         );
         // Every instruction counted once: the self costs add up to the total.
         let sum: u64 = got.iter().map(|(_, c)| c).sum();
-        assert_eq!(Some(sum), total(dump));
+        assert_eq!(Some(sum), total_of(dump));
     }
 
     #[test]
@@ -725,6 +996,7 @@ totals: 190
             requests: 10,
             instructions: per * 10,
             by_origin: by,
+            misses: None,
         };
         let t = table(
             &[
@@ -760,6 +1032,7 @@ totals: 190
             requests: 4,
             instructions: per * 4,
             by_origin: Vec::new(),
+            misses: None,
         };
         let t = table(
             &[
