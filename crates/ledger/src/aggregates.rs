@@ -275,8 +275,16 @@ impl Aggregates {
             queued.add(record);
             queued.is_full().then(|| std::mem::take(queued))
         });
-        if let Some(queued) = full {
-            self.add_groups(queued);
+        if let Some(mut queued) = full {
+            self.add_groups(&mut queued);
+            // The emptied queue goes back with its capacity (unless the slot, which
+            // threads past the slot count share, has records again): a new one would
+            // grow its lists and index again, each growth a copy into fresh memory.
+            self.queued.with(|slot| {
+                if slot.records == 0 {
+                    *slot = queued;
+                }
+            });
         }
     }
 
@@ -288,8 +296,8 @@ impl Aggregates {
                 queues.push(std::mem::take(queued));
             }
         });
-        for queued in queues {
-            self.add_groups(queued);
+        for mut queued in queues {
+            self.add_groups(&mut queued);
         }
     }
 
@@ -301,20 +309,24 @@ impl Aggregates {
         for record in records {
             queue.add(record);
         }
-        self.add_groups(queue);
+        self.add_groups(&mut queue);
     }
 
-    fn add_groups(&self, queue: Queue) {
+    /// Folds `queue`'s groups into the totals (and the deltas) and empties it, keeping
+    /// its capacity.
+    fn add_groups(&self, queue: &mut Queue) {
         if queue.records == 0 {
             return;
         }
+        queue.records = 0;
+        queue.index.clear();
         // Every record has a caller: the caller groups are all the records.
         self.add_since_start(&queue.groups[0]);
         let mut deltas = self
             .deltas
             .as_ref()
             .map(|d| d.lock().unwrap_or_else(PoisonError::into_inner));
-        for (group, add) in queue.groups.into_iter().flatten() {
+        for (group, add) in queue.groups.iter_mut().flat_map(|g| g.drain(..)) {
             // The group's names move into its day's key, then its month's: the names
             // are cloned only for an aggregate new to a map. (An `entry` with an owned
             // key would count up and down the names' shared `Arc`s twice per key, and
@@ -642,7 +654,7 @@ mod tests {
         assert_eq!(models, [("opus", 2), ("sonnet", 2)]);
         assert_eq!(queue.index.get(&sonnet), Some(&1));
         let aggregates = Aggregates::new(false);
-        aggregates.add_groups(queue);
+        aggregates.add_groups(&mut queue);
         let rows = aggregates.rows(Period::Day(Day::of(T0)), Dimension::Model);
         let rows: Vec<(&str, u64)> = rows.iter().map(|r| (&*r.1, r.2.requests)).collect();
         assert_eq!(rows, [("opus", 2), ("sonnet", 2)]);
@@ -671,6 +683,14 @@ mod tests {
             queued(&aggregates),
             (0, 0),
             "folded at {MAX_QUEUED_GROUPS} groups"
+        );
+        // The emptied queue is this thread's again, with the room it grew.
+        let room = aggregates
+            .queued
+            .with(|q| (q.groups[1].capacity(), q.index.capacity()));
+        assert!(
+            room.0 >= MAX_QUEUED_GROUPS - 2 && room.1 >= MAX_QUEUED_GROUPS,
+            "{room:?}"
         );
         assert_eq!(aggregates.totals.len(), 2 * MAX_QUEUED_GROUPS);
 
