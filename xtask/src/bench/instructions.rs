@@ -1,5 +1,6 @@
-//! `cargo xtask instructions [--requests N] [--warm N] [--baseline-binary PATH]`: instructions per request of keypool and of
-//! nginx, counted by valgrind's callgrind, in front of the same simulator.
+//! `cargo xtask instructions [--requests N] [--warm N] [--baseline-binary PATH]
+//! [--cache-sim]`: instructions per request of keypool and of nginx, counted by
+//! valgrind's callgrind, in front of the same simulator.
 //!
 //! CPU time per request on a shared two-vCPU machine moves by ±30 % between rounds;
 //! an instruction count does not move at all for the same binary and the same requests,
@@ -12,9 +13,12 @@
 //! Each target serves one connection on one thread under `valgrind --tool=callgrind`:
 //! keypool with `workers = 1` (8 accounts at log level `info` and `warn`, and 1,000
 //! accounts), nginx with one worker and no master process. The driver sends
-//! `--warm` requests (not counted: connections, caches, lazy initialisation), zeroes
-//! the counters (`callgrind_control -z`), sends `--requests` requests one at a time,
-//! and dumps the counters (`callgrind_control -d`). Instructions per request are the
+//! `--warm` requests (not counted: connections, caches, lazy initialisation; 2,048 by
+//! default, two turns of the 1,000-account pool, so that every account's books exist
+//! before counting starts), zeroes the counters (`callgrind_control -z`), sends
+//! `--requests` requests one at a time (8,192 by default: the usage ledger folds its
+//! queue every 4,096 records, so the count holds exactly two folds), and dumps the
+//! counters (`callgrind_control -d`). Instructions per request are the
 //! dump's total over the requests answered. For keypool at `info` the dump is also
 //! split by the source file each instruction's line comes from (inlined code counts
 //! where it was written), grouped by crate: where a request's instructions go.
@@ -63,8 +67,8 @@ impl InstructionOptions {
     /// Parses the arguments after `instructions`.
     pub fn parse(args: &[String]) -> anyhow::Result<Self> {
         let mut o = Self {
-            requests: 2_000,
-            warm: 300,
+            requests: 8_192,
+            warm: 2_048,
             baseline: None,
             cache_sim: false,
         };
@@ -776,8 +780,8 @@ mod tests {
         assert_eq!(
             args(&[]).unwrap(),
             InstructionOptions {
-                requests: 2_000,
-                warm: 300,
+                requests: 8_192,
+                warm: 2_048,
                 baseline: None,
                 cache_sim: false,
             }
