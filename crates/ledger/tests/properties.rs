@@ -249,8 +249,9 @@ proptest! {
     }
 }
 
-/// A pool served in turn: every record of a batch has another account than the last
-/// sixteen, but one caller and model. Each account's aggregates are exactly its
+/// A pool of 40 accounts served in turn: an account comes back only after the 39
+/// others (its group is found through the queue's index, never as the newest), but
+/// every record has one caller and model. Each account's aggregates are exactly its
 /// records, and the caller's and the model's are all of them.
 #[test]
 fn a_large_pool_in_turn_is_counted_exactly() {
