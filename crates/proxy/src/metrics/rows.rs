@@ -10,8 +10,9 @@
 //! miss the latest additions, as it could before.
 //!
 //! The price is memory: a set of counters takes one 64-byte-aligned row per CPU plus
-//! two. An account's series (two histograms in rows of 16 counters, and two counters) is
-//! then 320 bytes per row: 1.25 KiB on 2 CPUs, 20 KiB from 62 CPUs on (64 rows at most).
+//! two. An account's series (two counters and two histograms of 14, in rows of 32
+//! counters) is then 256 bytes per row: 1 KiB on 2 CPUs, 16 KiB from 62 CPUs on (64
+//! rows at most).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
