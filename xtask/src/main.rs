@@ -17,6 +17,10 @@
 //!   instructions per request of keypool (8 accounts at info and warn, 1,000 accounts;
 //!   and another build's at 8 and 1,000) and nginx under valgrind's callgrind, and
 //!   where keypool's go by crate and source file (`bench::instructions`).
+//! - `cargo xtask pgo [--out PATH]`: keypool built with profile-guided optimisation,
+//!   trained on loopback against the simulator (`bench::pgo`): `target/pgo/keypool`,
+//!   the build the container image ships. `cargo xtask bench --pgo` measures it, with
+//!   the plain release build beside it in the floor comparison.
 //! - `tidy` (tests only, run by `cargo test --workspace` and so by `cargo xtask ci`):
 //!   the dependency and clock rules of `docs/ARCHITECTURE.md`.
 //! - `cargo xtask endurance [--quick]`: keypool's resident memory idle, over 10,000
@@ -46,6 +50,7 @@ fn main() -> anyhow::Result<()> {
         Some("bench") => bench::run(&root, &args[1..]),
         Some("ab") => bench::ab::run(&root, &args[1..]),
         Some("instructions") => bench::instructions::run(&root, &args[1..]),
+        Some("pgo") => bench::pgo::run(&root, &args[1..]),
         Some("endurance") => endurance::run(&root, &args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
@@ -63,9 +68,10 @@ fn print_help() {
         "cargo xtask <command>\n\n\
          commands:\n  \
          ci     cargo fmt --check, cargo clippy -D warnings, promtool check rules, and the whole test suite\n  \
-         bench  [--quick] [--peers] [--floor] overhead and throughput on loopback (--floor: only beside nginx and HAProxy), target/bench/report.json\n  \
+         bench  [--quick] [--peers] [--floor] [--pgo] [--baseline-binary PATH] overhead and throughput on loopback (--floor: only beside nginx and HAProxy), target/bench/report.json\n  \
          ab     (REV | --limits | --pool-against NAME) [--rounds N] [--seconds S] [--pool NAME] [--concurrency C] this tree against commit REV (or one binary without and with limits, or on two pools), interleaved\n  \
-         instructions  [--requests N] [--warm N] [--baseline-binary PATH] instructions per request of keypool and nginx (callgrind), and where keypool's go\n  \
+         instructions  [--requests N] [--warm N] [--baseline-binary PATH] [--cache-sim] instructions per request of keypool and nginx (callgrind), and where keypool's go\n  \
+         pgo    [--out PATH] keypool built with profile-guided optimisation (needs `rustup component add llvm-tools`), target/pgo/keypool\n  \
          endurance  [--quick] keypool's memory idle, over 10,000 streams and 1,000 at once"
     );
 }

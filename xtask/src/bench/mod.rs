@@ -30,6 +30,8 @@
 //! - `setup`: generated configs, keygen, the peers' cached installs.
 //! - `ab`: `cargo xtask ab REV`, this tree against an older commit, interleaved.
 //! - `floor`: nginx and HAProxy beside keypool, interleaved rounds, issue 22's targets.
+//! - `pgo`: `cargo xtask pgo`, keypool built with profile-guided optimisation (and
+//!   `bench --pgo`'s keypool).
 //! - `instructions`: `cargo xtask instructions`, instructions per request of keypool and
 //!   nginx under callgrind, and where keypool's go.
 
@@ -37,6 +39,7 @@ pub mod ab;
 pub mod driver;
 pub mod floor;
 pub mod instructions;
+pub mod pgo;
 pub mod procs;
 pub mod report;
 pub mod setup;
@@ -68,13 +71,20 @@ pub struct Options {
     /// Another keypool binary measured in the floor comparison beside this tree's
     /// (`--baseline-binary PATH`: a change's before and after in the same rounds).
     pub baseline: Option<PathBuf>,
+    /// Measure keypool built with profile-guided optimisation (`cargo xtask pgo`), the
+    /// build the container image ships; the floor comparison then measures the plain
+    /// release build as its baseline unless `--baseline-binary` names another.
+    pub pgo: bool,
+    /// Set by `--pgo` when it made the plain build the baseline (not part of the
+    /// command as typed).
+    pub plain_baseline: bool,
 }
 
 impl Options {
     /// Parses the arguments after `bench`.
     pub fn parse(args: &[String]) -> anyhow::Result<Self> {
         const USAGE: &str =
-            "cargo xtask bench [--quick] [--peers] [--floor] [--baseline-binary PATH]";
+            "cargo xtask bench [--quick] [--peers] [--floor] [--pgo] [--baseline-binary PATH]";
         let mut o = Self::default();
         let mut args = args.iter();
         while let Some(a) = args.next() {
@@ -82,6 +92,7 @@ impl Options {
                 "--quick" => o.quick = true,
                 "--peers" => o.peers = true,
                 "--floor" => o.floor = true,
+                "--pgo" => o.pgo = true,
                 "--baseline-binary" => {
                     let path = args
                         .next()
@@ -108,7 +119,10 @@ impl Options {
         if self.floor {
             c.push_str(" --floor");
         }
-        if let Some(b) = &self.baseline {
+        if self.pgo {
+            c.push_str(" --pgo");
+        }
+        if let Some(b) = self.baseline.as_ref().filter(|_| !self.plain_baseline) {
             let _ = write!(c, " --baseline-binary {}", b.display());
         }
         c
@@ -219,10 +233,18 @@ pub(crate) fn release_build(
 
 /// Entry point of `cargo xtask bench`.
 pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
-    let options = Options::parse(args)?;
-    let Some((target, bins)) = release_build(root, "bench", args)? else {
+    let mut options = Options::parse(args)?;
+    let Some((target, mut bins)) = release_build(root, "bench", args)? else {
         return Ok(());
     };
+    if options.pgo {
+        let optimised = pgo::build(root, &target, &bins)?;
+        if options.baseline.is_none() && options.runs_floor() {
+            options.baseline = Some(bins.keypool.clone());
+            options.plain_baseline = true;
+        }
+        bins.keypool = optimised;
+    }
     let dir = target.join("bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     // The driver runs on one thread: the gateway and the upstream get the other core's
@@ -748,6 +770,8 @@ async fn bench(options: &Options, bins: &Bins, dir: &Path) -> anyhow::Result<Rep
             sims: (&sim_fast, &sim_slow),
             addrs: (fast_addr, slow_addr),
             baseline: options.baseline.as_deref(),
+            pgo: options.pgo,
+            plain_baseline: options.plain_baseline,
         };
         let floor = floor_comparison(&client, &inputs, options.quick, ticks).await?;
         sim_fast.check_alive()?;
@@ -774,6 +798,10 @@ struct FloorInputs<'a> {
     addrs: (SocketAddr, SocketAddr),
     /// `--baseline-binary`.
     baseline: Option<&'a Path>,
+    /// keypool is the PGO build (`--pgo`)…
+    pgo: bool,
+    /// …and the baseline the plain release build.
+    plain_baseline: bool,
 }
 
 /// Starts nginx, HAProxy and a keypool at log level `warn`, and runs [`floor::run`]
@@ -949,13 +977,22 @@ async fn floor_comparison(
     .chain(i.baseline.map(|_| {
         (
             floor::KEYPOOL_BASELINE,
-            "8 accounts, round_robin, log level info: the --baseline-binary",
+            if i.plain_baseline {
+                "8 accounts, round_robin, log level info: the plain release build (no PGO)"
+            } else {
+                "8 accounts, round_robin, log level info: the --baseline-binary"
+            },
         )
     })) {
+        let build = if i.pgo && name != floor::KEYPOOL_BASELINE {
+            "release with PGO (`cargo xtask pgo`)"
+        } else {
+            "release"
+        };
         report.targets.push(TargetInfo {
             name: name.into(),
             description: format!(
-                "keypool (release, default config: workers = one per CPU = {workers}): {what}"
+                "keypool ({build}, default config: workers = one per CPU = {workers}): {what}"
             ),
             skipped: None,
             peak_rss_mib: None,
@@ -1218,8 +1255,7 @@ mod tests {
             Options {
                 quick: true,
                 peers: true,
-                floor: false,
-                baseline: None,
+                ..Options::default()
             }
         );
         let base = args(&["--floor", "--baseline-binary", "/tmp/kp"]).unwrap();
@@ -1247,12 +1283,21 @@ mod tests {
             Options {
                 quick: true,
                 peers: true,
-                floor: false,
-                baseline: None,
+                ..Options::default()
             }
             .command(),
             "cargo xtask bench --quick --peers"
         );
+        let pgo = args(&["--floor", "--pgo"]).unwrap();
+        assert!(pgo.pgo && pgo.baseline.is_none());
+        assert_eq!(pgo.command(), "cargo xtask bench --floor --pgo");
+        // The plain build --pgo makes the baseline is not part of the command typed.
+        let made = Options {
+            baseline: Some(PathBuf::from("/t/release/keypool")),
+            plain_baseline: true,
+            ..pgo.clone()
+        };
+        assert_eq!(made.command(), "cargo xtask bench --floor --pgo");
     }
 
     #[test]

@@ -6,7 +6,8 @@ use std::fs::File;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
@@ -55,6 +56,36 @@ impl Proc {
             );
         }
         Ok(())
+    }
+
+    /// Sends `SIGTERM` to the process (not its group) and waits up to `limit` for it to
+    /// exit by itself (a server that drains, or a profiled binary that must write its
+    /// counts at exit); its exit status.
+    pub fn terminate(&mut self, limit: Duration) -> anyhow::Result<ExitStatus> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .context("cannot run kill")?;
+        if !status.success() {
+            bail!("kill -TERM {} failed ({status})", self.pid());
+        }
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().context("cannot query a child")? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "{} did not exit within {limit:?} of SIGTERM; end of {}:\n{}",
+                    self.name,
+                    self.log.display(),
+                    tail(&self.log, 20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// CPU ticks and peak RSS of every process of its group.
