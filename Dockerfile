@@ -3,6 +3,7 @@
 # runtime (distroless glibc, no shell, no package manager) running as a non-root user.
 #
 #   docker build --build-arg KEYPOOL_GIT_COMMIT=$(git rev-parse --short=12 HEAD) -t keypool .
+#   (add --build-arg PGO=0 for the plain release build, without the PGO training)
 #
 # The image holds `keypool` and `keypool-sim` (the simulated upstream the compose file
 # uses for a first request without a real provider). The configuration is mounted at
@@ -20,12 +21,22 @@ WORKDIR /src
 # argument; keypool's build.rs falls back to "unknown" without it.
 ARG KEYPOOL_GIT_COMMIT=unknown
 ENV KEYPOOL_GIT_COMMIT=${KEYPOOL_GIT_COMMIT}
+# PGO=1 (the default): keypool built with profile-guided optimisation by `cargo xtask
+# pgo`, which trains an instrumented build on loopback against keypool-sim inside this
+# stage (a minute or two; about 15 % less CPU per request, docs/BENCHMARKS.md). It needs
+# the toolchain's llvm-tools and `kill` (procps). PGO=0: the plain release build.
+ARG PGO=1
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p keypool --bin keypool \
     && cargo build --release --locked -p keypool-sim --bin keypool-sim \
-    && install -D -m 0755 target/release/keypool /out/keypool \
+    && if [ "$PGO" = 1 ]; then \
+         apt-get update && apt-get install -y --no-install-recommends procps \
+         && rustup component add llvm-tools \
+         && cargo xtask pgo --out /tmp/keypool; \
+       else cp target/release/keypool /tmp/keypool; fi \
+    && install -D -m 0755 /tmp/keypool /out/keypool \
     && install -D -m 0755 target/release/keypool-sim /out/keypool-sim
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime

@@ -420,6 +420,17 @@ async fn the_dockerfile_and_the_compose_file_run_the_binary_the_way_it_answers()
             .iter()
             .any(|(i, v)| i == "ARG" && v.starts_with("KEYPOOL_GIT_COMMIT"))
     );
+    // the shipped keypool is the PGO build unless PGO=0 is asked for
+    let build = &instructions[..runtime_start];
+    assert!(build.iter().any(|(i, v)| i == "ARG" && v == "PGO=1"));
+    let run = &build.iter().rfind(|(i, _)| i == "RUN").unwrap().1;
+    assert!(
+        run.contains("if [ \"$PGO\" = 1 ]")
+            && run.contains("rustup component add llvm-tools")
+            && run.contains("cargo xtask pgo --out /tmp/keypool")
+            && run.contains("install -D -m 0755 /tmp/keypool /out/keypool"),
+        "{run}"
+    );
     let healthcheck = &runtime.iter().find(|(i, _)| i == "HEALTHCHECK").unwrap().1;
     let exec: Vec<String> =
         serde_json::from_str(healthcheck.split_once("CMD").unwrap().1.trim()).unwrap();
