@@ -6,9 +6,10 @@
 //!   installs the Debian packages the tests need when missing (`chromium`,
 //!   `chromium-driver`, `curl`, `prometheus` for `promtool`, `redis-server`,
 //!   `redis-tools`) and runs `promtool check rules` on `deploy/prometheus/*-rules.yaml`.
-//! - `cargo xtask bench [--quick] [--peers] [--floor]`: keypool's overhead and throughput
-//!   against the bare upstream simulator and, with `--peers`, LiteLLM, Portkey, nginx and
-//!   HAProxy; `--floor` runs only the comparison with nginx and HAProxy (`bench`).
+//! - `cargo xtask bench [--quick] [--peers] [--floor] [--pgo] [--baseline-binary PATH]`:
+//!   keypool's overhead and throughput against the bare upstream simulator and, with
+//!   `--peers`, LiteLLM, Portkey, nginx and HAProxy; `--floor` runs only the comparison
+//!   with nginx and HAProxy (`bench`), `--pgo` measures the PGO build.
 //! - `cargo xtask ab REV [--rounds N] [--seconds S] [--pool NAME]`: this tree's keypool
 //!   against commit `REV`'s, measured alternately: req/s and CPU per request
 //!   (`bench::ab`); `--limits` measures one binary without and with caller limits,

@@ -1,7 +1,8 @@
-//! `cargo xtask bench [--quick] [--peers] [--floor]`: keypool's overhead and throughput
-//! measured side by side with the bare upstream and, with `--peers`, LiteLLM, the
-//! Portkey gateway, nginx and HAProxy, in one run on loopback. `--floor` runs only the
-//! comparison with nginx and HAProxy ([`floor`]).
+//! `cargo xtask bench [--quick] [--peers] [--floor] [--pgo] [--baseline-binary PATH]`:
+//! keypool's overhead and throughput measured side by side with the bare upstream and,
+//! with `--peers`, LiteLLM, the Portkey gateway, nginx and HAProxy, in one run on
+//! loopback. `--floor` runs only the comparison with nginx and HAProxy ([`floor`]);
+//! `--pgo` measures the PGO build ([`pgo`]) with the plain build as the floor's baseline.
 //!
 //! 1. `cargo build --release -p keypool -p keypool-sim`.
 //! 2. Two standalone `keypool-sim`s on 127.0.0.1: *fast* (no delay: the overhead runs)
