@@ -421,3 +421,69 @@ fn answer_bytes_held(metrics: &str) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+/// Requests and answers of every size on both sides of the bound under which keypool
+/// sends a body in one buffer with its head (4 KiB, `h1::COALESCE_MAX`; larger ones go
+/// beside it in a vectored write): each arrives whole and byte for byte, the request
+/// at the upstream and the answer, whole or streamed, at the client.
+#[tokio::test]
+async fn bodies_on_both_sides_of_the_one_write_bound_arrive_whole() {
+    const BOUND: usize = 4 * 1024;
+    /// The `200` answer whose body is `size` bytes (its text padded to fit).
+    fn answer_of(size: usize) -> (Vec<u8>, Vec<u8>) {
+        let without_text = String::from_utf8(messages_answer()).unwrap();
+        let body_at = without_text.find("\r\n\r\n").unwrap() + 4;
+        let template = without_text[body_at..].replace("\"fake\"", "\"\"");
+        let text = "x".repeat(size - template.len());
+        let body = template.replace("\"text\":\"\"", &format!("\"text\":\"{text}\""));
+        assert_eq!(body.len(), size);
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {size}\r\n\r\n"
+        );
+        (
+            [head.as_bytes(), body.as_bytes()].concat(),
+            body.into_bytes(),
+        )
+    }
+    for size in [BOUND - 1, BOUND, BOUND + 1, 70_000] {
+        let (answer, answer_body) = answer_of(size);
+        let fake = FakeUpstream::start(move |_| vec![Part::Bytes(answer.clone())]).await;
+        let h = with_fake(&fake, &[]).await;
+        // The request body: `size` bytes too, give or take the JSON around the text.
+        let mut body = message_body(MODEL, false);
+        body["messages"][0]["content"] = serde_json::Value::String("y".repeat(size));
+        for _ in 0..2 {
+            let reply = h.messages(&body).send().await;
+            assert_eq!(reply.status, 200, "{size}: {}", reply.text());
+            assert_eq!(reply.body, answer_body, "{size}: the answer, byte for byte");
+        }
+        let received = fake.received();
+        assert_eq!(received.len(), 2, "{size}: both served by the fake");
+        for r in &received {
+            assert_eq!(r.body, serde_json::to_vec(&body).unwrap(), "{size}");
+        }
+        assert_eq!(h.requests_per_account(&["b"]), [0], "{size}");
+        h.finish().await;
+    }
+    // A stream whose delta frame is small, then one past the bound.
+    for size in [10, BOUND + 100] {
+        let frames = stream_frames().replace(
+            "\"text\":\"fake\"",
+            &format!("\"text\":\"{}\"", "z".repeat(size)),
+        );
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{frames}",
+            frames.len()
+        );
+        let fake = FakeUpstream::start(move |_| vec![Part::text(answer.clone())]).await;
+        let h = with_fake(&fake, &[]).await;
+        let reply = h.messages(&message_body(MODEL, true)).send().await;
+        assert_eq!(reply.status, 200, "stream {size}: {}", reply.text());
+        assert_eq!(
+            reply.text(),
+            frames,
+            "stream {size}: the frames, byte for byte"
+        );
+        h.finish().await;
+    }
+}

@@ -365,6 +365,8 @@ impl Conn {
         let chunked = framing == ResponseFraming::Chunked;
         let mut head = true;
         let mut frames: Vec<Bytes> = Vec::new();
+        // a small burst is copied here and sent with one plain write
+        let mut joined: Vec<u8> = Vec::new();
         loop {
             let ended = poll_fn(|cx| {
                 if let Poll::Ready(ended) = gather(&mut body, cx, &mut frames) {
@@ -396,7 +398,15 @@ impl Conn {
             } else {
                 parts.extend(frames.iter().map(|f| &f[..]));
             }
-            write_vectored_all(&mut self.write, &parts).await?;
+            if parts.iter().map(|p| p.len()).sum::<usize>() <= h1::COALESCE_MAX {
+                joined.clear();
+                for part in &parts {
+                    joined.extend_from_slice(part);
+                }
+                write_plain_all(&mut self.write, &joined).await?;
+            } else {
+                write_vectored_all(&mut self.write, &parts).await?;
+            }
             drop(parts);
             frames.clear();
             if ended {
@@ -405,10 +415,15 @@ impl Conn {
         }
     }
 
-    /// Writes the head (in `out`) and `body` with one vectored write (more when the
-    /// socket takes less).
+    /// Writes the head (in `out`) and `body`: a small body copied after the head and
+    /// the two sent with one plain write ([`h1::COALESCE_MAX`]), a larger one beside it
+    /// with one vectored write (more when the socket takes less).
     async fn write_all(&mut self, body: &[u8]) -> io::Result<()> {
-        write_vectored_all(&mut self.write, &[&self.out, body]).await
+        if body.len() > h1::COALESCE_MAX {
+            return write_vectored_all(&mut self.write, &[&self.out, body]).await;
+        }
+        self.out.extend_from_slice(body);
+        write_plain_all(&mut self.write, &self.out).await
     }
 
     /// The automatic answer to a head that cannot be served, then the close.
@@ -427,6 +442,19 @@ impl Conn {
         );
         self.write_all(&[]).await
     }
+}
+
+/// Writes every byte of `bytes` with plain writes (one, unless the socket takes less).
+async fn write_plain_all(write: &mut OwnedWriteHalf, bytes: &[u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < bytes.len() {
+        let written = write.write(&bytes[done..]).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        done += written;
+    }
+    Ok(())
 }
 
 /// Writes every byte of `parts`, in order, with as few vectored writes as the socket
