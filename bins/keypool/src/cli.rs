@@ -220,6 +220,7 @@ pub fn init_logging(format: LogFormat, default_level: &str) -> crate::logbuf::Fl
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let (writer, guard) = crate::logbuf::BatchedStderr::start();
     let on_panic = writer.clone();
+    let lines = writer.clone();
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         on_panic.flush();
@@ -235,8 +236,11 @@ pub fn init_logging(format: LogFormat, default_level: &str) -> crate::logbuf::Fl
     match format {
         LogFormat::Human if terminal => builder.init(),
         LogFormat::Human => {
-            // The request lines' fields come written as this format writes them.
-            keypool_proxy::log::prerender_plain_fields(true);
+            // Request lines skip `tracing`'s dispatch: their fields come written as
+            // this format writes them, straight into the batch.
+            keypool_proxy::log::write_request_lines_to(Box::new(move |fields| {
+                lines.write_request_line(fields);
+            }));
             builder.event_format(crate::logfmt::PlainFormat).init();
         }
         LogFormat::Json => builder

@@ -157,6 +157,31 @@ impl BatchedStderr {
     pub fn flush(&self) {
         self.shared.flush();
     }
+
+    /// Appends a request line (`fields` as `keypool-proxy` writes them, see
+    /// `keypool_proxy::log::write_request_lines_to`) with the plain format's timestamp,
+    /// level and target: the line [`crate::logfmt::PlainFormat`] would write for its
+    /// event, batched as request lines are.
+    pub fn write_request_line(&self, fields: &str) {
+        let stamp = crate::logfmt::timestamp();
+        let label = crate::logfmt::level_label(tracing::Level::INFO);
+        let full = self.shared.with(|state| {
+            let line = &mut state.pending;
+            line.reserve(stamp.len() + label.len() + REQUEST_TARGET.len() + fields.len() + 3);
+            line.extend_from_slice(&stamp);
+            line.extend_from_slice(label.as_bytes());
+            line.extend_from_slice(REQUEST_TARGET.as_bytes());
+            line.extend_from_slice(b": ");
+            line.extend_from_slice(fields.as_bytes());
+            line.push(b'\n');
+            line.len() >= FLUSH_BYTES
+        });
+        if self.shared.stop.load(Ordering::Relaxed) {
+            self.shared.flush();
+        } else if full {
+            self.shared.flush_unless_busy();
+        }
+    }
 }
 
 impl Drop for FlushGuard {
@@ -280,6 +305,49 @@ mod tests {
             tracing::info!(target: "keypool::request", status = 203, "request");
         });
         assert_eq!(capture.writes().len(), 3);
+    }
+
+    /// A request line written by `write_request_line` is the line the plain format
+    /// writes for its event, timestamp aside, and is batched with the others in order.
+    #[test]
+    fn request_lines_written_directly_are_the_plain_formats_and_keep_the_order() {
+        let capture = Capture::default();
+        let (writer, guard) =
+            BatchedStderr::start_with(Box::new(capture.clone()), Duration::from_secs(3600));
+        let fields = r#"request request_id="req_kp_1" org="acme" status=200"#;
+        writer.write_request_line(fields);
+        assert!(capture.writes().is_empty(), "request lines are batched");
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(writer.clone())
+            .event_format(crate::logfmt::PlainFormat)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(
+                target: "keypool::request",
+                request_id = "req_kp_1",
+                org = "acme",
+                status = 200,
+                "request"
+            );
+            tracing::warn!("configuration reload refused");
+        });
+        let writes = capture.writes();
+        assert_eq!(writes.len(), 1, "{writes:?}");
+        let lines: Vec<&str> = writes[0].lines().collect();
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        // `2026-11-30T00:18:12.970542Z` then the rest, the same for both.
+        assert_eq!(lines[0][27..], lines[1][27..], "{lines:?}");
+        assert_eq!(
+            &lines[0][27..],
+            format!("  INFO keypool::request: {fields}"),
+            "{lines:?}"
+        );
+        assert!(lines[2].ends_with("configuration reload refused"));
+        drop(guard);
+        // Without the flusher, a line goes out at once.
+        writer.write_request_line(fields);
+        assert_eq!(capture.writes().len(), 2);
     }
 
     #[test]

@@ -7,12 +7,13 @@
 //! request (~24,000 instructions, 18 % of the request path; see docs/BENCHMARKS.md).
 //! On a terminal the default, coloured formatter is kept.
 //!
-//! The request line's fields come already written (`keypool_proxy::log::
-//! with_plain_fields`, turned on by `init_logging`): for a `keypool::request` event
-//! this format copies that text instead of visiting the 27 fields, which was two
-//! thirds of the line's cost. The text is what [`PlainFields`] would write.
+//! Request lines do not come through here: `init_logging` has `keypool-proxy` write
+//! their fields itself and hand them to [`crate::logbuf::BatchedStderr::
+//! write_request_line`], which puts the same line into the batch without a `tracing`
+//! event (see `keypool_proxy::log::write_request_lines_to`). The text is what
+//! [`PlainFields`] would write; both use [`timestamp`] and [`level_label`].
 
-use keypool_proxy::log::{with_plain_fields, write_quoted, write_u64};
+use keypool_proxy::log::{write_quoted, write_u64};
 use std::fmt::{self, Write as _};
 use std::time::UNIX_EPOCH;
 
@@ -51,19 +52,8 @@ where
             }
             writer.write_char(' ')?;
         }
-        let target = event.metadata().target();
-        writer.write_str(target)?;
+        writer.write_str(event.metadata().target())?;
         writer.write_str(": ")?;
-        // A request line whose fields `keypool-proxy` wrote already (the same text
-        // this visitor would write): copied, not visited field by field.
-        if target == REQUEST_TARGET
-            && let Some(written) = with_plain_fields(|fields| {
-                writer.write_str(fields)?;
-                writer.write_char('\n')
-            })
-        {
-            return written;
-        }
         // The fields are written into this thread's line buffer and handed to the
         // writer in one piece: a `Writer` is a `dyn fmt::Write`, and a request line's
         // few hundred small writes through it cost more than the fields themselves.
@@ -83,16 +73,13 @@ where
     }
 }
 
-/// The `tracing` target of the per-request line (`keypool-proxy`'s `RequestLog`).
-const REQUEST_TARGET: &str = "keypool::request";
-
 thread_local! {
     /// The fields of the event being formatted on this thread.
     static LINE: std::cell::RefCell<String> = std::cell::RefCell::new(String::with_capacity(1024));
 }
 
 /// `" INFO "` and friends: the level right-aligned in five columns between spaces.
-fn level_label(level: Level) -> &'static str {
+pub(crate) fn level_label(level: Level) -> &'static str {
     match level {
         Level::TRACE => " TRACE ",
         Level::DEBUG => " DEBUG ",
@@ -104,14 +91,20 @@ fn level_label(level: Level) -> &'static str {
 
 /// Writes the current time as `2026-11-30T00:18:12.970542Z` (UTC).
 pub(crate) fn write_now(out: &mut impl fmt::Write) -> fmt::Result {
+    // Only ASCII digits and the template's punctuation are in it.
+    out.write_str(std::str::from_utf8(&timestamp()).map_err(|_| fmt::Error)?)
+}
+
+/// The current time as `2026-11-30T00:18:12.970542Z` (UTC).
+pub(crate) fn timestamp() -> [u8; 27] {
     let since_epoch = keypool_store::clock::system_time()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    write_rfc3339_micros(out, since_epoch.as_secs(), since_epoch.subsec_micros())
+    rfc3339_micros(since_epoch.as_secs(), since_epoch.subsec_micros())
 }
 
-/// Writes `2026-11-30T00:18:12.970542Z` for `secs` since the epoch (UTC) and `micros`.
-fn write_rfc3339_micros(out: &mut impl fmt::Write, secs: u64, micros: u32) -> fmt::Result {
+/// `2026-11-30T00:18:12.970542Z` for `secs` since the epoch (UTC) and `micros`.
+fn rfc3339_micros(secs: u64, micros: u32) -> [u8; 27] {
     let t = keypool_core::UtcDateTime::from_unix_secs(secs);
     let mut buf = *b"0000-00-00T00:00:00.000000Z";
     put_digits(&mut buf[0..4], t.year);
@@ -121,8 +114,7 @@ fn write_rfc3339_micros(out: &mut impl fmt::Write, secs: u64, micros: u32) -> fm
     put_digits(&mut buf[14..16], t.minute);
     put_digits(&mut buf[17..19], t.second);
     put_digits(&mut buf[20..26], u64::from(micros));
-    // Only ASCII digits and the template's punctuation were written.
-    out.write_str(std::str::from_utf8(&buf).map_err(|_| fmt::Error)?)
+    buf
 }
 
 /// Writes the last `out.len()` decimal digits of `n` into `out`, zero-padded.
@@ -354,9 +346,7 @@ pub(crate) mod tests {
     }
 
     fn rfc3339_micros(secs: u64, micros: u32) -> String {
-        let mut out = String::new();
-        write_rfc3339_micros(&mut out, secs, micros).unwrap();
-        out
+        String::from_utf8(super::rfc3339_micros(secs, micros).to_vec()).unwrap()
     }
 
     #[test]

@@ -14,8 +14,7 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use keypool_core::{AccountId, Strategy, Usage};
@@ -358,44 +357,29 @@ fn write_peer(out: &mut String, peer: SocketAddr) -> fmt::Result {
     })
 }
 
-/// Whether request lines also render their fields as plain text
-/// ([`prerender_plain_fields`]).
-static PRERENDER: AtomicBool = AtomicBool::new(false);
+/// Takes the fields of each request line as the plain-text format writes them
+/// (`request request_id="…" org="…" …`, see [`write_request_lines_to`]).
+pub type LineSink = Box<dyn Fn(&str) + Send + Sync>;
 
-/// The plain-text fields of the request line being dispatched on this thread.
-struct PlainText {
-    /// Set only while the line's `tracing` event is dispatched.
-    ready: bool,
-    text: String,
-}
+/// Where request lines go instead of a `tracing` event, once the binary said so.
+static SINK: OnceLock<LineSink> = OnceLock::new();
 
 thread_local! {
-    static PLAIN: RefCell<PlainText> = RefCell::new(PlainText {
-        ready: false,
-        text: String::with_capacity(1024),
-    });
+    /// This thread's text of the request line being written.
+    static PLAIN: RefCell<String> = RefCell::new(String::with_capacity(1024));
 }
 
-/// With `true`, every request line also writes its fields, before its `tracing` event
-/// is dispatched, as the binary's plain-text format shows them (`request
-/// request_id="…" org="…" …`, see [`with_plain_fields`]): that formatter then copies
-/// the text instead of visiting the event's 27 fields one by one through `tracing`'s
-/// dynamic dispatch and `Debug` (two thirds of the line's cost). The event keeps
-/// every field, for any other format.
-pub fn prerender_plain_fields(on: bool) {
-    PRERENDER.store(on, Ordering::Relaxed);
-}
-
-/// Calls `f` with the plain-text fields of the request line whose event is being
-/// dispatched on this thread: what a visitor writing strings as [`write_quoted`],
-/// numbers and booleans bare, `None` not at all and the rest by `Display` would write,
-/// `message` (`request`) first. `None` outside such an event, or when
-/// [`prerender_plain_fields`] is off.
-pub fn with_plain_fields<T>(f: impl FnOnce(&str) -> T) -> Option<T> {
-    PLAIN.with(|plain| {
-        let plain = plain.try_borrow().ok()?;
-        plain.ready.then(|| f(&plain.text))
-    })
+/// From now on every request line that `tracing`'s filter lets through (target
+/// `keypool::request`, level `INFO`) is written as its plain-text fields (what a
+/// visitor writing strings as [`write_quoted`], numbers and booleans bare, `None` not
+/// at all and the rest by `Display` would write, `message` (`request`) first) and
+/// handed to `sink`, instead of being dispatched as a `tracing` event: the binary's
+/// plain-text log format installs a sink that adds the timestamp, level and target
+/// and appends the line to its batch. The event's dispatch (27 fields through dynamic
+/// dispatch, then a formatter, then a copy into the writer) was a fifth of the line's
+/// cost. `false` when a sink was installed already (the first one stays).
+pub fn write_request_lines_to(sink: LineSink) -> bool {
+    SINK.set(sink).is_ok()
 }
 
 /// A string field's value as the plain format writes it: quoted, and as the string's
@@ -532,23 +516,29 @@ impl LineFields<'_> {
         quoted(out, " user_agent=", self.user_agent)
     }
 
-    /// Dispatches the event, with its plain text ready for [`with_plain_fields`] when
-    /// [`prerender_plain_fields`] is on (and the event is enabled).
+    /// Writes the line: to the sink of [`write_request_lines_to`] when there is one
+    /// (and the line is enabled), else as its `tracing` event.
     fn log(&self) {
-        let prerender = PRERENDER.load(Ordering::Relaxed)
-            && tracing::enabled!(target: "keypool::request", tracing::Level::INFO);
-        if prerender {
-            PLAIN.with(|plain| {
-                let mut plain = plain.borrow_mut();
-                let PlainText { ready, text } = &mut *plain;
+        if let Some(sink) = SINK.get() {
+            if !tracing::enabled!(target: "keypool::request", tracing::Level::INFO) {
+                return;
+            }
+            let written = PLAIN.with(|text| {
+                let Ok(mut text) = text.try_borrow_mut() else {
+                    return false;
+                };
                 text.clear();
-                *ready = self.write_plain(text).is_ok();
+                if self.write_plain(&mut text).is_err() {
+                    return false;
+                }
+                sink(&text);
+                true
             });
+            if written {
+                return;
+            }
         }
         self.emit();
-        if prerender {
-            PLAIN.with(|plain| plain.borrow_mut().ready = false);
-        }
     }
 }
 
@@ -751,9 +741,9 @@ mod tests {
 
     /// What `tracing-subscriber`'s default format (no time, level nor target: the
     /// fields only, which the binary's plain format writes the same, see its tests)
-    /// writes for `line`, and what [`with_plain_fields`] held while it was dispatched.
-    fn default_and_prerendered(line: &LineFields<'_>) -> (String, String) {
-        use tracing_subscriber::layer::SubscriberExt as _;
+    /// writes for `line`'s event, and the text a sink of [`write_request_lines_to`]
+    /// gets for it.
+    fn default_and_plain(line: &LineFields<'_>) -> (String, String) {
         #[derive(Clone, Default)]
         struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
         impl std::io::Write for Capture {
@@ -765,18 +755,7 @@ mod tests {
                 Ok(())
             }
         }
-        struct Grab(Arc<std::sync::Mutex<String>>);
-        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Grab {
-            fn on_event(
-                &self,
-                _: &tracing::Event<'_>,
-                _: tracing_subscriber::layer::Context<'_, S>,
-            ) {
-                with_plain_fields(|text| self.0.lock().unwrap().push_str(text));
-            }
-        }
         let capture = Capture::default();
-        let grabbed = Arc::new(std::sync::Mutex::new(String::new()));
         let writer = {
             let c = capture.clone();
             move || c.clone()
@@ -787,17 +766,16 @@ mod tests {
             .with_level(false)
             .with_target(false)
             .with_writer(writer)
-            .finish()
-            .with(Grab(Arc::clone(&grabbed)));
-        prerender_plain_fields(true);
-        tracing::subscriber::with_default(subscriber, || line.log());
+            .finish();
+        tracing::subscriber::with_default(subscriber, || line.emit());
         let default = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
-        let prerendered = grabbed.lock().unwrap().clone();
-        (default, prerendered)
+        let mut plain = String::new();
+        line.write_plain(&mut plain).unwrap();
+        (default, plain)
     }
 
     #[test]
-    fn the_prerendered_plain_fields_are_the_default_formats() {
+    fn the_plain_fields_are_the_default_formats() {
         let attempt = |account: &str, status, class: Option<&'static str>| AttemptRecord {
             account: AccountId::from(account),
             status,
@@ -859,14 +837,10 @@ mod tests {
             ..bare
         };
         for line in [full, bare, none] {
-            let (default, prerendered) = default_and_prerendered(&line);
-            assert!(
-                prerendered.starts_with("request request_id="),
-                "{prerendered}"
-            );
-            assert_eq!(default, format!("{prerendered}\n"));
+            let (default, plain) = default_and_plain(&line);
+            assert!(plain.starts_with("request request_id="), "{plain}");
+            assert_eq!(default, format!("{plain}\n"));
         }
-        assert!(with_plain_fields(|_| ()).is_none());
     }
 
     #[test]
