@@ -403,7 +403,7 @@ impl Conn {
                 for part in &parts {
                     joined.extend_from_slice(part);
                 }
-                write_plain_all(&mut self.write, &joined).await?;
+                self.write.write_all(&joined).await?;
             } else {
                 write_vectored_all(&mut self.write, &parts).await?;
             }
@@ -423,7 +423,7 @@ impl Conn {
             return write_vectored_all(&mut self.write, &[&self.out, body]).await;
         }
         self.out.extend_from_slice(body);
-        write_plain_all(&mut self.write, &self.out).await
+        self.write.write_all(&self.out).await
     }
 
     /// The automatic answer to a head that cannot be served, then the close.
@@ -442,19 +442,6 @@ impl Conn {
         );
         self.write_all(&[]).await
     }
-}
-
-/// Writes every byte of `bytes` with plain writes (one, unless the socket takes less).
-async fn write_plain_all(write: &mut OwnedWriteHalf, bytes: &[u8]) -> io::Result<()> {
-    let mut done = 0;
-    while done < bytes.len() {
-        let written = write.write(&bytes[done..]).await?;
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        done += written;
-    }
-    Ok(())
 }
 
 /// Writes every byte of `parts`, in order, with as few vectored writes as the socket

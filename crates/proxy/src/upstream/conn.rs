@@ -523,14 +523,7 @@ impl Conn {
         // (`h1::COALESCE_MAX`); a larger one beside it.
         if body.len() <= h1::COALESCE_MAX {
             self.write.extend_from_slice(body);
-            let mut written = 0;
-            while written < self.write.len() {
-                let n = self.io.write(&self.write[written..]).await?;
-                if n == 0 {
-                    return Err(io::ErrorKind::WriteZero.into());
-                }
-                written += n;
-            }
+            self.io.write_all(&self.write).await?;
             return self.io.flush().await;
         }
         let head_len = self.write.len();
