@@ -162,7 +162,7 @@ impl BatchedStderr {
     /// `keypool_proxy::log::write_request_lines_to`) with the plain format's timestamp,
     /// level and target: the line [`crate::logfmt::PlainFormat`] would write for its
     /// event, batched as request lines are.
-    pub fn write_request_line(&self, fields: &str) {
+    pub fn write_request_line(&self, fields: &[u8]) {
         let stamp = crate::logfmt::timestamp();
         let label = crate::logfmt::level_label(tracing::Level::INFO);
         let full = self.shared.with(|state| {
@@ -172,7 +172,7 @@ impl BatchedStderr {
             line.extend_from_slice(label.as_bytes());
             line.extend_from_slice(REQUEST_TARGET.as_bytes());
             line.extend_from_slice(b": ");
-            line.extend_from_slice(fields.as_bytes());
+            line.extend_from_slice(fields);
             line.push(b'\n');
             line.len() >= FLUSH_BYTES
         });
@@ -315,7 +315,7 @@ mod tests {
         let (writer, guard) =
             BatchedStderr::start_with(Box::new(capture.clone()), Duration::from_secs(3600));
         let fields = r#"request request_id="req_kp_1" org="acme" status=200"#;
-        writer.write_request_line(fields);
+        writer.write_request_line(fields.as_bytes());
         assert!(capture.writes().is_empty(), "request lines are batched");
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
@@ -346,7 +346,7 @@ mod tests {
         assert!(lines[2].ends_with("configuration reload refused"));
         drop(guard);
         // Without the flusher, a line goes out at once.
-        writer.write_request_line(fields);
+        writer.write_request_line(fields.as_bytes());
         assert_eq!(capture.writes().len(), 2);
     }
 

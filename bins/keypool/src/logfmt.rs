@@ -100,7 +100,29 @@ pub(crate) fn timestamp() -> [u8; 27] {
     let since_epoch = keypool_store::clock::system_time()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    rfc3339_micros(since_epoch.as_secs(), since_epoch.subsec_micros())
+    stamp(since_epoch.as_secs(), since_epoch.subsec_micros())
+}
+
+thread_local! {
+    /// The minute this thread stamped last (`u64::MAX`: none yet) and its stamp.
+    static MINUTE: std::cell::Cell<(u64, [u8; 27])> =
+        const { std::cell::Cell::new((u64::MAX, [0; 27])) };
+}
+
+/// [`rfc3339_micros`], with the date, hour and minute taken from the thread's last
+/// stamp when it was of the same minute (lines come many a second): the calendar
+/// arithmetic once a minute, two and six digits per line.
+fn stamp(secs: u64, micros: u32) -> [u8; 27] {
+    let minute = secs / 60;
+    let (last, mut buf) = MINUTE.get();
+    if last != minute {
+        buf = rfc3339_micros(secs, micros);
+        MINUTE.set((minute, buf));
+        return buf;
+    }
+    put_digits(&mut buf[17..19], secs % 60);
+    put_digits(&mut buf[20..26], u64::from(micros));
+    buf
 }
 
 /// `2026-11-30T00:18:12.970542Z` for `secs` since the epoch (UTC) and `micros`.
@@ -347,6 +369,25 @@ pub(crate) mod tests {
 
     fn rfc3339_micros(secs: u64, micros: u32) -> String {
         String::from_utf8(super::rfc3339_micros(secs, micros).to_vec()).unwrap()
+    }
+
+    proptest::proptest! {
+        /// A stamp made from the thread's last minute is the stamp made afresh, for
+        /// any times in any order (the same minute, the next, years apart).
+        #[test]
+        fn kept_minutes_stamp_as_fresh_ones(
+            times in proptest::collection::vec((0u64..4_000_000_000, 0u32..1_000_000), 1..40),
+            near in proptest::collection::vec((0u64..180, 0u32..1_000_000), 1..40),
+        ) {
+            let base = times[0].0;
+            let all = times.iter().copied().chain(near.iter().map(|&(d, m)| (base + d, m)));
+            for (secs, micros) in all {
+                proptest::prop_assert_eq!(
+                    super::stamp(secs, micros),
+                    super::rfc3339_micros(secs, micros)
+                );
+            }
+        }
     }
 
     #[test]

@@ -106,7 +106,8 @@ impl RequestLog {
             model: None,
             model_sent: None,
             routing: None,
-            attempts: Vec::new(),
+            // room for the one attempt most requests make, without growing into it
+            attempts: Vec::with_capacity(1),
             served_by: None,
             served_by_oauth: false,
             upstream_request_id: None,
@@ -278,16 +279,31 @@ impl fmt::Display for Statuses<'_> {
 struct Cost(u64);
 
 impl Cost {
-    fn write_to(&self, f: &mut impl fmt::Write) -> fmt::Result {
-        write_u64(f, self.0 / keypool_ledger::NANO_PER_USD)?;
-        let mut frac = [b'0'; 10];
+    /// The text, made in `buf` (20 digits, the point and 9 decimals fit).
+    fn text(&self, buf: &mut [u8; 30]) -> usize {
+        let mut digits = [0; 20];
+        let whole = crate::h1::decimal(self.0 / keypool_ledger::NANO_PER_USD, &mut digits);
+        buf[..whole.len()].copy_from_slice(whole);
+        let frac = &mut buf[whole.len()..whole.len() + 10];
         frac[0] = b'.';
         let mut n = self.0 % keypool_ledger::NANO_PER_USD;
         for slot in frac[1..].iter_mut().rev() {
             *slot = b'0' + (n % 10) as u8;
             n /= 10;
         }
-        f.write_str(std::str::from_utf8(&frac).unwrap_or(".000000000"))
+        whole.len() + 10
+    }
+
+    fn write_to(&self, f: &mut impl fmt::Write) -> fmt::Result {
+        let mut buf = [0; 30];
+        let len = self.text(&mut buf);
+        f.write_str(std::str::from_utf8(&buf[..len]).map_err(|_| fmt::Error)?)
+    }
+
+    fn push_to(&self, out: &mut Vec<u8>) {
+        let mut buf = [0; 30];
+        let len = self.text(&mut buf);
+        out.extend_from_slice(&buf[..len]);
     }
 }
 
@@ -331,42 +347,64 @@ const PEER_SLOTS: usize = 64;
 thread_local! {
     /// The text of the IPv4 client addresses this thread wrote last, one per slot,
     /// the slot chosen by the port.
-    static PEER_TEXT: RefCell<Vec<(Option<std::net::SocketAddrV4>, String)>> =
-        RefCell::new(vec![(None, String::new()); PEER_SLOTS]);
+    static PEER_TEXT: RefCell<Vec<(Option<std::net::SocketAddrV4>, Vec<u8>)>> =
+        RefCell::new(vec![(None, Vec::new()); PEER_SLOTS]);
 }
 
 /// Appends `peer` as [`Peer`] writes it. Every request of a connection writes the
 /// same address, so an IPv4 address's text is kept by the thread (its connections
 /// stay on it) and copied: ~450 instructions of digits per line become one copy.
-fn write_peer(out: &mut String, peer: SocketAddr) -> fmt::Result {
+fn write_peer(out: &mut Vec<u8>, peer: SocketAddr) -> fmt::Result {
     let SocketAddr::V4(v4) = peer else {
-        return Peer(peer).write_to(out);
+        return Peer(peer).write_to(&mut ByteText(out));
     };
     PEER_TEXT.with(|slots| {
         let Ok(mut slots) = slots.try_borrow_mut() else {
-            return Peer(peer).write_to(out);
+            return Peer(peer).write_to(&mut ByteText(out));
         };
         let (addr, text) = &mut slots[usize::from(v4.port()) % PEER_SLOTS];
         if *addr != Some(v4) {
             text.clear();
-            Peer(peer).write_to(text)?;
+            Peer(peer).write_to(&mut ByteText(text))?;
             *addr = Some(v4);
         }
-        out.push_str(text);
+        out.extend_from_slice(text);
         Ok(())
     })
 }
 
+/// A byte buffer written through `fmt::Write`: what the request line's JSON arrays and
+/// addresses write goes in as bytes (every `str` is UTF-8, so the buffer stays text).
+struct ByteText<'a>(&'a mut Vec<u8>);
+
+impl fmt::Write for ByteText<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+
+    fn write_char(&mut self, c: char) -> fmt::Result {
+        match u8::try_from(c) {
+            Ok(byte) if byte.is_ascii() => {
+                self.0.push(byte);
+                Ok(())
+            }
+            _ => self.write_str(c.encode_utf8(&mut [0; 4])),
+        }
+    }
+}
+
 /// Takes the fields of each request line as the plain-text format writes them
-/// (`request request_id="…" org="…" …`, see [`write_request_lines_to`]).
-pub type LineSink = Box<dyn Fn(&str) + Send + Sync>;
+/// (`request request_id="…" org="…" …`, see [`write_request_lines_to`]): UTF-8 text,
+/// handed over as the bytes they are written into.
+pub type LineSink = Box<dyn Fn(&[u8]) + Send + Sync>;
 
 /// Where request lines go instead of a `tracing` event, once the binary said so.
 static SINK: OnceLock<LineSink> = OnceLock::new();
 
 thread_local! {
     /// This thread's text of the request line being written.
-    static PLAIN: RefCell<String> = RefCell::new(String::with_capacity(1024));
+    static PLAIN: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(1024));
 }
 
 /// From now on every request line that `tracing`'s filter lets through (target
@@ -460,60 +498,67 @@ impl LineFields<'_> {
         );
     }
 
-    /// The fields of [`LineFields::emit`] as the plain format writes them.
-    fn write_plain(&self, out: &mut String) -> fmt::Result {
-        out.push_str("request");
-        quoted(out, " request_id=", Some(self.request_id))?;
-        quoted(out, " org=", Some(self.org))?;
-        quoted(out, " url=", Some(self.url))?;
-        quoted(out, " user_api_key_id=", self.user_api_key_id)?;
-        quoted(out, " client_api_key_id=", self.client_api_key_id)?;
-        quoted(out, " strategy=", Some(self.strategy))?;
-        out.push_str(if self.count_tokens {
-            " count_tokens=true"
+    /// The fields of [`LineFields::emit`] as the plain format writes them (UTF-8: every
+    /// piece is a `str`'s bytes or ASCII). Each name comes with its `=` and, for a
+    /// string, its opening quote, as one constant copied at once.
+    fn write_plain(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"request");
+        quoted(out, b" request_id=\"", Some(self.request_id));
+        quoted(out, b" org=\"", Some(self.org));
+        quoted(out, b" url=\"", Some(self.url));
+        quoted(out, b" user_api_key_id=\"", self.user_api_key_id);
+        quoted(out, b" client_api_key_id=\"", self.client_api_key_id);
+        quoted(out, b" strategy=\"", Some(self.strategy));
+        out.extend_from_slice(if self.count_tokens {
+            b" count_tokens=true"
         } else {
-            " count_tokens=false"
+            b" count_tokens=false"
         });
-        out.push_str(if self.stream {
-            " stream=true"
+        out.extend_from_slice(if self.stream {
+            b" stream=true"
         } else {
-            " stream=false"
+            b" stream=false"
         });
-        quoted(out, " model=", self.model)?;
-        quoted(out, " model_sent=", self.model_sent)?;
-        out.push_str(" attempts=");
-        Attempts(self.attempts).write_to(out)?;
-        out.push_str(" upstream_statuses=");
-        Statuses(self.attempts).write_to(out)?;
-        quoted(out, " served_by=", Some(self.served_by))?;
-        quoted(out, " upstream_request_id=", Some(self.upstream_request_id))?;
-        number(out, " status=", Some(u64::from(self.status)))?;
-        quoted(out, " stream_end=", Some(self.stream_end))?;
-        quoted(out, " limit=", self.limit)?;
-        number(out, " ttft_ms=", self.ttft_ms)?;
-        number(out, " duration_ms=", Some(self.duration_ms))?;
+        quoted(out, b" model=\"", self.model);
+        quoted(out, b" model_sent=\"", self.model_sent);
+        out.extend_from_slice(b" attempts=");
+        // writing to a `Vec` cannot fail
+        let _ = Attempts(self.attempts).write_to(&mut ByteText(out));
+        out.extend_from_slice(b" upstream_statuses=");
+        let _ = Statuses(self.attempts).write_to(&mut ByteText(out));
+        quoted(out, b" served_by=\"", Some(self.served_by));
+        quoted(
+            out,
+            b" upstream_request_id=\"",
+            Some(self.upstream_request_id),
+        );
+        number(out, b" status=", Some(u64::from(self.status)));
+        quoted(out, b" stream_end=\"", Some(self.stream_end));
+        quoted(out, b" limit=\"", self.limit);
+        number(out, b" ttft_ms=", self.ttft_ms);
+        number(out, b" duration_ms=", Some(self.duration_ms));
         let u = &self.usage;
-        number(out, " input_tokens=", Some(u.input_tokens))?;
-        number(out, " output_tokens=", Some(u.output_tokens))?;
+        number(out, b" input_tokens=", Some(u.input_tokens));
+        number(out, b" output_tokens=", Some(u.output_tokens));
         number(
             out,
-            " cache_creation_input_tokens=",
+            b" cache_creation_input_tokens=",
             Some(u.cache_creation_input_tokens),
-        )?;
+        );
         number(
             out,
-            " cache_read_input_tokens=",
+            b" cache_read_input_tokens=",
             Some(u.cache_read_input_tokens),
-        )?;
+        );
         if let Some(cost) = self.cost {
-            out.push_str(" cost_usd=");
-            Cost(cost).write_to(out)?;
+            out.extend_from_slice(b" cost_usd=");
+            Cost(cost).push_to(out);
         }
         if let Some(client) = self.client {
-            out.push_str(" client=");
-            write_peer(out, client)?;
+            out.extend_from_slice(b" client=");
+            let _ = write_peer(out, client);
         }
-        quoted(out, " user_agent=", self.user_agent)
+        quoted(out, b" user_agent=\"", self.user_agent);
     }
 
     /// Writes the line: to the sink of [`write_request_lines_to`] when there is one
@@ -528,9 +573,7 @@ impl LineFields<'_> {
                     return false;
                 };
                 text.clear();
-                if self.write_plain(&mut text).is_err() {
-                    return false;
-                }
+                self.write_plain(&mut text);
                 sink(&text);
                 true
             });
@@ -542,24 +585,24 @@ impl LineFields<'_> {
     }
 }
 
-/// ` name="value"` for a string field that is there (nothing for `None`). Inlined, so
-/// that the constant name is copied without a call; a plain value (the usual case)
-/// goes in with one reservation and one copy.
+/// ` name="value"` for a string field that is there (nothing for `None`); `name` ends
+/// with the opening quote. Inlined, so that the constant name is copied without a
+/// call; a plain value (the usual case) goes in with one reservation and two copies.
 #[inline(always)]
-fn quoted(out: &mut String, name: &str, value: Option<&str>) -> fmt::Result {
+fn quoted(out: &mut Vec<u8>, name: &[u8], value: Option<&str>) {
     let Some(value) = value else {
-        return Ok(());
+        return;
     };
     if is_plain(value) {
-        out.reserve(name.len() + value.len() + 2);
-        out.push_str(name);
-        out.push('"');
-        out.push_str(value);
-        out.push('"');
-        return Ok(());
+        out.reserve(name.len() + value.len() + 1);
+        out.extend_from_slice(name);
+        out.extend_from_slice(value.as_bytes());
+        out.push(b'"');
+        return;
     }
-    out.push_str(name);
-    write_quoted(out, value)
+    // the escaped form brings its own quotes
+    out.extend_from_slice(&name[..name.len() - 1]);
+    let _ = write_quoted(&mut ByteText(out), value);
 }
 
 /// Whether the plain format writes `value` as is between quotes: no control character,
@@ -601,18 +644,15 @@ fn has_special_byte(word: u64) -> bool {
 /// ` name=123` for a number field that is there (nothing for `None`): the digits made
 /// on the stack and copied at once.
 #[inline(always)]
-fn number(out: &mut String, name: &str, value: Option<u64>) -> fmt::Result {
+fn number(out: &mut Vec<u8>, name: &[u8], value: Option<u64>) {
     let Some(n) = value else {
-        return Ok(());
+        return;
     };
     let mut digits = [0u8; 20];
     let digits = crate::h1::decimal(n, &mut digits);
     out.reserve(name.len() + digits.len());
-    out.push_str(name);
-    for &digit in digits {
-        out.push(char::from(digit));
-    }
-    Ok(())
+    out.extend_from_slice(name);
+    out.extend_from_slice(digits);
 }
 
 impl Drop for RequestLog {
@@ -692,6 +732,9 @@ mod tests {
             port in proptest::prelude::any::<u16>(),
         ) {
             proptest::prop_assert_eq!(Cost(n).to_string(), keypool_ledger::Usd(n).to_string());
+            let mut pushed = Vec::new();
+            Cost(n).push_to(&mut pushed);
+            proptest::prop_assert_eq!(String::from_utf8(pushed).unwrap(), keypool_ledger::Usd(n).to_string());
             let a = SocketAddr::from((ip, port));
             proptest::prop_assert_eq!(Peer(a).to_string(), a.to_string());
             let mut digits = String::new();
@@ -708,14 +751,14 @@ mod tests {
             for (host, port) in peers {
                 // Ports 64 apart share a slot; the same port on another host too.
                 let a = SocketAddr::from(([10, 0, 0, host], port));
-                let mut out = String::from("x");
+                let mut out = b"x".to_vec();
                 write_peer(&mut out, a).unwrap();
-                proptest::prop_assert_eq!(out, format!("x{a}"));
+                proptest::prop_assert_eq!(String::from_utf8(out).unwrap(), format!("x{a}"));
             }
             let v6: SocketAddr = "[::1]:8080".parse().unwrap();
-            let mut out = String::new();
+            let mut out = Vec::new();
             write_peer(&mut out, v6).unwrap();
-            proptest::prop_assert_eq!(out, "[::1]:8080");
+            proptest::prop_assert_eq!(String::from_utf8(out).unwrap(), "[::1]:8080");
         }
 
         /// The eight-bytes-at-a-time check says what the byte-by-byte one says.
@@ -769,9 +812,9 @@ mod tests {
             .finish();
         tracing::subscriber::with_default(subscriber, || line.emit());
         let default = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
-        let mut plain = String::new();
-        line.write_plain(&mut plain).unwrap();
-        (default, plain)
+        let mut plain = Vec::new();
+        line.write_plain(&mut plain);
+        (default, String::from_utf8(plain).unwrap())
     }
 
     #[test]
