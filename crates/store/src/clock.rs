@@ -32,6 +32,8 @@ struct PollClock {
     /// The number of the poll in progress (counts every poll this thread entered).
     epoch: Cell<u64>,
     wall: Cell<Option<SystemTime>>,
+    /// `wall` in unix milliseconds, once [`now_ms`] asked for it in this poll.
+    wall_ms: Cell<Option<u64>>,
     mono: Cell<Option<Instant>>,
 }
 
@@ -41,6 +43,7 @@ thread_local! {
             open: Cell::new(false),
             epoch: Cell::new(0),
             wall: Cell::new(None),
+            wall_ms: Cell::new(None),
             mono: Cell::new(None),
         }
     };
@@ -68,11 +71,17 @@ pub fn system_time() -> SystemTime {
     cached(|c| &c.wall, SystemTime::now)
 }
 
-/// The wall-clock time in unix milliseconds (0 before 1970, saturated far after).
+/// The wall-clock time in unix milliseconds (0 before 1970, saturated far after): the
+/// [`system_time`] of the poll, converted once per poll (a request asks five times).
 pub fn now_ms() -> u64 {
-    system_time()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    cached(
+        |c| &c.wall_ms,
+        || {
+            system_time()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        },
+    )
 }
 
 /// The monotonic clock (read once per poll under [`once_per_poll`]).
@@ -101,6 +110,7 @@ pub fn enter_poll() -> PollGuard {
     POLL.with(|clock| {
         clock.epoch.set(clock.epoch.get().wrapping_add(1));
         clock.wall.set(None);
+        clock.wall_ms.set(None);
         clock.mono.set(None);
         PollGuard {
             was_open: clock.open.replace(true),
@@ -112,6 +122,7 @@ impl Drop for PollGuard {
     fn drop(&mut self) {
         POLL.with(|clock| {
             clock.wall.set(None);
+            clock.wall_ms.set(None);
             clock.mono.set(None);
             // an outer poll continues with fresh reads under a new number
             clock.epoch.set(clock.epoch.get().wrapping_add(1));
@@ -202,6 +213,28 @@ mod tests {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
         assert!(u128::from(ms) >= before.as_millis() && u128::from(ms) <= after.as_millis());
+    }
+
+    /// `now_ms` in a poll is the poll's `system_time` in milliseconds, and the next
+    /// poll's is the next poll's: its kept value goes with the poll.
+    #[test]
+    fn now_ms_in_a_poll_is_that_polls_wall_clock() {
+        let ms_of = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+        let poll = enter_poll();
+        let first = now_ms();
+        assert_eq!(first, ms_of(system_time()));
+        assert_eq!(now_ms(), first);
+        drop(poll);
+        let start = SystemTime::now();
+        while ms_of(SystemTime::now()) <= ms_of(start) {}
+        let poll = enter_poll();
+        let next = now_ms();
+        assert!(
+            next > first,
+            "a new poll converts its own time ({next} after {first})"
+        );
+        assert_eq!(next, ms_of(system_time()));
+        drop(poll);
     }
 
     /// A future under `once_per_poll` sees one time per poll and a new one at the
