@@ -60,7 +60,7 @@ pub(crate) struct RequestLog {
     pub stream_end: Option<&'static str>,
     pub started: Instant,
     pub client: Option<SocketAddr>,
-    pub user_agent: Option<String>,
+    pub user_agent: Option<Arc<str>>,
     /// What the caller's limits hold for this request, settled to its real spend
     /// when the record is written.
     pub limit_guard: Option<LimitGuard>,
@@ -78,17 +78,36 @@ pub const JSON_FIELDS: [&str; 2] = ["attempts", "upstream_statuses"];
 /// The longest user agent logged (longer ones are cut at a character boundary).
 const MAX_USER_AGENT: usize = 256;
 
+thread_local! {
+    /// The user agent this thread logged last. A connection's requests (and most
+    /// clients') send the same one: it is shared rather than copied per request.
+    static LAST_USER_AGENT: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
+}
+
 /// The user agent as logged: at most [`MAX_USER_AGENT`] bytes, and none at all when it
-/// holds something that looks like a key (`sk-`), which a log must never show.
-pub(crate) fn loggable_user_agent(value: &str) -> Option<String> {
-    if value.contains("sk-") {
-        return Some("[redacted]".to_owned());
-    }
-    let mut end = value.len().min(MAX_USER_AGENT);
-    while !value.is_char_boundary(end) {
-        end -= 1;
-    }
-    Some(value[..end].to_owned())
+/// holds something that looks like a key (`sk-`), which a log must never show. The
+/// thread's last one when it is the same text ([`LAST_USER_AGENT`]).
+pub(crate) fn loggable_user_agent(value: &str) -> Option<Arc<str>> {
+    let logged = if value.contains("sk-") {
+        "[redacted]"
+    } else {
+        let mut end = value.len().min(MAX_USER_AGENT);
+        while !value.is_char_boundary(end) {
+            end -= 1;
+        }
+        &value[..end]
+    };
+    LAST_USER_AGENT.with(|last| {
+        let Ok(mut last) = last.try_borrow_mut() else {
+            return Some(Arc::from(logged));
+        };
+        if let Some(kept) = last.as_ref().filter(|kept| ***kept == *logged) {
+            return Some(Arc::clone(kept));
+        }
+        let fresh: Arc<str> = Arc::from(logged);
+        *last = Some(Arc::clone(&fresh));
+        Some(fresh)
+    })
 }
 
 impl RequestLog {
@@ -769,6 +788,25 @@ mod tests {
             let ascii = String::from_utf8(bytes).unwrap();
             proptest::prop_assert_eq!(is_plain(&ascii), slow(&ascii));
         }
+    }
+
+    #[test]
+    fn user_agents_are_cut_redacted_and_shared_while_the_same() {
+        let a = loggable_user_agent("curl/8.5").unwrap();
+        let again = loggable_user_agent("curl/8.5").unwrap();
+        assert!(Arc::ptr_eq(&a, &again), "the same text is shared");
+        let b = loggable_user_agent("wrk").unwrap();
+        assert_eq!(&*b, "wrk");
+        assert_eq!(&*loggable_user_agent("curl/8.5").unwrap(), "curl/8.5");
+        assert_eq!(
+            &*loggable_user_agent("tool sk-lb-abc").unwrap(),
+            "[redacted]"
+        );
+        // Cut at 256 bytes, back to a character boundary (é is two bytes).
+        let long = format!("{}é{}", "a".repeat(255), "b".repeat(10));
+        assert_eq!(&*loggable_user_agent(&long).unwrap(), "a".repeat(255));
+        let short = "a".repeat(300);
+        assert_eq!(loggable_user_agent(&short).unwrap().len(), 256);
     }
 
     #[test]
