@@ -46,6 +46,7 @@ mod venv;
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let root = project_root();
+    check_built_from(&root, std::env::var_os(EXPECTED_ROOT).map(PathBuf::from))?;
     match args.first().map(String::as_str) {
         Some("ci") => ci(&root),
         Some("bench") => bench::run(&root, &args[1..]),
@@ -75,6 +76,29 @@ fn print_help() {
          pgo    [--out PATH] keypool built with profile-guided optimisation (needs `rustup component add llvm-tools`), target/pgo/keypool\n  \
          endurance  [--quick] keypool's memory idle, over 10,000 streams and 1,000 at once"
     );
+}
+
+/// Set by the debug xtask on the release xtask it runs (`bench::release_build`): the
+/// tree that asked.
+pub(crate) const EXPECTED_ROOT: &str = "KEYPOOL_XTASK_ROOT";
+
+/// Refuses to run when this xtask was built from another tree than the one that ran it.
+/// A git worktree built into this tree's `target/` leaves its own `xtask` and
+/// `keypool` in `target/release/`, and cargo does not copy this tree's (fresh) ones
+/// back: the bench would build and measure the other tree.
+fn check_built_from(root: &Path, expected: Option<PathBuf>) -> anyhow::Result<()> {
+    match expected {
+        Some(expected) if expected != root => bail!(
+            "target/release/xtask was built from {} and {} ran it: another tree built into \
+             this target directory. In {}, run `touch xtask/src/main.rs bins/keypool/src/main.rs \
+             crates/sim/src/bin/keypool-sim.rs` so that its binaries are built again, then the \
+             command again",
+            root.display(),
+            expected.display(),
+            expected.display()
+        ),
+        _ => Ok(()),
+    }
 }
 
 fn project_root() -> PathBuf {
@@ -233,4 +257,24 @@ fn ci(root: &Path) -> anyhow::Result<()> {
     cargo(root, &["test", "--workspace", "--no-fail-fast"])?;
     eprintln!("xtask ci: all checks passed");
     Ok(())
+}
+
+#[cfg(test)]
+mod built_from_tests {
+    use super::*;
+
+    #[test]
+    fn an_xtask_of_another_tree_refuses_and_says_what_to_touch() {
+        let root = Path::new("/work/main");
+        assert!(check_built_from(root, None).is_ok(), "run directly");
+        assert!(check_built_from(root, Some(PathBuf::from("/work/main"))).is_ok());
+        let error = check_built_from(root, Some(PathBuf::from("/work/other")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("built from /work/main and /work/other ran it")
+                && error.contains("In /work/other, run `touch xtask/src/main.rs"),
+            "{error}"
+        );
+    }
 }

@@ -217,6 +217,7 @@ pub(crate) fn release_build(
         let status = Command::new(&xtask)
             .arg(command)
             .args(args)
+            .env(crate::EXPECTED_ROOT, root)
             .status()
             .with_context(|| format!("cannot run {}", xtask.display()))?;
         if !status.success() {
