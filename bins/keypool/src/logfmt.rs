@@ -120,8 +120,7 @@ fn stamp(secs: u64, micros: u32) -> [u8; 27] {
         MINUTE.set((minute, buf));
         return buf;
     }
-    put_digits(&mut buf[17..19], secs % 60);
-    put_digits(&mut buf[20..26], u64::from(micros));
+    put_second(&mut buf, secs, micros);
     buf
 }
 
@@ -134,9 +133,14 @@ fn rfc3339_micros(secs: u64, micros: u32) -> [u8; 27] {
     put_digits(&mut buf[8..10], t.day);
     put_digits(&mut buf[11..13], t.hour);
     put_digits(&mut buf[14..16], t.minute);
-    put_digits(&mut buf[17..19], t.second);
-    put_digits(&mut buf[20..26], u64::from(micros));
+    put_second(&mut buf, secs, micros);
     buf
+}
+
+/// The seconds and microseconds of a stamp: what changes within its minute.
+fn put_second(buf: &mut [u8; 27], secs: u64, micros: u32) {
+    put_digits(&mut buf[17..19], secs % 60);
+    put_digits(&mut buf[20..26], u64::from(micros));
 }
 
 /// Writes the last `out.len()` decimal digits of `n` into `out`, zero-padded.
