@@ -49,6 +49,36 @@ pub async fn read_head(read: &mut (impl AsyncRead + Unpin), within: Duration) ->
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// Reads one whole answer whose body has a `content-length` from a connection that
+/// stays open (a keep-alive exchange), within `within`; returns its text.
+///
+/// # Panics
+/// When the answer does not end within `within`.
+pub async fn read_answer(read: &mut (impl AsyncRead + Unpin), within: Duration) -> String {
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(within, async {
+        loop {
+            if let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&answer[..end + 4]).into_owned();
+                let length = header_of(&head, "content-length")
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .unwrap_or(0);
+                if answer.len() >= end + 4 + length {
+                    break;
+                }
+            }
+            match read.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .expect("a whole answer in time");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 /// The status of a raw HTTP/1.1 answer (0 when there is none).
 pub fn status_of(answer: &str) -> u16 {
     answer

@@ -8,6 +8,8 @@
 // Test code may unwrap (helpers outside #[test] functions too).
 #![allow(clippy::unwrap_used)]
 
+use std::time::Duration;
+
 use keypool_sim::{Delay, OkSpec, Script};
 use keypool_store::config::Config;
 use keypool_tests::{AccountSpec, Harness, HarnessBuilder, MODEL, Reply, message_body, secret_of};
@@ -179,6 +181,66 @@ async fn a_key_created_is_shown_once_and_a_revoked_key_gets_401() {
         .await
         .assert_keypool_error(401, "authentication_error");
     assert!(reloaded(&h).lb_key_by_id("carol").unwrap().revoked());
+    h.finish().await;
+}
+
+/// A keep-alive connection remembers the hash of the key it presented last (issue 22):
+/// only the hash, never the verdict. Another key on the same connection is served as
+/// itself, a key revoked between two requests of one connection is refused on the
+/// second, and an unknown key after a valid one is refused.
+#[tokio::test]
+async fn one_connection_presenting_keys_gets_each_keys_verdict_even_after_a_revocation() {
+    use keypool_tests::raw::{read_answer, status_of};
+    use tokio::io::AsyncWriteExt;
+    let h = builder().start().await;
+    let mut created = Vec::new();
+    for id in ["carol", "dave"] {
+        let r = admin(
+            &h,
+            http::Method::POST,
+            "/admin/keys",
+            Some(json!({"id": id, "org": "acme"})),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+        created.push(r.json()["key"].as_str().unwrap().to_owned());
+    }
+    let (carol, dave) = (&created[0], &created[1]);
+    let body = serde_json::to_vec(&message_body(MODEL, false)).unwrap();
+    let path = h.messages_url().replacen(&h.base_url(), "", 1);
+    let request = |key: &str| {
+        let mut r = format!(
+            "POST {path} HTTP/1.1\r\nhost: keypool\r\nx-api-key: {key}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        r.extend_from_slice(&body);
+        r
+    };
+    let addr = h.base_url().trim_start_matches("http://").to_owned();
+    let connect = || tokio::net::TcpStream::connect(&addr);
+    let send = async |kept: &mut tokio::net::TcpStream, key: &str| {
+        kept.write_all(&request(key)).await.unwrap();
+        read_answer(kept, Duration::from_secs(10)).await
+    };
+    let mut kept = connect().await.unwrap();
+    for key in [carol, carol, dave, carol] {
+        let answer = send(&mut kept, key).await;
+        assert_eq!(status_of(&answer), 200, "{answer}");
+    }
+    let r = admin(&h, http::Method::POST, "/admin/keys/carol/revoke", None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // the same connection, whose last key was carol's: refused (and closed, as every
+    // refusal before the body is)
+    let answer = send(&mut kept, carol).await;
+    assert_eq!(status_of(&answer), 401, "{answer}");
+    assert!(answer.contains("\"authentication_error\""), "{answer}");
+    let mut kept = connect().await.unwrap();
+    let answer = send(&mut kept, dave).await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    let answer = send(&mut kept, "sk-lb-not-a-key-of-this-config").await;
+    assert_eq!(status_of(&answer), 401, "{answer}");
     h.finish().await;
 }
 

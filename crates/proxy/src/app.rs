@@ -12,6 +12,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use keypool_providers::{Endpoint, HeaderLines as _, inspect_request};
 use keypool_selector::HedgeBudget;
+use keypool_store::keys::KeyMemo;
 use keypool_store::resolve::PoolKey;
 use keypool_store::{Store, now_ms};
 
@@ -255,14 +256,17 @@ impl App {
             uri: parts.uri,
             headers: HeadLines::from_map(&parts.headers),
         };
-        self.handle_from(info, parts, body).await
+        self.handle_from(info, &mut KeyMemo::default(), parts, body)
+            .await
     }
 
     /// [`App::handle`] for a request whose connection facts the server hands over
-    /// directly (keypool's own HTTP/1.1 server: no extensions map per request).
+    /// directly (keypool's own HTTP/1.1 server: no extensions map per request), with
+    /// the connection's memo of the key it presented last.
     pub(crate) async fn handle_from<B>(
         &self,
         info: Option<ClientInfo>,
+        memo: &mut KeyMemo,
         parts: RequestParts,
         body: B,
     ) -> Response<ProxyBody>
@@ -272,7 +276,7 @@ impl App {
     {
         let mut ctx =
             RequestContext::new(self.metrics(), self.request_id(), &self.inner.unresolved);
-        let mut response = self.dispatch(&mut ctx, info, parts, body).await;
+        let mut response = self.dispatch(&mut ctx, info, memo, parts, body).await;
         ctx.answered(response.status().as_u16());
         if let Ok(value) = HeaderValue::from_str(&ctx.id) {
             response.headers_mut().insert(X_REQUEST_ID, value);
@@ -284,6 +288,7 @@ impl App {
         &self,
         ctx: &mut RequestContext<'_>,
         info: Option<ClientInfo>,
+        memo: &mut KeyMemo,
         parts: RequestParts,
         body: B,
     ) -> Response<ProxyBody>
@@ -315,7 +320,8 @@ impl App {
                 let legacy = route.is_legacy();
                 let mut response = if endpoint == Endpoint::Models {
                     if get {
-                        self.messages(ctx, &parts, body, org, url, endpoint).await
+                        self.messages(ctx, memo, &parts, body, org, url, endpoint)
+                            .await
                     } else {
                         Reject::method_not_allowed().respond(&ctx.id)
                     }
@@ -328,7 +334,8 @@ impl App {
                             .first_text("user-agent")
                             .and_then(crate::log::loggable_user_agent);
                     }
-                    self.messages(ctx, &parts, body, org, url, endpoint).await
+                    self.messages(ctx, memo, &parts, body, org, url, endpoint)
+                        .await
                 } else {
                     Reject::method_not_allowed().respond(&ctx.id)
                 };
@@ -401,9 +408,11 @@ impl App {
     /// SPEC 3 for an API route: steps 1–4 here, 5–8 in [`failover::serve`]. A chat
     /// completion is translated to a Messages request right after its body is read,
     /// and follows the same path; `GET …/v1/models` ends after step 3.
+    #[allow(clippy::too_many_arguments)]
     async fn messages<B>(
         &self,
         ctx: &mut RequestContext<'_>,
+        memo: &mut KeyMemo,
         parts: &RequestParts,
         body: B,
         org: Option<&str>,
@@ -437,12 +446,12 @@ impl App {
             parts.headers.first_text("x-api-key"),
             parts.headers.first_text("authorization"),
         );
-        let key = match config.authenticate_key(&route, presented) {
+        let key = match config.authenticate_key_with(&route, presented, memo) {
             Ok(key) => key,
             Err(e) => return early_reject(parts, &Reject::from(e), &ctx.id),
         };
         // Issue 24: `x-keypool-route` picks another of the key's URL configs.
-        let route = match chosen_route(&config, parts, route, presented) {
+        let route = match chosen_route(&config, parts, route, presented, memo) {
             Ok(route) => route,
             Err(reject) => return early_reject(parts, &reject, &ctx.id),
         };
@@ -519,6 +528,7 @@ fn chosen_route(
     parts: &RequestParts,
     route: keypool_store::resolve::Route,
     presented: Option<&str>,
+    memo: &mut KeyMemo,
 ) -> Result<keypool_store::resolve::Route, Reject> {
     let Some(value) = parts.headers.first(X_KEYPOOL_ROUTE) else {
         return Ok(route);
@@ -540,7 +550,7 @@ fn chosen_route(
         .resolve(route.org().slug(), url)
         .map_err(|_| refused())?;
     config
-        .authenticate_key(&other, presented)
+        .authenticate_key_with(&other, presented, memo)
         .map_err(|_| refused())?;
     Ok(other)
 }

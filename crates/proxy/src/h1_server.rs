@@ -39,6 +39,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::CONNECTION;
 use http::{HeaderValue, Method, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
+use keypool_store::keys::KeyMemo;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -79,6 +80,7 @@ pub(crate) async fn serve(
         slot: Arc::new(Mutex::new(None)),
         out: Vec::with_capacity(512),
         info,
+        keys: KeyMemo::default(),
     };
     // Armed once; each request's deadline moves it only when it fires early
     // (`poll_moved_timer`), not at every request.
@@ -158,6 +160,8 @@ struct Conn {
     /// The answer's head.
     out: Vec<u8>,
     info: ClientInfo,
+    /// The key the connection presented last, with its hash.
+    keys: KeyMemo,
 }
 
 impl Conn {
@@ -295,14 +299,21 @@ impl Conn {
     ) -> Option<Response<ProxyBody>> {
         // pinned where it is made: a `let` then `tokio::pin!` moved the whole request
         // future (~5 KB) once more
-        let mut handling = std::pin::pin!(app.handle_from(Some(self.info), parts, body));
-        poll_fn(|cx| {
-            if let Poll::Ready(response) = handling.as_mut().poll(cx) {
-                return Poll::Ready(Some(response));
-            }
-            self.poll_client_gone(cx).map(|()| None)
-        })
-        .await
+        // the memo is out of `self` while the request has it (`self` watches the client)
+        let mut keys = std::mem::take(&mut self.keys);
+        let answer = {
+            let mut handling =
+                std::pin::pin!(app.handle_from(Some(self.info), &mut keys, parts, body));
+            poll_fn(|cx| {
+                if let Poll::Ready(response) = handling.as_mut().poll(cx) {
+                    return Poll::Ready(Some(response));
+                }
+                self.poll_client_gone(cx).map(|()| None)
+            })
+            .await
+        };
+        self.keys = keys;
+        answer
     }
 
     /// `Ready` when the client closed; only while this task holds the read side (a

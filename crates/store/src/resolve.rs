@@ -5,7 +5,7 @@ use std::sync::Arc;
 use keypool_core::Strategy;
 
 use crate::config::{Config, Group, LbKey, LegacyEntry, Org, UrlConfig};
-use crate::keys::hash_key;
+use crate::keys::KeyMemo;
 
 /// A resolved URL config: the org, the config, and the pool it points at.
 #[derive(Debug, Clone)]
@@ -193,12 +193,26 @@ impl Config {
         route: &Route,
         presented: Option<&str>,
     ) -> Result<&LbKey, AuthError> {
+        self.authenticate_key_with(route, presented, &mut KeyMemo::default())
+    }
+
+    /// [`Config::authenticate_key`] with the hash of a key the connection presented
+    /// before taken from `memo` (and this one's left there).
+    ///
+    /// # Errors
+    /// As [`Config::authenticate`].
+    pub fn authenticate_key_with(
+        &self,
+        route: &Route,
+        presented: Option<&str>,
+        memo: &mut KeyMemo,
+    ) -> Result<&LbKey, AuthError> {
         let presented = presented
             .filter(|k| !k.is_empty())
             .ok_or(AuthError::Unauthenticated)?;
         let key = self
             .keys_by_hash
-            .get(&hash_key(presented))
+            .get(&memo.hash(presented))
             .ok_or(AuthError::Unauthenticated)?;
         if key.revoked() || !key.can_see(route.org.slug(), route.url.custom_url()) {
             return Err(AuthError::Unauthenticated);

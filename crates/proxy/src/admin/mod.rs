@@ -44,7 +44,7 @@ use keypool_core::{AccountId, Strategy, UnixMs};
 use keypool_providers::{ErrorType, HeaderLines as _};
 use keypool_selector::Candidate;
 use keypool_store::config::{Account, Config, Org};
-use keypool_store::keys::hash_key;
+use keypool_store::keys::{constant_time_eq, hash_key};
 use keypool_store::{Store, StoreError, now_ms};
 use serde_json::{Value, json};
 
@@ -260,12 +260,6 @@ fn authorized(parts: &RequestParts, token: &str) -> bool {
         hash_key(presented.trim()).as_bytes(),
         hash_key(token).as_bytes(),
     )
-}
-
-/// Compares two equal-length digests without an early exit.
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
 }
 
 /// The routes that change the config document: the pool's elements ([`changes`]) and
