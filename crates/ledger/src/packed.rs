@@ -7,8 +7,10 @@
 //! the caller's, the account's names): keeping them filled the caches and freeing the
 //! oldest touched about ten cold cache lines per request, the largest single share of
 //! the ledger's cost per request (`docs/BENCHMARKS.md`). Packed, a record is one run of
-//! about 150 bytes that holds nothing shared, written once and freed in one call; the
-//! admin API unpacks the few it answers with.
+//! about 150 bytes that holds nothing shared; once the ring is full, the oldest record's
+//! allocation is written over with the newest one's bytes, so a request neither
+//! allocates nor frees (`Packed::refill`). The admin API unpacks the few it answers
+//! with.
 //!
 //! The layout is private to this process (never stored or sent): the fields in their
 //! declaration order, numbers as LEB128 varints, strings as their length and bytes,
@@ -30,21 +32,48 @@ const SAME_MODEL: u8 = 2;
 
 /// One packed record (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Packed(Box<[u8]>);
+pub(crate) struct Packed(Vec<u8>);
+
+/// How much room beyond its bytes a record's allocation may keep when it is refilled
+/// ([`Packed::refill`]): more, and it is given an allocation of its size instead.
+const SPARE_ROOM: usize = 256;
 
 impl Packed {
     /// `record`, packed.
+    #[cfg(test)]
     pub(crate) fn pack(r: &UsageRecord) -> Self {
-        // Written into this thread's scratch buffer, then copied into an allocation of
-        // exactly its size.
+        Self::packing(r, Self::from_bytes)
+    }
+
+    /// A record of bytes [`Packed::packing`] gave, in an allocation of their size.
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Self {
+        Self(bytes.to_vec())
+    }
+
+    /// What `keep` makes of `record`'s packed bytes, written into this thread's scratch
+    /// buffer.
+    pub(crate) fn packing<T>(r: &UsageRecord, keep: impl FnOnce(&[u8]) -> T) -> T {
         SCRATCH.with(|scratch| {
             let mut w = Writer(std::mem::take(&mut *scratch.borrow_mut()));
             w.0.clear();
             w.record(r);
-            let packed = Self(Box::from(&w.0[..]));
+            let kept = keep(&w.0);
             *scratch.borrow_mut() = w.0;
-            packed
+            kept
         })
+    }
+
+    /// This record replaced by `bytes` (what [`Packed::packing`] gave), in its own
+    /// allocation when that has room and is not much larger: the ring's oldest record
+    /// becomes its newest without an allocation and a free per request, and no record
+    /// keeps more than [`SPARE_ROOM`] bytes it does not use.
+    pub(crate) fn refill(&mut self, bytes: &[u8]) {
+        if self.0.capacity() < bytes.len() || self.0.capacity() > bytes.len() + SPARE_ROOM {
+            self.0 = bytes.to_vec();
+            return;
+        }
+        self.0.clear();
+        self.0.extend_from_slice(bytes);
     }
 
     /// The request id, without unpacking the rest.
@@ -300,7 +329,7 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -326,7 +355,8 @@ mod tests {
     }
 
     prop_compose! {
-        fn record()(
+        /// Any record.
+        pub(crate) fn record()(
             names in proptest::collection::vec(text(), 5),
             models in (proptest::option::of(text()), proptest::option::of(text())),
             routing in proptest::option::of((proptest::option::of(text()), any::<u32>())),
@@ -387,11 +417,26 @@ mod tests {
         #[test]
         fn cut_or_extended_bytes_never_unpack_to_a_record(record in record(), cut in any::<prop::sample::Index>()) {
             let Packed(bytes) = Packed::pack(&record);
-            let short = Packed(Box::from(&bytes[..cut.index(bytes.len())]));
+            let short = Packed(bytes[..cut.index(bytes.len())].to_vec());
             prop_assert_eq!(short.unpack(), None);
-            let mut long = bytes.to_vec();
+            let mut long = bytes.clone();
             long.push(0);
-            prop_assert_eq!(Packed(long.into_boxed_slice()).unpack(), None);
+            prop_assert_eq!(Packed(long).unpack(), None);
+        }
+
+        /// A record refilled with another's bytes is that other record, whatever either
+        /// was, and keeps at most `SPARE_ROOM` bytes of room it does not use.
+        #[test]
+        fn a_refilled_record_is_the_new_one(old in record(), new in record()) {
+            let mut packed = Packed::pack(&old);
+            let kept = packed.0.as_ptr();
+            let had = packed.0.capacity();
+            Packed::packing(&new, |bytes| packed.refill(bytes));
+            prop_assert_eq!(packed.unpack(), Some(new));
+            prop_assert!(packed.0.capacity() <= packed.0.len() + SPARE_ROOM);
+            if had >= packed.0.len() && had <= packed.0.len() + SPARE_ROOM {
+                prop_assert_eq!(packed.0.as_ptr(), kept, "refilled in its own allocation");
+            }
         }
     }
 

@@ -81,25 +81,25 @@ impl RecentRecords {
         }
     }
 
-    /// Adds a record (packed before the lock is taken).
+    /// Adds a record (packed before the lock is taken). Once the ring is full, the
+    /// oldest record's allocation takes the new one's bytes: no allocation, and no free
+    /// of memory another thread allocated, per request.
     pub fn push(&self, record: &UsageRecord) {
         if self.capacity == 0 {
             return;
         }
-        let packed = Packed::pack(record);
-        let evicted = {
+        Packed::packing(record, |bytes| {
             let mut records = self.records.lock().unwrap_or_else(PoisonError::into_inner);
             // The capacity never changes, so at most one record is ever over it.
-            let evicted = if records.len() >= self.capacity {
-                records.pop_front()
-            } else {
-                None
-            };
-            records.push_back(packed);
-            evicted
-        };
-        // The oldest record is freed after the lock is released.
-        drop(evicted);
+            if records.len() >= self.capacity
+                && let Some(mut oldest) = records.pop_front()
+            {
+                oldest.refill(bytes);
+                records.push_back(oldest);
+                return;
+            }
+            records.push_back(Packed::from_bytes(bytes));
+        });
     }
 
     /// The newest `limit` records that pass `filter`, newest first.
@@ -147,5 +147,45 @@ impl RecentRecords {
     /// Whether none is kept.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packed::tests::record;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The ring keeps the last `capacity` records, whatever their sizes (a full
+        /// ring writes each over the oldest): exported oldest first, listed newest
+        /// first, and a kept one found by its id.
+        #[test]
+        fn the_ring_keeps_the_last_records(
+            records in proptest::collection::vec(record(), 0..24),
+            capacity in 0..8usize,
+        ) {
+            let ring = RecentRecords::new(capacity);
+            for r in &records {
+                ring.push(r);
+            }
+            let kept = &records[records.len() - records.len().min(capacity)..];
+            let exported: Vec<UsageRecord> =
+                ring.export().iter().map(|r| (**r).clone()).collect();
+            prop_assert_eq!(&exported[..], kept);
+            prop_assert_eq!(ring.len(), kept.len());
+            let listed: Vec<UsageRecord> = ring
+                .list(&RecordFilter::default(), usize::MAX)
+                .iter()
+                .map(|r| (**r).clone())
+                .collect();
+            let newest_first: Vec<UsageRecord> = kept.iter().rev().cloned().collect();
+            prop_assert_eq!(listed, newest_first);
+            if let Some(last) = kept.last() {
+                let found = ring.get(&last.request_id).map(|r| (*r).clone());
+                let first_with_id = kept.iter().rev().find(|r| r.request_id == last.request_id);
+                prop_assert_eq!(found.as_ref(), first_with_id);
+            }
+        }
     }
 }
