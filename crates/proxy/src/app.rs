@@ -256,32 +256,36 @@ impl App {
             uri: parts.uri,
             headers: HeadLines::from_map(&parts.headers),
         };
-        self.handle_from(info, &mut KeyMemo::default(), parts, body)
-            .await
+        let (mut response, id) = self
+            .handle_from(info, &mut KeyMemo::default(), parts, body)
+            .await;
+        if let Ok(value) = HeaderValue::from_str(&id) {
+            response.headers_mut().insert(X_REQUEST_ID, value);
+        }
+        response
     }
 
     /// [`App::handle`] for a request whose connection facts the server hands over
     /// directly (keypool's own HTTP/1.1 server: no extensions map per request), with
-    /// the connection's memo of the key it presented last.
+    /// the connection's memo of the key it presented last: the answer and the request
+    /// id, which the caller sends as `x-request-id` (keypool's server writes it straight
+    /// into the head it writes, without a header map insert).
     pub(crate) async fn handle_from<B>(
         &self,
         info: Option<ClientInfo>,
         memo: &mut KeyMemo,
         parts: RequestParts,
         body: B,
-    ) -> Response<ProxyBody>
+    ) -> (Response<ProxyBody>, Arc<str>)
     where
         B: Body<Data = Bytes> + Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let mut ctx =
             RequestContext::new(self.metrics(), self.request_id(), &self.inner.unresolved);
-        let mut response = self.dispatch(&mut ctx, info, memo, parts, body).await;
+        let response = self.dispatch(&mut ctx, info, memo, parts, body).await;
         ctx.answered(response.status().as_u16());
-        if let Ok(value) = HeaderValue::from_str(&ctx.id) {
-            response.headers_mut().insert(X_REQUEST_ID, value);
-        }
-        response
+        (response, ctx.id.clone())
     }
 
     async fn dispatch<B>(

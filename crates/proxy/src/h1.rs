@@ -20,6 +20,8 @@ use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, Version};
 use keypool_providers::UpstreamHeaders;
 
+use crate::headers::X_REQUEST_ID;
+
 /// Most header lines a response head may have (hyper's limit too).
 pub(crate) const MAX_HEADERS: usize = 100;
 /// The largest body sent in one buffer with its head (copied after it) rather than
@@ -682,8 +684,10 @@ pub(crate) enum ResponseFraming {
 
 /// Writes a response head into `out` (cleared first): the status line (in the
 /// request's `version`, as hyper did), `headers`
-/// (without framing headers of their own), the framing, `connection: keep-alive` for
-/// an HTTP/1.0 client kept alive, `date`, and the blank line.
+/// (without framing headers of their own), `x-request-id: request_id` in place of any
+/// the headers carry, the framing, `connection: keep-alive` for an HTTP/1.0 client
+/// kept alive, `date`, and the blank line.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn write_response_head(
     out: &mut Vec<u8>,
     version: Version,
@@ -692,6 +696,7 @@ pub(crate) fn write_response_head(
     framing: ResponseFraming,
     keep_alive_10: bool,
     date: &[u8],
+    request_id: Option<&str>,
 ) {
     out.clear();
     out.extend_from_slice(if version == Version::HTTP_10 {
@@ -703,13 +708,23 @@ pub(crate) fn write_response_head(
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
     out.extend_from_slice(b"\r\n");
+    // keypool's request id (always `req_kp_` and hex) replaces any other
+    let request_id = request_id.filter(|id| id.bytes().all(|b| b.is_ascii_graphic()));
     for (name, value) in headers {
-        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
+        if name == CONTENT_LENGTH
+            || name == TRANSFER_ENCODING
+            || (request_id.is_some() && name == X_REQUEST_ID)
+        {
             continue;
         }
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(id) = request_id {
+        out.extend_from_slice(b"x-request-id: ");
+        out.extend_from_slice(id.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
     match framing {
@@ -1384,6 +1399,7 @@ mod tests {
             ResponseFraming::Length(2),
             false,
             date,
+            None,
         );
         assert_eq!(
             String::from_utf8(out.clone()).unwrap(),
@@ -1397,6 +1413,7 @@ mod tests {
             ResponseFraming::Chunked,
             true,
             date,
+            None,
         );
         assert_eq!(
             String::from_utf8(out.clone()).unwrap(),
@@ -1410,11 +1427,43 @@ mod tests {
             ResponseFraming::None(None),
             false,
             date,
+            None,
         );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "HTTP/1.1 200 OK\r\ndate: Wed, 02 Dec 2026 07:34:49 GMT\r\n\r\n"
         );
+        // the request id after the headers, in place of one they carry; one that is not
+        // a header value is left out (the headers' own is kept)
+        let mut headers = HeaderMap::new();
+        headers.insert(X_REQUEST_ID, HeaderValue::from_static("upstream-id"));
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        let json = "content-type: application/json\r\n";
+        let theirs = "x-request-id: upstream-id\r\n";
+        let ours = "x-request-id: req_kp_0123456789abcdef\r\n";
+        for (id, lines) in [
+            (Some("req_kp_0123456789abcdef"), format!("{json}{ours}")),
+            (Some("req\r\nx-evil: 1"), format!("{theirs}{json}")),
+            (None, format!("{theirs}{json}")),
+        ] {
+            let mut out = Vec::new();
+            write_response_head(
+                &mut out,
+                Version::HTTP_11,
+                StatusCode::OK,
+                &headers,
+                ResponseFraming::Length(2),
+                false,
+                date,
+                id,
+            );
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                format!(
+                    "HTTP/1.1 200 OK\r\n{lines}content-length: 2\r\ndate: Wed, 02 Dec 2026 07:34:49 GMT\r\n\r\n"
+                )
+            );
+        }
         let mut line = [0u8; 18];
         assert_eq!(chunk_size_line(&mut line, 0), b"0\r\n");
         assert_eq!(chunk_size_line(&mut line, 0x1a2b), b"1a2b\r\n");

@@ -246,7 +246,7 @@ impl Conn {
             uri,
             headers,
         };
-        let Some(response) = self.answer(app, parts, body).await else {
+        let Some((response, request_id)) = self.answer(app, parts, body).await else {
             // the client closed: the request was cancelled
             return Ok(false);
         };
@@ -280,6 +280,7 @@ impl Conn {
             framing,
             keep_alive_10,
             &date,
+            Some(&request_id),
         );
         if bodiless {
             self.write_all(&[]).await?;
@@ -296,7 +297,7 @@ impl Conn {
         app: &App,
         parts: RequestParts,
         body: RequestBody,
-    ) -> Option<Response<ProxyBody>> {
+    ) -> Option<(Response<ProxyBody>, Arc<str>)> {
         // pinned where it is made: a `let` then `tokio::pin!` moved the whole request
         // future (~5 KB) once more
         // the memo is out of `self` while the request has it (`self` watches the client)
@@ -450,6 +451,7 @@ impl Conn {
             ResponseFraming::Length(0),
             false,
             &date,
+            None,
         );
         self.write_all(&[]).await
     }
