@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use keypool_sim::Script;
 use keypool_tests::process::{KeypoolProcess, binary_config, config_file, free_port};
-use keypool_tests::raw::{header_of, read_head, status_of};
+use keypool_tests::raw::{header_of, read_answer, read_head, status_of};
 use keypool_tests::{AccountSpec, Harness, KEY, MODEL, message_body};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 const ADMIN_TOKEN: &str = "resources-admin-token-5f4e3d2c1b";
@@ -139,7 +139,7 @@ async fn out_of_file_descriptors_is_keypools_failure_not_the_accounts() {
         );
         socket.write_all(request.as_bytes()).await.unwrap();
         socket.write_all(&body).await.unwrap();
-        let answer = read_answer(&mut socket).await;
+        let answer = read_answer(&mut socket, Duration::from_secs(10)).await;
         assert_eq!(status_of(&answer), 503, "round {round}: {answer}");
         assert_eq!(
             header_of(&answer, "retry-after"),
@@ -201,29 +201,4 @@ async fn settled_fds(k: &KeypoolProcess) -> usize {
         );
         last = now;
     }
-}
-
-/// Reads one whole answer (head and its `content-length` body) from a kept-alive
-/// connection (at most 10 s).
-async fn read_answer(socket: &mut TcpStream) -> String {
-    let mut answer = read_head(socket, Duration::from_secs(10))
-        .await
-        .into_bytes();
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let head_len = text.find("\r\n\r\n").map_or(answer.len(), |i| i + 4);
-    let length: usize = header_of(&text, "content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let mut buf = [0u8; 4096];
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while answer.len() < head_len + length {
-            match socket.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => answer.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await
-    .expect("the whole answer within 10 s");
-    String::from_utf8_lossy(&answer).into_owned()
 }
