@@ -68,8 +68,9 @@ pub(crate) async fn serve(
     info: ClientInfo,
     header_read_timeout: Duration,
     app: App,
-    mut drain: watch::Receiver<bool>,
+    drain: watch::Receiver<bool>,
 ) {
+    let mut drain = DrainWatch::new(drain);
     let (read, write) = stream.into_split();
     let mut conn = Conn {
         write,
@@ -98,7 +99,7 @@ pub(crate) async fn serve(
             }
             Err(None) => break,
         };
-        let draining = *drain.borrow();
+        let draining = drain.draining();
         match conn.exchange(&app, head).await {
             Ok(true) if !draining => {}
             Ok(_) => break,
@@ -109,6 +110,62 @@ pub(crate) async fn serve(
         }
     }
     let _ = conn.write.shutdown().await;
+}
+
+/// The server's drain as one connection watches it: one waiter in the drain channel's
+/// list for the connection's life, polled again only once the channel changed.
+///
+/// Waiting on `watch::Receiver::changed` each time the connection went idle put a
+/// waiter into the channel's list and took it out again, under the channel's one lock,
+/// which every connection of every worker shares: two writes per request to a line
+/// both cores wrote (issue 22). Registered once, the waiter keeps the connection task's
+/// waker, and between requests the connection only reads the channel's version.
+struct DrainWatch {
+    /// The server's side of the drain, read to know whether it changed or drains.
+    seen: watch::Receiver<bool>,
+    /// Resolves when the server drains or is gone; holds its own receiver.
+    drained: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// `drained` was polled (its waiter holds the task's waker).
+    registered: bool,
+    /// `drained` resolved.
+    done: bool,
+}
+
+impl DrainWatch {
+    fn new(seen: watch::Receiver<bool>) -> Self {
+        let mut own = seen.clone();
+        Self {
+            seen,
+            // unconstrained: a poll out of tokio's budget would return without putting
+            // the waiter in the list, and the next poll may be long after the drain
+            drained: Box::pin(tokio::task::unconstrained(async move {
+                // an error is a server gone: its connections end too
+                let _ = own.wait_for(|&draining| draining).await;
+            })),
+            registered: false,
+            done: false,
+        }
+    }
+
+    /// Whether the server drains.
+    fn draining(&self) -> bool {
+        *self.seen.borrow()
+    }
+
+    /// `Ready` once the server drains (or is gone). A connection's task is the one
+    /// task that polls it, so the waker registered at the first poll stays right.
+    fn poll_drained(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.done {
+            return Poll::Ready(());
+        }
+        if self.registered && matches!(self.seen.has_changed(), Ok(false)) {
+            return Poll::Pending;
+        }
+        self.registered = true;
+        let polled = self.drained.as_mut().poll(cx);
+        self.done = polled.is_ready();
+        polled
+    }
 }
 
 /// The connection's read side: the socket's read half and what was read but not yet
@@ -173,7 +230,7 @@ impl Conn {
         &mut self,
         mut timer: Pin<&mut tokio::time::Sleep>,
         deadline: tokio::time::Instant,
-        drain: &mut watch::Receiver<bool>,
+        drain: &mut DrainWatch,
     ) -> Result<Option<h1::RequestHead>, Option<RequestError>> {
         let Some(inbound) = self.inbound.as_mut() else {
             return Err(None);
@@ -192,7 +249,7 @@ impl Conn {
                 // an idle connection also ends when the server drains
                 tokio::select! {
                     biased;
-                    _ = drain.changed() => Ok(None),
+                    () = poll_fn(|cx| drain.poll_drained(cx)) => Ok(None),
                     () = poll_fn(|cx| poll_moved_timer(timer.as_mut(), deadline, cx)) => Ok(None),
                     read = fill => read.map(Some),
                 }
@@ -654,4 +711,84 @@ thread_local! {
             text: std::cell::Cell::new(*b"Thu, 01 Jan 1970 00:00:00 GMT"),
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Wake, Waker};
+
+    use super::*;
+
+    /// Counts its wakes.
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Wakes {
+        fn count(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    /// Spends what is left of tokio's budget for this poll.
+    fn spend_budget(cx: &mut Context<'_>) {
+        loop {
+            let mut spend = std::pin::pin!(tokio::task::consume_budget());
+            if spend.as_mut().poll(cx).is_pending() {
+                return;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_drain_wakes_an_idle_connection_whose_first_wait_was_out_of_budget() {
+        let (tx, rx) = watch::channel(false);
+        let mut drain = DrainWatch::new(rx);
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        spend_budget(&mut cx);
+        assert!(drain.poll_drained(&mut cx).is_pending());
+        // nothing changed: another idle wait of the connection
+        assert!(drain.poll_drained(&mut cx).is_pending());
+        assert!(!drain.draining());
+        let before = wakes.count();
+        tx.send(true).expect("the connection holds a receiver");
+        assert_eq!(
+            wakes.count(),
+            before + 1,
+            "the drain woke the connection's task"
+        );
+        assert!(drain.draining());
+        assert!(drain.poll_drained(&mut cx).is_ready());
+        assert!(drain.poll_drained(&mut cx).is_ready(), "and stays drained");
+    }
+
+    #[tokio::test]
+    async fn a_server_gone_ends_an_idle_connection() {
+        let (tx, rx) = watch::channel(false);
+        let mut drain = DrainWatch::new(rx);
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(drain.poll_drained(&mut cx).is_pending());
+        drop(tx);
+        assert_eq!(wakes.count(), 1);
+        assert!(drain.poll_drained(&mut cx).is_ready());
+    }
+
+    #[tokio::test]
+    async fn a_drain_already_begun_ends_the_first_wait() {
+        let (tx, rx) = watch::channel(false);
+        tx.send(true).expect("a receiver");
+        let mut drain = DrainWatch::new(rx);
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(drain.poll_drained(&mut cx).is_ready());
+    }
 }
