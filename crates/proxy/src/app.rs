@@ -480,7 +480,7 @@ impl App {
         };
         if let Some(log) = ctx.log_mut() {
             log.stream = info.stream;
-            log.model = Some(Arc::from(info.model.as_str()));
+            log.model = Some(crate::log::logged_model(&info.model));
         }
         // SPEC 12: the caller's limits, before any account is chosen.
         let org = route.org();

@@ -78,15 +78,64 @@ pub const JSON_FIELDS: [&str; 2] = ["attempts", "upstream_statuses"];
 /// The longest user agent logged (longer ones are cut at a character boundary).
 const MAX_USER_AGENT: usize = 256;
 
+/// Texts a thread logged lately, shared with the next requests that log the same text
+/// rather than copied for each: a connection's user agent, the few models a team asks
+/// for. At most `N` are kept, the oldest replaced first.
+pub(crate) struct RecentTexts<const N: usize> {
+    kept: [Option<Arc<str>>; N],
+    next: usize,
+}
+
+impl<const N: usize> RecentTexts<N> {
+    pub(crate) const fn new() -> Self {
+        Self {
+            kept: [const { None }; N],
+            next: 0,
+        }
+    }
+
+    /// `text`, shared with the kept one of the same text, else kept in place of the
+    /// oldest.
+    pub(crate) fn share(&mut self, text: &str) -> Arc<str> {
+        if let Some(kept) = self.kept.iter().flatten().find(|kept| ***kept == *text) {
+            return Arc::clone(kept);
+        }
+        let fresh: Arc<str> = Arc::from(text);
+        if N > 0 {
+            self.kept[self.next] = Some(Arc::clone(&fresh));
+            self.next = (self.next + 1) % N;
+        }
+        fresh
+    }
+}
+
 thread_local! {
-    /// The user agent this thread logged last. A connection's requests (and most
-    /// clients') send the same one: it is shared rather than copied per request.
-    static LAST_USER_AGENT: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
+    /// The user agents this thread logged last. A connection's requests (and most
+    /// clients') send the same one.
+    static USER_AGENTS: RefCell<RecentTexts<2>> = const { RefCell::new(RecentTexts::new()) };
+    /// The models this thread logged last: a team asks for a few.
+    static MODELS: RefCell<RecentTexts<4>> = const { RefCell::new(RecentTexts::new()) };
+}
+
+/// `text` shared through the thread's `cache` ([`RecentTexts`]).
+fn shared<const N: usize>(
+    cache: &'static std::thread::LocalKey<RefCell<RecentTexts<N>>>,
+    text: &str,
+) -> Arc<str> {
+    cache.with(|cache| match cache.try_borrow_mut() {
+        Ok(mut cache) => cache.share(text),
+        Err(_) => Arc::from(text),
+    })
+}
+
+/// The model a request asked for, as logged (shared with the thread's recent ones).
+pub(crate) fn logged_model(model: &str) -> Arc<str> {
+    shared(&MODELS, model)
 }
 
 /// The user agent as logged: at most [`MAX_USER_AGENT`] bytes, and none at all when it
-/// holds something that looks like a key (`sk-`), which a log must never show. The
-/// thread's last one when it is the same text ([`LAST_USER_AGENT`]).
+/// holds something that looks like a key (`sk-`), which a log must never show. Shared
+/// with the thread's recent ones of the same text.
 pub(crate) fn loggable_user_agent(value: &str) -> Option<Arc<str>> {
     let logged = if value.contains("sk-") {
         "[redacted]"
@@ -97,17 +146,7 @@ pub(crate) fn loggable_user_agent(value: &str) -> Option<Arc<str>> {
         }
         &value[..end]
     };
-    LAST_USER_AGENT.with(|last| {
-        let Ok(mut last) = last.try_borrow_mut() else {
-            return Some(Arc::from(logged));
-        };
-        if let Some(kept) = last.as_ref().filter(|kept| ***kept == *logged) {
-            return Some(Arc::clone(kept));
-        }
-        let fresh: Arc<str> = Arc::from(logged);
-        *last = Some(Arc::clone(&fresh));
-        Some(fresh)
-    })
+    Some(shared(&USER_AGENTS, logged))
 }
 
 impl RequestLog {
@@ -788,6 +827,50 @@ mod tests {
             let ascii = String::from_utf8(bytes).unwrap();
             proptest::prop_assert_eq!(is_plain(&ascii), slow(&ascii));
         }
+    }
+
+    proptest::proptest! {
+        /// Whatever the texts and their order, a shared text is the text asked for, and
+        /// one of the last `N` texts newly kept is shared, not copied.
+        #[test]
+        fn recent_texts_give_back_the_text_and_share_the_recent_ones(
+            texts in proptest::collection::vec("[a-d]{0,2}", 0..40),
+        ) {
+            let mut recent = RecentTexts::<3>::new();
+            // the model: the texts kept, oldest first
+            let mut kept: std::collections::VecDeque<Arc<str>> = Default::default();
+            for text in &texts {
+                let shared = recent.share(text);
+                proptest::prop_assert_eq!(&*shared, text.as_str());
+                match kept.iter().find(|k| &***k == text.as_str()) {
+                    Some(k) => proptest::prop_assert!(Arc::ptr_eq(k, &shared)),
+                    None => {
+                        proptest::prop_assert!(kept.iter().all(|k| !Arc::ptr_eq(k, &shared)));
+                        kept.push_back(shared);
+                        if kept.len() > 3 {
+                            kept.pop_front();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn models_are_shared_while_recent() {
+        let sonnet = logged_model("claude-sonnet-4-5");
+        let haiku = logged_model("claude-haiku-4-5");
+        assert!(Arc::ptr_eq(&sonnet, &logged_model("claude-sonnet-4-5")));
+        assert!(Arc::ptr_eq(&haiku, &logged_model("claude-haiku-4-5")));
+        for other in ["a", "b", "c", "d"] {
+            assert_eq!(&*logged_model(other), other);
+        }
+        let again = logged_model("claude-sonnet-4-5");
+        assert_eq!(&*again, "claude-sonnet-4-5");
+        assert!(
+            !Arc::ptr_eq(&sonnet, &again),
+            "four others since: a fresh copy"
+        );
     }
 
     #[test]
