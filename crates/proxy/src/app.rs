@@ -506,6 +506,7 @@ impl App {
             user_id: info.user_id.as_deref(),
             model: &info.model,
             key,
+            first_chunks: Default::default(),
         };
         failover::serve(&mut call, &route, ctx).await
     }

@@ -62,6 +62,10 @@ pub(crate) struct Call<'a> {
     pub model: &'a str,
     /// The caller's LB key: queued requests are served round-robin across keys.
     pub key: &'a keypool_store::config::LbKey,
+    /// Set when the first valid frame of the attempt in the walk's slot `i` arrived
+    /// (the hedge looks at it). Here rather than in a shared allocation per attempt:
+    /// the walk resets a slot's flag when it starts an attempt in it.
+    pub first_chunks: [AtomicBool; 2],
 }
 
 /// An attempt that reached its commit point.
@@ -163,7 +167,7 @@ pub(crate) fn is_local_resource_error(error: &(dyn std::error::Error + 'static))
 pub(crate) async fn attempt(
     call: &Call<'_>,
     account: Arc<Account>,
-    first_chunk: Arc<AtomicBool>,
+    first_chunk: &AtomicBool,
 ) -> Result<Ready, Failure> {
     let started = crate::timing::now();
     let settings = call.config.server();
@@ -229,7 +233,7 @@ pub(crate) async fn attempt(
     let upstream_request_id =
         upstream_request_id(account.provider(), &answer.headers).map(str::to_owned);
     if !call.stream {
-        return full_answer(call, &leg, &account, started, answer, body, &first_chunk)
+        return full_answer(call, &leg, &account, started, answer, body, first_chunk)
             .await
             .map(|(ttft_ms, kind)| Ready {
                 account,
@@ -238,7 +242,7 @@ pub(crate) async fn attempt(
                 kind,
             });
     }
-    hold_stream(call, &leg, body, started, &first_chunk)
+    hold_stream(call, &leg, body, started, first_chunk)
         .await
         .map(|(ttft_ms, kind)| Ready {
             account,

@@ -237,13 +237,13 @@ fn says_expired(body: &[u8]) -> bool {
 pub(crate) async fn attempt_with_refresh(
     call: &Call<'_>,
     account: Arc<Account>,
-    first_chunk: Arc<AtomicBool>,
+    first_chunk: &AtomicBool,
 ) -> Result<Ready, Failure> {
     let seen = account
         .oauth()
         .and_then(|_| call.app.store().oauth_tokens().state(account.id()))
         .map(|s| s.generation);
-    let outcome = attempt(call, account.clone(), first_chunk.clone()).await;
+    let outcome = attempt(call, account.clone(), first_chunk).await;
     let Err(Failure::Status { status, body, .. }) = &outcome else {
         return outcome;
     };

@@ -46,7 +46,8 @@ pub(super) struct Running<'a> {
     pub index: usize,
     pub started_at: UnixMs,
     role: FanOutRole,
-    first_chunk: Arc<AtomicBool>,
+    /// The call's flag of this attempt's slot.
+    first_chunk: &'a AtomicBool,
     /// Counts the attempt in the account's in-flight gauge while it lives.
     pub in_flight: InFlight,
     /// The account's concurrency slot (`max_concurrent`), given back when dropped.
@@ -127,7 +128,7 @@ pub(super) struct Walker<'c, 's, F, M> {
 impl<'c, 's, F, M> Walker<'c, 's, F, M>
 where
     F: Future<Output = Result<Ready, Failure>> + Send + 'c,
-    M: Fn(&'c Call<'c>, Arc<Account>, Arc<AtomicBool>) -> F,
+    M: Fn(&'c Call<'c>, Arc<Account>, &'c AtomicBool) -> F,
 {
     /// A walk of `planned` whose attempts `make` makes; `inline` (empty) holds one of
     /// them at a time without a box.
@@ -185,18 +186,15 @@ where
         account: Arc<Account>,
         capacity: Option<SlotGuard>,
     ) {
-        let first_chunk = Arc::new(AtomicBool::new(false));
+        let first_chunk = &self.call.first_chunks[which];
+        first_chunk.store(false, Ordering::Release);
         let in_flight = self.call.app.metrics().start_in_flight(account.id());
         let future = if self.inline.is_none() {
             self.inline
-                .set(Some((self.make)(self.call, account, first_chunk.clone())));
+                .set(Some((self.make)(self.call, account, first_chunk)));
             AttemptSlot::Inline
         } else {
-            AttemptSlot::Boxed(Box::pin((self.make)(
-                self.call,
-                account,
-                first_chunk.clone(),
-            )))
+            AttemptSlot::Boxed(Box::pin((self.make)(self.call, account, first_chunk)))
         };
         self.running[which] = Some(Running {
             future,
