@@ -166,6 +166,24 @@ impl std::fmt::Debug for HeadLines {
     }
 }
 
+/// The longest span list a thread keeps as a spare ([`crate::spares`]): a head of
+/// more lines than this is rare and its list is freed.
+const MAX_SPARE_SPANS: usize = 64;
+
+thread_local! {
+    /// Span lists of the heads this thread dropped, for the next heads it parses.
+    static SPARE_SPANS: crate::spares::Spares<Vec<Span>> = const { crate::spares::Spares::new() };
+}
+
+impl Drop for HeadLines {
+    fn drop(&mut self) {
+        let spans = std::mem::take(&mut self.spans);
+        if spans.capacity() > 0 && spans.capacity() <= MAX_SPARE_SPANS {
+            crate::spares::keep(&SPARE_SPANS, spans);
+        }
+    }
+}
+
 impl HeadLines {
     /// The lines of `map` (the requests of a server that parsed into a `HeaderMap`).
     pub fn from_map(map: &HeaderMap) -> Self {
@@ -371,7 +389,9 @@ fn offset(buf: &[u8], part: &[u8]) -> (usize, usize) {
 /// each value has no control byte but a tab: what `HeaderName` and `HeaderValue`
 /// check).
 fn spans_of(buf: &[u8], lines: &[httparse::Header<'_>]) -> Option<Vec<Span>> {
-    let mut spans = Vec::with_capacity(lines.len());
+    let mut spans = crate::spares::take(&SPARE_SPANS).unwrap_or_default();
+    spans.clear();
+    spans.reserve(lines.len());
     for line in lines {
         if line.name.len() > MAX_HEADER_NAME_LEN {
             return None;
@@ -1123,6 +1143,29 @@ mod tests {
             Parsed::Head(head) => (head, buf),
             Parsed::Partial => panic!("partial"),
         }
+    }
+
+    #[test]
+    fn a_dropped_heads_span_list_serves_the_next_head_of_its_thread() {
+        while crate::spares::take(&SPARE_SPANS).is_some() {}
+        let (first, _) = head(b"HTTP/1.1 200 OK\r\nA: 1\r\nb: 2\r\n\r\n");
+        let list = first.headers.spans.as_ptr();
+        drop(first);
+        let (second, _) = head(b"HTTP/1.1 200 OK\r\nC: 3\r\n\r\n");
+        assert_eq!(second.headers.spans.as_ptr(), list, "the same allocation");
+        let lines: Vec<_> = second.headers.lines().collect();
+        assert_eq!(
+            lines,
+            [(&b"c"[..], &b"3"[..])],
+            "and only the new head's lines"
+        );
+        // a list longer than a spare's is freed, not kept
+        let many: String = (0..MAX_SPARE_SPANS + 1)
+            .map(|i| format!("x{i}: {i}\r\n"))
+            .collect();
+        let (large, _) = head(format!("HTTP/1.1 200 OK\r\n{many}\r\n").as_bytes());
+        drop(large);
+        assert!(crate::spares::take(&SPARE_SPANS).is_none());
     }
 
     #[test]

@@ -339,6 +339,7 @@ impl Conn {
             &date,
             Some(&request_id),
         );
+        crate::headers::give_back(parts.headers);
         if bodiless {
             self.write_all(&[]).await?;
         } else {

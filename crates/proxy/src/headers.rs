@@ -31,6 +31,30 @@ pub const SUNSET: HeaderName = HeaderName::from_static("sunset");
 /// answer (see the module docs for why the list is this short).
 pub const RESPONSE_HEADER_ALLOWLIST: [HeaderName; 1] = [CONTENT_TYPE];
 
+/// The largest header map a thread keeps as a spare ([`crate::spares`]).
+const MAX_SPARE_MAP: usize = 32;
+
+thread_local! {
+    /// Header maps of answers this thread wrote, for the next answers it makes.
+    static SPARE_MAPS: crate::spares::Spares<HeaderMap> = const { crate::spares::Spares::new() };
+}
+
+/// An empty header map for an answer: the thread's spare when it has one (its storage
+/// allocated already), else a new one.
+pub(crate) fn header_map() -> HeaderMap {
+    crate::spares::take(&SPARE_MAPS).unwrap_or_default()
+}
+
+/// Keeps an answer's header map, emptied, for the thread's next answers (not a large
+/// one).
+pub(crate) fn give_back(mut map: HeaderMap) {
+    if map.capacity() == 0 || map.capacity() > MAX_SPARE_MAP {
+        return;
+    }
+    map.clear();
+    crate::spares::keep(&SPARE_MAPS, map);
+}
+
 /// Copies the allowlisted headers of an upstream response into `to` (the first value
 /// of each, sharing the upstream head's bytes).
 pub(crate) fn copy_safe_response_headers(from: &HeadLines, to: &mut HeaderMap) {
@@ -78,6 +102,25 @@ fn sunset_value(unix_secs: u64) -> Option<HeaderValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_header_map_given_back_serves_the_next_answer_empty() {
+        while crate::spares::take(&SPARE_MAPS).is_some() {}
+        assert_eq!(header_map().capacity(), 0, "none spare: a new map");
+        let mut map = header_map();
+        map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        map.insert(X_REQUEST_ID, HeaderValue::from_static("req_1"));
+        let room = map.capacity();
+        give_back(map);
+        let again = header_map();
+        assert!(again.is_empty());
+        assert_eq!(again.capacity(), room, "its storage kept");
+        // a large map is not kept
+        let mut large = HeaderMap::with_capacity(MAX_SPARE_MAP * 2);
+        large.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        give_back(large);
+        assert_eq!(header_map().capacity(), 0);
+    }
 
     #[test]
     fn only_content_type_passes() {

@@ -104,6 +104,7 @@ pub mod route;
 pub mod server;
 #[cfg(unix)]
 pub mod signals;
+mod spares;
 mod timing;
 pub mod tls;
 pub mod upstream;

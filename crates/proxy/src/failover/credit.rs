@@ -174,6 +174,7 @@ pub(super) fn commit(
             }
             let mut response = Response::new(ProxyBody::full_held(body, held));
             *response.status_mut() = status;
+            *response.headers_mut() = crate::headers::header_map();
             copy_safe_response_headers(&headers, response.headers_mut());
             response
         }
