@@ -244,22 +244,19 @@ impl Conn {
                 }
             }
             let idle = inbound.buf.is_empty();
-            let fill = poll_fn(|cx| inbound.poll_fill(cx));
-            let read = if idle {
+            // The read first: bytes that came are taken without polling the drain and
+            // the timer, whose wakers stay registered from the poll that found none.
+            let read = poll_fn(|cx| {
+                if let Poll::Ready(read) = inbound.poll_fill(cx) {
+                    return Poll::Ready(read.map(Some));
+                }
                 // an idle connection also ends when the server drains
-                tokio::select! {
-                    biased;
-                    () = poll_fn(|cx| drain.poll_drained(cx)) => Ok(None),
-                    () = poll_fn(|cx| poll_moved_timer(timer.as_mut(), deadline, cx)) => Ok(None),
-                    read = fill => read.map(Some),
+                if idle && drain.poll_drained(cx).is_ready() {
+                    return Poll::Ready(Ok(None));
                 }
-            } else {
-                tokio::select! {
-                    biased;
-                    () = poll_fn(|cx| poll_moved_timer(timer.as_mut(), deadline, cx)) => Ok(None),
-                    read = fill => read.map(Some),
-                }
-            };
+                poll_moved_timer(timer.as_mut(), deadline, cx).map(|()| Ok(None))
+            })
+            .await;
             match read {
                 Ok(Some(0)) if idle => return Ok(None),
                 // closed in the middle of a head: nothing to answer
