@@ -12,6 +12,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use keypool_providers::{Endpoint, HeaderLines as _, inspect_request};
 use keypool_selector::HedgeBudget;
+use keypool_store::config::{Config, ServerSettings};
 use keypool_store::keys::KeyMemo;
 use keypool_store::resolve::PoolKey;
 use keypool_store::{Store, now_ms};
@@ -311,7 +312,9 @@ impl App {
             ctx.internal(internal);
         }
         let side = info.map_or(Side::Public, |i| i.side);
-        let split = self.store().config().server().admin_listen.is_some();
+        // one config for the whole request (each look-up clones the thread's copy)
+        let config = self.store().config();
+        let split = config.server().admin_listen.is_some();
         if !connection::serves(side, split, &route) {
             return Reject::unknown_path().respond(&ctx.id);
         }
@@ -324,7 +327,7 @@ impl App {
                 let legacy = route.is_legacy();
                 let mut response = if endpoint == Endpoint::Models {
                     if get {
-                        self.messages(ctx, memo, &parts, body, org, url, endpoint)
+                        self.messages(ctx, &config, memo, &parts, body, org, url, endpoint)
                             .await
                     } else {
                         Reject::method_not_allowed().respond(&ctx.id)
@@ -338,7 +341,7 @@ impl App {
                             .first_text("user-agent")
                             .and_then(crate::log::loggable_user_agent);
                     }
-                    self.messages(ctx, memo, &parts, body, org, url, endpoint)
+                    self.messages(ctx, &config, memo, &parts, body, org, url, endpoint)
                         .await
                 } else {
                     Reject::method_not_allowed().respond(&ctx.id)
@@ -347,7 +350,7 @@ impl App {
                     response = crate::openai::reshape_error(response);
                 }
                 if legacy {
-                    let sunset = self.store().config().server().legacy_routes_until_unix_secs;
+                    let sunset = config.server().legacy_routes_until_unix_secs;
                     add_legacy_headers(response.headers_mut(), sunset);
                 }
                 response
@@ -416,6 +419,7 @@ impl App {
     async fn messages<B>(
         &self,
         ctx: &mut RequestContext<'_>,
+        config: &Config,
         memo: &mut KeyMemo,
         parts: &RequestParts,
         body: B,
@@ -427,7 +431,6 @@ impl App {
         B: Body<Data = Bytes> + Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let config = self.store().config();
         let settings = config.server();
         // 1. Receive: only the head so far. Route and key are answered from it alone,
         // so an unauthenticated client never makes keypool hold its body.
@@ -455,18 +458,18 @@ impl App {
             Err(e) => return early_reject(parts, &Reject::from(e), &ctx.id),
         };
         // Issue 24: `x-keypool-route` picks another of the key's URL configs.
-        let route = match chosen_route(&config, parts, route, presented, memo) {
+        let route = match chosen_route(config, parts, route, presented, memo) {
             Ok(route) => route,
             Err(reject) => return early_reject(parts, &reject, &ctx.id),
         };
         ctx.resolved(&route, endpoint);
         ctx.authenticated(key.caller(), self);
         if endpoint == Endpoint::Models {
-            return crate::openai::models(&config, &route);
+            return crate::openai::models(config, &route);
         }
         // 4. The key is stripped by the upstream head builder's allowlist; read the body
         // (step 1's limits) and parse it (a chat completion: translated first).
-        let mut body = match self.read_body(parts, body).await {
+        let mut body = match self.read_body(settings, parts, body).await {
             Ok(body) => body,
             Err(reject) => return reject.respond(&ctx.id),
         };
@@ -495,7 +498,7 @@ impl App {
         // 5–8. Filter, choose, call and fail over, answer.
         let mut call = Call {
             app: self,
-            config: &config,
+            config,
             uri: &parts.uri,
             headers: &parts.headers,
             body: body.bytes,
@@ -587,6 +590,7 @@ impl App {
     /// held now is `503` with `Retry-After: 1`.
     pub(crate) async fn read_body<B>(
         &self,
+        settings: &ServerSettings,
         parts: &RequestParts,
         body: B,
     ) -> Result<RequestBody, Reject>
@@ -594,8 +598,6 @@ impl App {
         B: Body<Data = Bytes> + Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let config = self.store().config();
-        let settings = config.server();
         let limit = settings.max_body_bytes;
         let in_flight = settings.max_body_bytes_in_flight;
         let announced = announced_length(parts);
