@@ -62,9 +62,10 @@ pub(crate) struct Call<'a> {
     pub model: &'a str,
     /// The caller's LB key: queued requests are served round-robin across keys.
     pub key: &'a keypool_store::config::LbKey,
-    /// Set when the first valid frame of the attempt in the walk's slot `i` arrived
-    /// (the hedge looks at it). Here rather than in a shared allocation per attempt:
-    /// the walk resets a slot's flag when it starts an attempt in it.
+    /// Set when the attempt in the walk's slot `i` had its first valid frame (or, not
+    /// streaming, its 2xx response head): the hedge looks at it. Here rather than in a
+    /// shared allocation per attempt: the walk resets a slot's flag when it starts an
+    /// attempt in it.
     pub first_chunks: [AtomicBool; 2],
 }
 

@@ -128,8 +128,16 @@ fn shared<const N: usize>(
     })
 }
 
+/// The longest model name shared through the thread's [`RecentTexts`]: a longer one
+/// (nothing but the body's size bounds it) is copied for its request alone, so that a
+/// thread never keeps a large one after its request.
+const MAX_SHARED_MODEL: usize = 256;
+
 /// The model a request asked for, as logged (shared with the thread's recent ones).
 pub(crate) fn logged_model(model: &str) -> Arc<str> {
+    if model.len() > MAX_SHARED_MODEL {
+        return Arc::from(model);
+    }
     shared(&MODELS, model)
 }
 
@@ -837,18 +845,22 @@ mod tests {
             texts in proptest::collection::vec("[a-d]{0,2}", 0..40),
         ) {
             let mut recent = RecentTexts::<3>::new();
-            // the model: the texts kept, oldest first
+            // the model: the texts kept, oldest first, and those it let go
             let mut kept: std::collections::VecDeque<Arc<str>> = Default::default();
+            let mut gone: Vec<Arc<str>> = Vec::new();
             for text in &texts {
                 let shared = recent.share(text);
                 proptest::prop_assert_eq!(&*shared, text.as_str());
                 match kept.iter().find(|k| &***k == text.as_str()) {
                     Some(k) => proptest::prop_assert!(Arc::ptr_eq(k, &shared)),
                     None => {
-                        proptest::prop_assert!(kept.iter().all(|k| !Arc::ptr_eq(k, &shared)));
+                        // a fresh copy: neither a kept text nor one let go
+                        proptest::prop_assert!(
+                            kept.iter().chain(&gone).all(|k| !Arc::ptr_eq(k, &shared))
+                        );
                         kept.push_back(shared);
                         if kept.len() > 3 {
-                            kept.pop_front();
+                            gone.extend(kept.pop_front());
                         }
                     }
                 }
@@ -871,6 +883,11 @@ mod tests {
             !Arc::ptr_eq(&sonnet, &again),
             "four others since: a fresh copy"
         );
+        // a long model is its request's own
+        let long = "m".repeat(MAX_SHARED_MODEL + 1);
+        let first = logged_model(&long);
+        assert_eq!(*first, *long);
+        assert!(!Arc::ptr_eq(&first, &logged_model(&long)));
     }
 
     #[test]

@@ -105,7 +105,6 @@ where
     }
     // Read within the request limits (also when a route takes none, so that the
     // connection stays usable).
-    let config = app.store().config();
     let body = match app.read_body(config.server(), parts, body).await {
         Ok(body) => body,
         Err(reject) => return reject.respond(request_id),
