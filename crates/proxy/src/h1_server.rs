@@ -732,6 +732,13 @@ mod tests {
     }
 
     impl Wakes {
+        /// A waker that counts its wakes, and the count.
+        fn counting() -> (Arc<Self>, Waker) {
+            let wakes = Arc::new(Self::default());
+            let waker = Waker::from(wakes.clone());
+            (wakes, waker)
+        }
+
         fn count(&self) -> usize {
             self.0.load(Ordering::SeqCst)
         }
@@ -751,8 +758,7 @@ mod tests {
     async fn the_drain_wakes_an_idle_connection_whose_first_wait_was_out_of_budget() {
         let (tx, rx) = watch::channel(false);
         let mut drain = DrainWatch::new(rx);
-        let wakes = Arc::new(Wakes::default());
-        let waker = Waker::from(wakes.clone());
+        let (wakes, waker) = Wakes::counting();
         let mut cx = Context::from_waker(&waker);
         spend_budget(&mut cx);
         assert!(drain.poll_drained(&mut cx).is_pending());
@@ -775,8 +781,7 @@ mod tests {
     async fn a_server_gone_ends_an_idle_connection() {
         let (tx, rx) = watch::channel(false);
         let mut drain = DrainWatch::new(rx);
-        let wakes = Arc::new(Wakes::default());
-        let waker = Waker::from(wakes.clone());
+        let (wakes, waker) = Wakes::counting();
         let mut cx = Context::from_waker(&waker);
         assert!(drain.poll_drained(&mut cx).is_pending());
         drop(tx);
