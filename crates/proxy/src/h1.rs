@@ -1146,6 +1146,22 @@ mod tests {
     }
 
     #[test]
+    fn a_head_made_from_a_map_finds_its_names() {
+        use keypool_providers::HeaderLines as _;
+        let mut map = HeaderMap::new();
+        map.insert("X-Api-Key", HeaderValue::from_static("sk-lb-k"));
+        map.append("accept", HeaderValue::from_static("a"));
+        map.append("accept", HeaderValue::from_static("b"));
+        let lines = HeadLines::from_map(&map);
+        assert_eq!(lines.first_text("x-api-key"), Some("sk-lb-k"));
+        assert_eq!(
+            lines.all("accept").collect::<Vec<_>>(),
+            [&b"a"[..], &b"b"[..]]
+        );
+        assert_eq!(lines.first("authorization"), None);
+    }
+
+    #[test]
     fn a_dropped_heads_span_list_serves_the_next_head_of_its_thread() {
         while crate::spares::take(&SPARE_SPANS).is_some() {}
         let (first, _) = head(b"HTTP/1.1 200 OK\r\nA: 1\r\nb: 2\r\n\r\n");
@@ -1692,6 +1708,33 @@ mod tests {
             let (out, ended) = decode_all(&pieces).unwrap();
             prop_assert!(ended);
             prop_assert_eq!(out, parts.concat());
+        }
+
+        /// Names of a tiny alphabet, so that heads repeat names and lookups hit lines of
+        /// the same length: `first` and `all` find what a case-blind scan of every line
+        /// finds.
+        #[test]
+        fn lookups_find_what_a_scan_of_every_line_finds(
+            lines in proptest::collection::vec(("[a-cA-C-]{1,4}", "[a-z0-9]{0,6}"), 0..24),
+            asked in proptest::collection::vec("[a-c-]{1,4}", 1..12),
+        ) {
+            use keypool_providers::HeaderLines as _;
+            let mut raw = String::from("HTTP/1.1 200 OK\r\n");
+            for (name, value) in &lines {
+                raw.push_str(&format!("{name}: {value}\r\n"));
+            }
+            raw.push_str("\r\n");
+            let (parsed, _) = head(raw.as_bytes());
+            for name in asked.iter().map(String::as_str).chain(lines.iter().map(|(n, _)| n.as_str())) {
+                let name = name.to_ascii_lowercase();
+                let scan: Vec<&[u8]> = lines
+                    .iter()
+                    .filter(|(n, _)| n.eq_ignore_ascii_case(&name))
+                    .map(|(_, v)| v.as_bytes())
+                    .collect();
+                prop_assert_eq!(parsed.headers.first(&name), scan.first().copied());
+                prop_assert_eq!(parsed.headers.all(&name).collect::<Vec<_>>(), scan);
+            }
         }
 
         /// The lines as they came read as a `HeaderMap` of the same lines reads: every
