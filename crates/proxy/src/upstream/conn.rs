@@ -194,15 +194,19 @@ impl Upstream {
             .as_mut()
             .and_then(|conn| conn.timer.take())
             .unwrap_or_else(|| Box::pin(tokio::time::sleep_until(deadline)));
+        // A fresh connection's future (connect, TLS handshake: ~1.3 KB) is boxed: it is
+        // the rare path, and inline it made this block, every future that holds it up
+        // to the connection's task, and the `select!` below that moves it, that much
+        // larger on every request (issue 22).
         let exchange = async {
             let mut conn = match pooled {
                 Some(mut pooled) => match pooled.write_request(head, body).await {
                     Ok(()) => pooled,
                     // Gone while idle (the upstream cannot have read the request): once
                     // more on a fresh connection.
-                    Err(_) => self.fresh(head, body, tls, authority).await?,
+                    Err(_) => Box::pin(self.fresh(head, body, tls, authority)).await?,
                 },
-                None => self.fresh(head, body, tls, authority).await?,
+                None => Box::pin(self.fresh(head, body, tls, authority)).await?,
             };
             let answer = conn.read_head().await.map_err(SendError::Io)?;
             Ok::<_, SendError>((conn, answer))
