@@ -40,7 +40,14 @@ pub(crate) async fn serve(
     ctx: &mut RequestContext<'_>,
 ) -> Response<ProxyBody> {
     let (planned, fallback) = routing::plan_routed(call, route, ctx).await;
-    let mut response = walk_plan(call, planned, ctx).await;
+    let mut response = match planned {
+        // by reference: the walk's future holds no copy of the plan
+        Ok(mut planned) => walk_plan(call, &mut planned, ctx).await,
+        Err(e) => {
+            call.app.metrics().attempts(0);
+            Reject::from(e).respond(&ctx.id)
+        }
+    };
     if fallback {
         response.headers_mut().insert(
             routing::X_KEYPOOL_FALLBACK,
@@ -50,29 +57,17 @@ pub(crate) async fn serve(
     response
 }
 
-/// Walks `planned` (or answers the selector's refusal).
+/// Walks `planned` to the request's answer.
 async fn walk_plan(
     call: &Call<'_>,
-    planned: Result<planning::PlannedRequest, keypool_selector::SelectError>,
+    planned: &mut planning::PlannedRequest,
     ctx: &mut RequestContext<'_>,
 ) -> Response<ProxyBody> {
-    let mut planned = match planned {
-        Ok(planned) => planned,
-        Err(e) => {
-            call.app.metrics().attempts(0);
-            return Reject::from(e).respond(&ctx.id);
-        }
-    };
     let (last_failure, stopped) = {
         // The first attempt's future lives here, not in a box; the block ends its
         // borrow of `planned` before the answer below reads the snapshot.
         let inline = std::pin::pin!(None);
-        let mut walker = Walker::new(
-            call,
-            &mut planned,
-            inline,
-            crate::oauth::attempt_with_refresh,
-        );
+        let mut walker = Walker::new(call, planned, inline, crate::oauth::attempt_with_refresh);
         walker.start_fan_out().await;
         loop {
             if walker.idle() && !walker.launch_next(ctx).await {
