@@ -135,8 +135,9 @@ pub(crate) async fn serve(
         return plain(stream, accepted, protocols, app, watcher, drain).await;
     };
     drop(drain);
-    // Boxed, once per TLS connection: inline, its handshake's state (~1.2 KB) pushed
-    // the plain connection's future, in this future's layout, as far again (issue 22).
+    // Boxed, once per TLS connection: inline, the handshake's result (~1.2 KB) sat in
+    // front of the plain connection's future in this future's layout, and made every
+    // connection's task that much larger (issue 22).
     Box::pin(secured(stream, acceptor, accepted, protocols, app, watcher)).await;
 }
 

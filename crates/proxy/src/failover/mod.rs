@@ -41,7 +41,7 @@ pub(crate) async fn serve(
 ) -> Response<ProxyBody> {
     let (planned, fallback) = routing::plan_routed(call, route, ctx).await;
     let mut response = match planned {
-        // by reference: the walk's future holds no copy of the plan
+        // the plan lives in this future; the walk's holds a reference to it
         Ok(mut planned) => walk_plan(call, &mut planned, ctx).await,
         Err(e) => {
             call.app.metrics().attempts(0);

@@ -194,10 +194,10 @@ impl Upstream {
             .as_mut()
             .and_then(|conn| conn.timer.take())
             .unwrap_or_else(|| Box::pin(tokio::time::sleep_until(deadline)));
-        // A fresh connection's future (connect, TLS handshake: ~1.3 KB) is boxed: it is
-        // the rare path, and inline it made this block, every future that holds it up
-        // to the connection's task, and the `select!` below that moves it, that much
-        // larger on every request (issue 22).
+        // A fresh connection's future (connect, TLS handshake, the request's write:
+        // ~1.3 KB) is boxed: it is the rare path, and inline it made this block, every
+        // future that holds it up to the connection's task, and the `select!` below
+        // that moves it, that much larger on every request (issue 22).
         let exchange = async {
             let mut conn = match pooled {
                 Some(mut pooled) => match pooled.write_request(head, body).await {
