@@ -199,13 +199,14 @@ impl Upstream {
         // future that holds it up to the connection's task, and the `select!` below
         // that moves it, that much larger on every request (issue 22).
         let exchange = async {
-            let mut conn = match pooled {
-                Some(mut pooled) => match pooled.write_request(head, body).await {
-                    Ok(()) => pooled,
-                    // Gone while idle (the upstream cannot have read the request): once
-                    // more on a fresh connection.
-                    Err(_) => Box::pin(self.fresh(head, body, tls, authority)).await?,
-                },
+            let written = match pooled {
+                Some(mut pooled) => pooled.write_request(head, body).await.ok().map(|()| pooled),
+                None => None,
+            };
+            // None idle, or the pooled one gone while idle (the upstream cannot have
+            // read the request): once more on a fresh connection.
+            let mut conn = match written {
+                Some(conn) => conn,
                 None => Box::pin(self.fresh(head, body, tls, authority)).await?,
             };
             let answer = conn.read_head().await.map_err(SendError::Io)?;
