@@ -72,6 +72,15 @@ async fn worker_threads_share_the_pool_state_and_drain_together() {
         metrics.contains(r#"keypool_requests_total{org="acme",url="team",status="200"} 40"#),
         "{metrics}"
     );
+    // the threads' balance is on /metrics: every thread's open connections, and the moves
+    for worker in 0..3 {
+        assert!(
+            metrics.contains(&format!("keypool_worker_connections{{worker=\"{worker}\"}} ")),
+            "{metrics}"
+        );
+    }
+    assert!(!metrics.contains(r#"keypool_worker_connections{worker="3"}"#));
+    assert!(metrics.contains("keypool_connections_moved_total "), "{metrics}");
     // A stream in flight on one of the threads finishes; then every thread is gone.
     let mut stream = h
         .messages(&message_body(MODEL, true))

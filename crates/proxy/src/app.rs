@@ -70,6 +70,9 @@ struct Inner {
     config_path: std::sync::OnceLock<std::path::PathBuf>,
     /// Set when the server stopped accepting for shutdown (`/readyz` then says 503).
     draining: std::sync::atomic::AtomicBool,
+    /// The worker threads' balance, once [`crate::run_workers`] runs more than one
+    /// (their connections and loads on `/metrics`).
+    workers: std::sync::OnceLock<Arc<crate::balance::AcceptBalance>>,
 }
 
 impl std::fmt::Debug for App {
@@ -114,6 +117,7 @@ impl App {
                 unresolved: Arc::from(UNRESOLVED),
                 config_path: std::sync::OnceLock::new(),
                 draining: std::sync::atomic::AtomicBool::new(false),
+                workers: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -148,6 +152,11 @@ impl App {
     /// The store (configuration, runtime state).
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// Shows the worker threads' balance on `/metrics` (the first one set stays).
+    pub(crate) fn show_workers(&self, balance: &Arc<crate::balance::AcceptBalance>) {
+        let _ = self.inner.workers.set(Arc::clone(balance));
     }
 
     /// The metrics registry.
@@ -367,6 +376,9 @@ impl App {
             self.body_budget().held(),
             self.answer_budget().held(),
         );
+        if let Some(workers) = self.inner.workers.get() {
+            workers.render(&mut exposition);
+        }
         let mut response = text(StatusCode::OK, exposition);
         response.headers_mut().insert(
             CONTENT_TYPE,

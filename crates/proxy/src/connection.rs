@@ -31,6 +31,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::App;
+use crate::balance::OpenConnection;
 
 /// The HTTP/2 connection preface every HTTP/2 client sends first (RFC 9113, 3.4).
 pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -113,7 +114,10 @@ pub(crate) struct DrainSignals {
 /// first-bytes deadline at the latest.
 ///
 /// A plain-TCP HTTP/1.1 connection is served by keypool's own server
-/// ([`crate::h1_server`]); TLS and HTTP/2 connections by hyper.
+/// ([`crate::h1_server`]), and only such a connection may move to another worker
+/// thread between requests (`open`, [`crate::balance`]); TLS and HTTP/2 connections
+/// are served by hyper, on the worker that took them, to their end.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
@@ -122,6 +126,7 @@ pub(crate) async fn serve(
     protocols: &Protocols,
     app: App,
     drain: DrainSignals,
+    open: Option<OpenConnection>,
 ) {
     let _ = stream.set_nodelay(true);
     let deadline = tokio::time::Instant::now() + protocols.first_bytes;
@@ -132,9 +137,10 @@ pub(crate) async fn serve(
     };
     let DrainSignals { watcher, drain } = drain;
     let Some(acceptor) = tls else {
-        return plain(stream, accepted, protocols, app, watcher, drain).await;
+        return plain(stream, accepted, protocols, app, watcher, drain, open).await;
     };
     drop(drain);
+    let _counted = open;
     // Boxed, once per TLS connection: inline, the handshake's result (~1.2 KB) sat in
     // front of the plain connection's future in this future's layout, and made every
     // connection's task that much larger (issue 22).
@@ -167,6 +173,7 @@ async fn plain(
     app: App,
     watcher: Watcher,
     drain: tokio::sync::watch::Receiver<bool>,
+    open: Option<OpenConnection>,
 ) {
     let Some((prefix, protocol)) = first_bytes(&mut stream, accepted.deadline, accepted.peer).await
     else {
@@ -181,10 +188,20 @@ async fn plain(
     match protocol {
         Protocol::Http1 => {
             drop(watcher);
-            crate::h1_server::serve(stream, prefix, info, protocols.first_bytes, app, drain).await;
+            crate::h1_server::serve(
+                stream,
+                prefix,
+                info,
+                protocols.first_bytes,
+                app,
+                drain,
+                open,
+            )
+            .await;
         }
         Protocol::Http2 => {
             drop(drain);
+            let _counted = open;
             speak(Rewind::new(prefix, stream), info, protocols, app, watcher).await;
         }
     }

@@ -47,6 +47,7 @@ use tokio::sync::watch;
 
 use crate::App;
 use crate::app::RequestParts;
+use crate::balance::OpenConnection;
 use crate::body::ProxyBody;
 use crate::connection::ClientInfo;
 use crate::h1::{
@@ -62,6 +63,11 @@ const READ_CHUNK: usize = 8 * 1024;
 
 /// Serves one plain-TCP HTTP/1.1 connection to its end; `prefix` is what the protocol
 /// detection already read. `drain` says `true` when the server drains.
+///
+/// `open` counts the connection on its worker thread: between two requests, with
+/// nothing of the next one read, the connection leaves for another worker when the
+/// balance has planned a move for this one ([`crate::balance`]); its socket then goes
+/// on there, and this task ends without closing it.
 pub(crate) async fn serve(
     stream: TcpStream,
     prefix: Vec<u8>,
@@ -69,6 +75,7 @@ pub(crate) async fn serve(
     header_read_timeout: Duration,
     app: App,
     drain: watch::Receiver<bool>,
+    mut open: Option<OpenConnection>,
 ) {
     let mut drain = DrainWatch::new(drain);
     let (read, write) = stream.into_split();
@@ -107,6 +114,12 @@ pub(crate) async fn serve(
                 tracing::debug!(peer = %info.peer, error = %e, "connection ended with an error");
                 break;
             }
+        }
+        if conn.idle()
+            && let Some(to) = open.as_ref().and_then(OpenConnection::take_move)
+            && let Some(open) = open.take()
+        {
+            return conn.move_to(to, open, &app);
         }
     }
     let _ = conn.write.shutdown().await;
@@ -223,6 +236,39 @@ struct Conn {
 }
 
 impl Conn {
+    /// Between two requests with nothing of the next one read.
+    fn idle(&self) -> bool {
+        self.inbound
+            .as_ref()
+            .is_some_and(|inbound| inbound.buf.is_empty())
+    }
+
+    /// Sends the (idle) connection's socket to worker `to`, which serves it from its next
+    /// request on. When that cannot be done (the target worker has stopped: the server
+    /// is shutting down) the connection is closed between two requests, as a
+    /// keep-alive connection may be.
+    fn move_to(self, to: usize, open: OpenConnection, app: &App) {
+        let peer = self.info.peer;
+        let Some(inbound) = self.inbound else {
+            return;
+        };
+        let moved = inbound
+            .read
+            .reunite(self.write)
+            .map_err(|e| io::Error::other(e.to_string()))
+            .and_then(TcpStream::into_std)
+            .map(|stream| open.move_to(to, stream, peer).is_ok());
+        match moved {
+            Ok(true) => app.metrics().connection_moved(),
+            Ok(false) => {
+                tracing::debug!(%peer, "the worker a connection was moving to has stopped; closed between requests")
+            }
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "a connection could not leave its worker; closed between requests")
+            }
+        }
+    }
+
     /// Waits for the next request head: `Ok(None)` when the client closed between
     /// requests, the head timed out or the server drains while the connection is
     /// idle; `Err(Some)` for a head to answer with an error, `Err(None)` for a failed
@@ -798,5 +844,137 @@ mod tests {
         let mut drain = DrainWatch::new(rx);
         let mut cx = Context::from_waker(Waker::noop());
         assert!(drain.poll_drained(&mut cx).is_ready());
+    }
+
+    /// A server connection on worker `worker` of `balance`, as `server::serve` spawns
+    /// it, and the client's end.
+    async fn serve_on(
+        app: &App,
+        balance: &Arc<crate::balance::AcceptBalance>,
+        worker: usize,
+        stream: TcpStream,
+        peer: std::net::SocketAddr,
+        open: Option<OpenConnection>,
+    ) -> tokio::task::JoinHandle<()> {
+        let protocols = crate::connection::Protocols::new(Duration::from_secs(10));
+        let (drain_tx, drain) = watch::channel(false);
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let signals = crate::connection::DrainSignals {
+            watcher: graceful.watcher(),
+            drain,
+        };
+        let app = app.clone();
+        let open = open.unwrap_or_else(|| balance.open_on(worker));
+        tokio::spawn(async move {
+            let _keep = (drain_tx, graceful);
+            crate::connection::serve(
+                stream,
+                peer,
+                crate::connection::Side::Public,
+                None,
+                &protocols,
+                app,
+                signals,
+                Some(open),
+            )
+            .await;
+        })
+    }
+
+    /// Reads one `GET /readyz` answer off `client` (`got` keeps what was read past
+    /// it): its status line.
+    async fn read_answer(client: &mut TcpStream, got: &mut Vec<u8>) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut chunk = [0u8; 1024];
+        loop {
+            let text = String::from_utf8_lossy(got).into_owned();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let length: usize = text[..end]
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                if got.len() >= end + 4 + length {
+                    got.drain(..end + 4 + length);
+                    return text.lines().next().unwrap().to_owned();
+                }
+            }
+            let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
+                .await
+                .unwrap_or_else(|_| panic!("no answer; so far {text:?}"))
+                .unwrap();
+            assert!(n > 0, "closed after {text:?}");
+            got.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    const READY: &[u8] = b"GET /readyz HTTP/1.1\r\nhost: keypool\r\n\r\n";
+
+    /// A connection keeps its requests in order across a move to another worker: it
+    /// leaves only between two requests with nothing of the next one read (here after
+    /// the second of two pipelined ones), is counted on its new worker, and is served
+    /// there on the same socket.
+    #[tokio::test]
+    async fn a_connection_moves_to_another_worker_between_requests() {
+        let config = keypool_store::config::Config::from_toml_str(
+            "[server]\nstate_file = \"\"\n[[orgs]]\nslug = \"acme\"\n",
+            None,
+            &|_| None,
+        )
+        .unwrap();
+        let app = App::new(keypool_store::Store::open(config).await.unwrap());
+        let mut shares = crate::balance::AcceptBalance::shares(2);
+        let balance = Arc::clone(&shares[0].balance);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, peer) = listener.accept().await.unwrap();
+        let first = serve_on(&app, &balance, 0, stream, peer, None).await;
+        assert_eq!(balance.open_counts(), [1, 0]);
+
+        let mut got = Vec::new();
+        balance.order(0, crate::balance::Leaving { to: 1, count: 1 });
+        // two requests at once: after the first, the second is already read
+        client.write_all(&[READY, READY].concat()).await.unwrap();
+        assert_eq!(read_answer(&mut client, &mut got).await, "HTTP/1.1 200 OK");
+        assert_eq!(read_answer(&mut client, &mut got).await, "HTTP/1.1 200 OK");
+        let (stream, moved_peer, open) = shares[1].inbox.recv().await.unwrap();
+        first.await.unwrap();
+        assert_eq!(moved_peer, peer);
+        assert_eq!(balance.open_counts(), [0, 1]);
+        assert_eq!(balance.take_move(0), None, "the one planned move was taken");
+        assert_eq!(app.metrics().connections_moved(), 1);
+
+        // worker 1 serves the same socket from the next request on
+        let stream = TcpStream::from_std(stream).unwrap();
+        let second = serve_on(&app, &balance, 1, stream, peer, Some(open)).await;
+        for _ in 0..3 {
+            client.write_all(READY).await.unwrap();
+            assert_eq!(read_answer(&mut client, &mut got).await, "HTTP/1.1 200 OK");
+        }
+        assert!(shares[0].inbox.try_recv().is_err());
+        drop(client);
+        second.await.unwrap();
+        assert_eq!(balance.open_counts(), [0, 0]);
+
+        // a move to a worker that has stopped closes the connection between requests
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, peer) = listener.accept().await.unwrap();
+        let third = serve_on(&app, &balance, 0, stream, peer, None).await;
+        drop(shares.remove(1));
+        balance.order(0, crate::balance::Leaving { to: 1, count: 1 });
+        let mut got = Vec::new();
+        client.write_all(READY).await.unwrap();
+        assert_eq!(read_answer(&mut client, &mut got).await, "HTTP/1.1 200 OK");
+        third.await.unwrap();
+        let mut rest = Vec::new();
+        use tokio::io::AsyncReadExt;
+        assert_eq!(client.read_to_end(&mut rest).await.unwrap(), 0);
+        assert_eq!(balance.open_counts(), [0, 0]);
+        assert_eq!(app.metrics().connections_moved(), 1);
     }
 }

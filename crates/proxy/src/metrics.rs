@@ -176,6 +176,8 @@ pub struct Metrics {
     fired: [AtomicU64; 2],
     wins: [AtomicU64; 2],
     stream_failures: AtomicU64,
+    /// Client connections moved from one worker thread to another ([`crate::balance`]).
+    connections_moved: AtomicU64,
     /// Per account: in flight, attempts started, TTFT and total latency, in one entry
     /// (one lookup per attempt; the attempt's [`InFlight`] guard observes the
     /// latencies without another).
@@ -445,6 +447,16 @@ impl Metrics {
         self.stream_failures.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A client connection moved to another worker thread between two requests.
+    pub(crate) fn connection_moved(&self) {
+        self.connections_moved.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Client connections moved between worker threads so far.
+    pub fn connections_moved(&self) -> u64 {
+        self.connections_moved.load(Ordering::Relaxed)
+    }
+
     /// Requests `account` served (attempts that reached their commit point).
     pub fn served(&self, account: &AccountId) -> u64 {
         self.accounts
@@ -556,6 +568,12 @@ impl Metrics {
             out,
             "keypool_stream_failures_total {}",
             self.stream_failures.load(Ordering::Relaxed)
+        );
+        out.push_str("# HELP keypool_connections_moved_total Client connections moved from one worker thread to another between two requests: gathered onto fewer threads at light load, spread when a thread is saturated.\n# TYPE keypool_connections_moved_total counter\n");
+        let _ = writeln!(
+            out,
+            "keypool_connections_moved_total {}",
+            self.connections_moved.load(Ordering::Relaxed)
         );
 
         counter_family(

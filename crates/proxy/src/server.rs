@@ -122,14 +122,14 @@ fn log_listening(
 /// and owns its own upstream connection pool ([`App::with_own_client`]). Everything
 /// else (configuration, health, ratings, metrics) is shared.
 ///
-/// A connection then lives on one thread from its accept to its close, together with
-/// the upstream connections its requests use: no request hops between threads, which
-/// on small machines costs more than the proxying itself (a cross-thread wake-up of an
-/// idle CPU is tens of microseconds in a VM). The kernel hands each new connection to
-/// whichever thread accepts first; that thread passes it on to the worker with the
-/// fewest open connections ([`crate::balance`]), so a burst of connections accepted by
-/// one thread is still spread evenly. `workers` is `[server] workers` (0 there means
-/// one per CPU); `1` serves on this task alone.
+/// A request lives on one thread, together with the upstream connections it uses: no
+/// request hops between threads, which on small machines costs more than the proxying
+/// itself (a cross-thread wake-up of an idle CPU is tens of microseconds in a VM). The
+/// kernel hands each new connection to whichever thread accepts first; the balance
+/// ([`crate::balance`]) keeps it there unless that thread is saturated, and between
+/// requests moves connections onto fewer threads while the load is light and spreads
+/// them when a thread is saturated. `workers` is `[server] workers` (0 there means one
+/// per CPU); `1` serves on this task alone.
 ///
 /// # Errors
 /// [`ProxyError::Listener`] when the listener cannot be shared,
@@ -151,6 +151,11 @@ pub async fn run_workers(
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut threads = Vec::with_capacity(workers - 1);
     let mut shares = AcceptBalance::shares(workers).into_iter();
+    if workers > 1
+        && let Some(share) = shares.as_slice().first()
+    {
+        app.show_workers(&share.balance);
+    }
     let own_share = shares.next();
     let mut start = || -> Result<TcpListener, ProxyError> {
         for (index, share) in (1..workers).zip(shares.by_ref()) {
@@ -264,8 +269,9 @@ async fn persist(app: &App) -> Result<(), ProxyError> {
 
 /// The accept loop and the drain, without persisting: `public` (with `tls`) and, on
 /// this thread only, `admin`. With a `share` of the workers' [`AcceptBalance`], a
-/// public connection goes to the worker with the fewest open ones, and the connections
-/// the other workers hand over arrive in the share's inbox.
+/// public connection goes to the worker [`crate::balance::place`] picks, this worker's
+/// load is measured and its moves planned ([`crate::balance::watch_load`]), and the
+/// connections the other workers hand over arrive in the share's inbox.
 async fn serve(
     public: TcpListener,
     admin: Option<TcpListener>,
@@ -304,10 +310,16 @@ async fn serve(
         let (app, protocols) = (app.clone(), protocols.clone());
         // The clock is read once per poll of the connection (`keypool_store::clock`).
         tokio::spawn(keypool_store::clock::once_per_poll(async move {
-            connection::serve(stream, peer, side, tls, &protocols, app, signals).await;
-            drop(open);
+            connection::serve(stream, peer, side, tls, &protocols, app, signals, open).await;
         }));
     };
+    // Each worker measures its own thread's load and plans its connections' moves.
+    let load_watch = share.as_ref().map(|share| {
+        AbortOnDrop(tokio::spawn(crate::balance::watch_load(
+            std::sync::Arc::clone(&share.balance),
+            share.me,
+        )))
+    });
     tokio::pin!(shutdown);
     loop {
         let (accepted, side) = tokio::select! {
@@ -340,6 +352,7 @@ async fn serve(
             }
         }
     }
+    drop(load_watch);
     // Connections handed over just before the shutdown are served (and drained) too;
     // from now on the other workers serve what they accept themselves.
     if let Some(share) = &mut share {
