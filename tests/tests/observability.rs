@@ -107,8 +107,10 @@ async fn exercised_scrape(h: &Harness, dir: &TempDir) -> String {
 async fn scrapes() -> (Vec<(String, Harness)>, TempDir, Option<RedisServer>) {
     let dir = TempDir::new("observability").unwrap();
     let state = dir.path().join("state.json");
+    // two serving threads, so that their balance's families are on /metrics too
     let h = pool()
         .server("state_file", &format!("{:?}", state.display().to_string()))
+        .workers(2)
         .start()
         .await;
     let mut out = vec![(exercised_scrape(&h, &dir).await, h)];

@@ -57,7 +57,8 @@ async fn worker_threads_share_the_pool_state_and_drain_together() {
         .start()
         .await;
     let mut tasks = tokio::task::JoinSet::new();
-    // Separate connections, so that the threads take some each.
+    // Separate connections, placed by the threads' balance (by count until the threads'
+    // loads are first measured, then packed onto the first thread that is not busy).
     for i in 0..40 {
         let request = h.messages(&message_body(MODEL, i % 2 == 0));
         tasks.spawn(async move { request.send().await });
@@ -75,12 +76,17 @@ async fn worker_threads_share_the_pool_state_and_drain_together() {
     // the threads' balance is on /metrics: every thread's open connections, and the moves
     for worker in 0..3 {
         assert!(
-            metrics.contains(&format!("keypool_worker_connections{{worker=\"{worker}\"}} ")),
+            metrics.contains(&format!(
+                "keypool_worker_connections{{worker=\"{worker}\"}} "
+            )),
             "{metrics}"
         );
     }
     assert!(!metrics.contains(r#"keypool_worker_connections{worker="3"}"#));
-    assert!(metrics.contains("keypool_connections_moved_total "), "{metrics}");
+    assert!(
+        metrics.contains("keypool_connections_moved_total "),
+        "{metrics}"
+    );
     // A stream in flight on one of the threads finishes; then every thread is gone.
     let mut stream = h
         .messages(&message_body(MODEL, true))

@@ -10,24 +10,28 @@
 //!   waits and 2–4 µs more CPU per request than one worker). nginx is packed the same
 //!   way, by accident: its first worker to wake takes a burst of connections whole.
 //! - **Spread when a worker is busy.** A worker that runs nearly all the time
-//!   (saturated), or that waits for a CPU a large part of it because other processes
+//!   (saturated), or that waits for a CPU longer than it runs because other processes
 //!   take them (starved), stalls every connection it holds; a second thread serves
-//!   half of them, and gets a second share of the CPUs.
+//!   part of them, and gets a second share of the CPUs.
 //!
 //! Each worker measures its own thread every [`WINDOW`] ([`watch_load`]): the share of
 //! the window it ran and the share it waited on a run queue, from the kernel's
 //! per-thread `schedstat` ([`Load`]). A new connection goes to the lowest-numbered
-//! worker that is not busy ([`place`]). Every window a worker also plans its moves
-//! ([`plan`]): a busy one sends half of its connections to the least-loaded worker if
-//! that one has room; one whose running time and a lower-numbered worker's add up to
-//! little sends all of its connections there, but only once no worker has been busy
-//! for [`CALM`], so that a spread made under load is not undone by the first quiet
-//! window. A connection moves only between two requests, with nothing of the next one
-//! read, and only a plain HTTP/1.1 one ([`crate::h1_server`]): its socket goes through
-//! the target's inbox, as an accepted one does (one cross-thread hand-over per move,
-//! none per request). Where the kernel gives no `schedstat` (not Linux) the loads are
-//! unknown, and connections are spread by count, as before the loads were measured:
-//! the worker with the fewest open ones takes a new one, and none moves.
+//! worker that is not busy ([`place`]; a TLS connection, which never moves, by count).
+//! Every window a worker also plans its moves ([`plan`]): a busy one sends connections
+//! to the least-loaded worker if that one has room, as many as bring the two halfway to
+//! each other; the highest-numbered worker holding connections, when its running time
+//! and a lower-numbered worker's add up to little, sends all of them there, but only
+//! once no worker has been busy for [`CALM`], so that a spread made under load is not
+//! undone by the first quiet window. After planning a move a worker waits [`SETTLE`]
+//! before it plans again, so that its measured load shows the move first. A connection
+//! moves only between two requests, with nothing of the next one read, not while the
+//! server drains, and only a plain HTTP/1.1 one ([`crate::h1_server`]): its socket goes
+//! through the target's inbox, as an accepted one does (one cross-thread hand-over per
+//! move, none per request), and the target serves it from its next request head on.
+//! Where the kernel gives no `schedstat` (not Linux, or a kernel that does not count)
+//! the loads are unknown, and connections are spread by count, as before the loads were
+//! measured: the worker with the fewest open ones takes a new one, and none moves.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,6 +48,9 @@ pub(crate) type Handed = (std::net::TcpStream, SocketAddr, OpenConnection);
 pub(crate) const WINDOW: Duration = Duration::from_millis(100);
 /// How long after any worker was last busy connections may be gathered again.
 pub(crate) const CALM: Duration = Duration::from_secs(10);
+/// How long a worker that planned a move waits before it plans again (its moving
+/// average of the load needs about this long to show the move).
+pub(crate) const SETTLE: Duration = Duration::from_secs(1);
 
 /// One worker thread's load over its last windows, in thousandths of the wall time: the
 /// share it ran on a CPU and the share it waited on a run queue for one.
@@ -55,9 +62,11 @@ pub(crate) const CALM: Duration = Duration::from_secs(10);
 /// 300–410 each; one worker beside two busy loops ran 400 and waited 400–440, and two
 /// served 15–30 % more requests there. A worker on a machine of its own that cannot
 /// keep up runs ~1000 and waits ~0. Only a thread that ran nearly all the time
-/// ([`Load::SATURATED`]) or waited for a CPU a third of it ([`Load::STARVED`]) is
-/// busy: one that runs 90 % of the time on a machine whose CPUs the other processes
-/// use gains nothing from a second thread, which takes its CPU from them.
+/// ([`Load::SATURATED`]) or waited for a CPU at least as long as it ran
+/// ([`Load::starved`]) is busy: one that runs 90 % of the time on a machine whose CPUs
+/// the other processes use gains nothing from a second thread, which takes its CPU
+/// from them; and two threads that wait on each other (the 300–410 above, 0.8–0.9 of
+/// what they ran) are not starved by others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Load {
     pub(crate) ran: u32,
@@ -67,10 +76,9 @@ pub(crate) struct Load {
 impl Load {
     /// Ran at least this much: saturated.
     pub(crate) const SATURATED: u32 = 990;
-    /// Waited at least this much, wanting a CPU ([`Load::WANTED`]) most of the time:
-    /// starved.
+    /// See [`Load::starved`].
     pub(crate) const STARVED: u32 = 300;
-    /// See [`Load::STARVED`].
+    /// See [`Load::starved`].
     pub(crate) const WANTED: u32 = 700;
     /// A busy worker sends connections only to one that ran and waited less than this.
     pub(crate) const ROOM: u32 = 600;
@@ -79,8 +87,13 @@ impl Load {
 
     /// Saturated or starved: its connections would be served sooner on another thread.
     pub(crate) fn busy(self) -> bool {
-        self.ran >= Self::SATURATED
-            || (self.waited >= Self::STARVED && self.wanted() >= Self::WANTED)
+        self.ran >= Self::SATURATED || self.starved()
+    }
+
+    /// Waited for a CPU at least as long as it ran, at least [`Load::STARVED`] of the
+    /// time, while it wanted one at least [`Load::WANTED`] of it.
+    pub(crate) fn starved(self) -> bool {
+        self.waited >= self.ran && self.waited >= Self::STARVED && self.wanted() >= Self::WANTED
     }
 
     /// The share it ran or waited to run.
@@ -155,6 +168,9 @@ pub(crate) struct WorkerShare {
 pub(crate) struct OpenConnection {
     balance: Arc<AcceptBalance>,
     worker: usize,
+    /// It came from another worker between two requests: a plain HTTP/1.1 connection
+    /// whose next request head is due.
+    moved: bool,
 }
 
 impl Drop for OpenConnection {
@@ -177,9 +193,11 @@ pub(crate) fn least_loaded(open: &[usize], me: usize) -> usize {
 /// The worker a new connection goes to, given each worker's load and open
 /// connections: the lowest-numbered one that is not busy; when all are, the one that
 /// wanted the least CPU (then the fewest connections). By count alone
-/// ([`least_loaded`]) while any load is unknown.
-pub(crate) fn place(load: &[Option<Load>], open: &[usize], me: usize) -> usize {
-    let Some(load) = load.iter().copied().collect::<Option<Vec<Load>>>() else {
+/// ([`least_loaded`]) while any load is unknown, or when the connection can never move
+/// (`movable` false: TLS), since packed it would stay where a burst put it.
+pub(crate) fn place(load: &[Option<Load>], open: &[usize], me: usize, movable: bool) -> usize {
+    let known = load.iter().copied().collect::<Option<Vec<Load>>>();
+    let Some(load) = known.filter(|_| movable) else {
         return least_loaded(open, me);
     };
     let n = load.len().min(open.len());
@@ -195,9 +213,10 @@ pub(crate) fn place(load: &[Option<Load>], open: &[usize], me: usize) -> usize {
 ///   ([`Load::ROOM`]), as many as bring the two halfway to each other (a connection
 ///   weighing its share of this worker's load; none when one connection weighs more
 ///   than half the gap, so that the two never swap places).
-/// - Else, when `calm` (no worker busy for [`CALM`]) and it is not starved, all of them
-///   to the lowest-numbered worker below it that is not busy and whose running share
-///   and its own add up to less than [`Load::GATHER`].
+/// - Else, when `calm` (no worker busy for [`CALM`]) and it is the highest-numbered
+///   worker holding connections (one gathers at a time, so that two never fill the same
+///   worker at once), all of them to the lowest-numbered worker below it that is not
+///   busy and whose running share and its own add up to less than [`Load::GATHER`].
 ///
 /// [`Load::GATHER`] is far below [`Load::SATURATED`], so a gathered worker is not
 /// saturated by what it received; and a spread is not undone until the load has been
@@ -227,7 +246,7 @@ pub(crate) fn plan(
             count: usize::try_from(count).unwrap_or(held).min(held),
         });
     }
-    if !calm || mine.waited >= Load::STARVED {
+    if !calm || open[me + 1..n].iter().any(|&n| n > 0) {
         return None;
     }
     (0..me)
@@ -244,7 +263,8 @@ pub(crate) fn plan(
 pub(crate) struct LoadMeter {
     times: ThreadTimes,
     at: Instant,
-    average: Option<Load>,
+    /// The moving averages of the running and waiting shares, unrounded.
+    average: Option<(f64, f64)>,
 }
 
 /// A thread's time on a CPU and on a run queue so far, in nanoseconds.
@@ -276,13 +296,18 @@ impl LoadMeter {
             waited: share(times.waited_ns, self.times.waited_ns),
         };
         (self.times, self.at) = (times, now);
-        let step = |average: u32, window: u32| (7 * average + window).div_ceil(8);
-        let load = self.average.map_or(window, |average| Load {
-            ran: step(average.ran, window.ran),
-            waited: step(average.waited, window.waited),
+        let window = (f64::from(window.ran), f64::from(window.waited));
+        let step = |average: f64, window: f64| average + (window - average) / 8.0;
+        let (ran, waited) = self.average.map_or(window, |(ran, waited)| {
+            (step(ran, window.0), step(waited, window.1))
         });
-        self.average = Some(load);
-        load
+        self.average = Some((ran, waited));
+        // within 0..=1000 by construction
+        let share = |x: f64| x.round().clamp(0.0, 1000.0) as u32;
+        Load {
+            ran: share(ran),
+            waited: share(waited),
+        }
     }
 }
 
@@ -300,23 +325,36 @@ pub(crate) fn thread_times() -> Option<ThreadTimes> {
 /// Worker `me`'s load watch: every [`WINDOW`] it measures the thread's load, publishes
 /// it, and plans its moves. Ends at once where the loads cannot be measured (they stay
 /// unknown, and the balance places by count).
+///
+/// A thread whose running time did not grow over a window (the watch itself ran on
+/// it) is on a kernel that does not count: its load becomes unknown again.
 pub(crate) async fn watch_load(balance: Arc<AcceptBalance>, me: usize) {
-    let Some(times) = thread_times() else {
+    let Some(mut last) = thread_times() else {
         return;
     };
-    let mut meter = LoadMeter::new(times, Instant::now());
+    let mut meter = LoadMeter::new(last, Instant::now());
     let mut ticks = tokio::time::interval(WINDOW);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;
+    let mut settled_at = Instant::now();
     loop {
         ticks.tick().await;
-        let Some(times) = thread_times() else {
+        let times = thread_times().filter(|times| times.ran_ns > last.ran_ns);
+        let Some(times) = times else {
+            balance.stop(me);
             return;
         };
+        last = times;
         let now = Instant::now();
         let load = meter.sample(times, now);
         balance.set_load(me, load, now);
+        if now < settled_at {
+            continue;
+        }
         let leaving = balance.replan(me, now);
+        if leaving.is_some() {
+            settled_at = now + SETTLE;
+        }
         tracing::trace!(
             worker = me,
             ran = load.ran,
@@ -352,16 +390,10 @@ impl AcceptBalance {
     }
 
     /// Picks the worker for a connection `me` accepted and counts it open there.
-    pub(crate) fn assign(self: &Arc<Self>, me: usize) -> (usize, OpenConnection) {
-        let worker = place(&self.loads(), &self.open_counts(), me);
-        self.open[worker].fetch_add(1, Ordering::Relaxed);
-        (
-            worker,
-            OpenConnection {
-                balance: Arc::clone(self),
-                worker,
-            },
-        )
+    /// `movable`: whether the connection may move later (not TLS).
+    pub(crate) fn assign(self: &Arc<Self>, me: usize, movable: bool) -> (usize, OpenConnection) {
+        let worker = place(&self.loads(), &self.open_counts(), me, movable);
+        (worker, self.open_on(worker))
     }
 
     /// Counts a connection open on `worker` without choosing (one that `worker` serves
@@ -371,7 +403,15 @@ impl AcceptBalance {
         OpenConnection {
             balance: Arc::clone(self),
             worker,
+            moved: false,
         }
+    }
+
+    /// Worker `me` stopped measuring (shutdown, or a kernel that does not count): its
+    /// load is unknown again and its planned moves are dropped.
+    pub(crate) fn stop(&self, me: usize) {
+        self.load[me].store(UNKNOWN, Ordering::Relaxed);
+        self.leaving[me].store(0, Ordering::Relaxed);
     }
 
     /// Hands `connection` to `worker`; gives it back when that worker has stopped.
@@ -386,13 +426,13 @@ impl AcceptBalance {
         for (worker, n) in self.open_counts().iter().enumerate() {
             let _ = writeln!(out, "keypool_worker_connections{{worker=\"{worker}\"}} {n}");
         }
-        out.push_str("# HELP keypool_worker_load Share of the last seconds each worker thread ran on a CPU (ran) and waited on a run queue for one (waited); absent where the kernel does not tell.\n# TYPE keypool_worker_load gauge\n");
+        out.push_str("# HELP keypool_worker_load_ratio Share of the last seconds each worker thread ran on a CPU (ran) and waited on a run queue for one (waited); absent where the kernel does not tell.\n# TYPE keypool_worker_load_ratio gauge\n");
         for (worker, load) in self.loads().iter().enumerate() {
             if let Some(load) = load {
                 for (kind, share) in [("ran", load.ran), ("waited", load.waited)] {
                     let _ = writeln!(
                         out,
-                        "keypool_worker_load{{worker=\"{worker}\",kind=\"{kind}\"}} {}",
+                        "keypool_worker_load_ratio{{worker=\"{worker}\",kind=\"{kind}\"}} {}",
                         f64::from(share) / 1000.0
                     );
                 }
@@ -489,7 +529,8 @@ impl AcceptBalance {
         peer: SocketAddr,
         open: OpenConnection,
     ) -> Result<(), Handed> {
-        let there = self.open_on(to);
+        let mut there = self.open_on(to);
+        there.moved = true;
         match self.hand_over(to, (stream, peer, there)) {
             Ok(()) => {
                 drop(open);
@@ -504,6 +545,11 @@ impl AcceptBalance {
 }
 
 impl OpenConnection {
+    /// Whether the connection came from another worker between two requests.
+    pub(crate) fn moved(&self) -> bool {
+        self.moved
+    }
+
     /// Whether this connection, idle between two requests, should move to another
     /// worker, and to which ([`AcceptBalance::take_move`]).
     pub(crate) fn take_move(&self) -> Option<usize> {
@@ -542,14 +588,14 @@ mod tests {
         let shares = AcceptBalance::shares(2);
         let balance = Arc::clone(&shares[0].balance);
         // Worker 0 accepts all 64, as it does when the other thread is still asleep.
-        let guards: Vec<OpenConnection> = (0..64).map(|_| balance.assign(0).1).collect();
+        let guards: Vec<OpenConnection> = (0..64).map(|_| balance.assign(0, true).1).collect();
         assert_eq!(balance.open_counts(), [32, 32]);
         drop(guards);
         assert_eq!(balance.open_counts(), [0, 0]);
-        let (worker, _kept) = balance.assign(1);
+        let (worker, _kept) = balance.assign(1, true);
         assert_eq!((worker, balance.open_counts()), (1, vec![0, 1]));
         let _served_here = balance.open_on(1);
-        assert_eq!(balance.assign(1).0, 0);
+        assert_eq!(balance.assign(1, true).0, 0);
     }
 
     #[test]
@@ -560,10 +606,10 @@ mod tests {
         let client = std::net::TcpStream::connect(addr).unwrap();
         let (stream, peer) = listener.accept().unwrap();
         let balance = Arc::clone(&shares[0].balance);
-        let (worker, open) = balance.assign(0);
+        let (worker, open) = balance.assign(0, true);
         assert_eq!(worker, 0);
         let _kept = open;
-        let (worker, open) = balance.assign(0);
+        let (worker, open) = balance.assign(0, true);
         assert_eq!(worker, 1);
         balance.hand_over(1, (stream, peer, open)).unwrap();
         let (got, got_peer, open) = shares[1].inbox.try_recv().unwrap();
@@ -592,76 +638,55 @@ mod tests {
         waited: 440,
     };
 
+    fn place_movable(load: &[Option<Load>], open: &[usize], me: usize) -> usize {
+        place(load, open, me, true)
+    }
+
     fn known(loads: &[Load]) -> Vec<Option<Load>> {
         loads.iter().copied().map(Some).collect()
     }
 
     #[test]
     fn busy_means_saturated_or_starved() {
+        let busy = |ran, waited| Load { ran, waited }.busy();
         assert!(!IDLE.busy());
-        assert!(
-            !PACKED.busy(),
-            "a worker that runs 90 % of the time is not busy"
-        );
+        assert!(!PACKED.busy(), "a worker that runs 90 % of the time");
         assert!(SATURATED.busy());
         assert!(STARVED.busy());
-        // waiting a lot while wanting little: a light load on a busy machine
         assert!(
-            !Load {
-                ran: 50,
-                waited: 400
-            }
-            .busy()
+            !busy(50, 400),
+            "a light load on a busy machine wants little"
         );
-        assert!(
-            Load {
-                ran: 990,
-                waited: 0
-            }
-            .busy()
-        );
-        assert!(
-            !Load {
-                ran: 989,
-                waited: 0
-            }
-            .busy()
-        );
-        assert!(
-            Load {
-                ran: 400,
-                waited: 300
-            }
-            .busy()
-        );
-        assert!(
-            !Load {
-                ran: 400,
-                waited: 299
-            }
-            .busy()
-        );
-        assert!(
-            !Load {
-                ran: 399,
-                waited: 300
-            }
-            .busy()
-        );
+        assert!(busy(990, 0));
+        assert!(!busy(989, 0));
+        assert!(busy(400, 400));
+        assert!(!busy(400, 399), "waits less than it runs");
+        assert!(busy(350, 350));
+        assert!(!busy(349, 350), "wants a CPU less than 70 % of the time");
+        assert!(!busy(200, 299));
+        // the two workers of a spread pair waiting on each other (measured)
+        assert!(!busy(450, 370));
+        assert!(!busy(400, 350));
     }
 
     #[test]
     fn a_new_connection_goes_to_the_lowest_worker_that_is_not_busy() {
-        assert_eq!(place(&known(&[IDLE, IDLE]), &[0, 0], 1), 0);
-        assert_eq!(place(&known(&[PACKED, IDLE]), &[16, 0], 1), 0);
-        assert_eq!(place(&known(&[SATURATED, IDLE]), &[16, 0], 0), 1);
-        assert_eq!(place(&known(&[STARVED, PACKED, IDLE]), &[9, 9, 0], 0), 1);
+        assert_eq!(place_movable(&known(&[IDLE, IDLE]), &[0, 0], 1), 0);
+        assert_eq!(place_movable(&known(&[PACKED, IDLE]), &[16, 0], 1), 0);
+        assert_eq!(place_movable(&known(&[SATURATED, IDLE]), &[16, 0], 0), 1);
+        assert_eq!(
+            place_movable(&known(&[STARVED, PACKED, IDLE]), &[9, 9, 0], 0),
+            1
+        );
         // all busy: the one that wanted the least, then the fewest connections
-        assert_eq!(place(&known(&[SATURATED, STARVED]), &[5, 9], 0), 1);
-        assert_eq!(place(&known(&[STARVED, STARVED]), &[5, 3], 0), 1);
+        assert_eq!(place_movable(&known(&[SATURATED, STARVED]), &[5, 9], 0), 1);
+        assert_eq!(place_movable(&known(&[STARVED, STARVED]), &[5, 3], 0), 1);
         // any load unknown: by count, as the accepting worker on a tie
-        assert_eq!(place(&[Some(IDLE), None], &[4, 1], 0), 1);
-        assert_eq!(place(&[None, None], &[1, 1], 1), 1);
+        assert_eq!(place_movable(&[Some(IDLE), None], &[4, 1], 0), 1);
+        assert_eq!(place_movable(&[None, None], &[1, 1], 1), 1);
+        // a connection that can never move (TLS): by count too
+        assert_eq!(place(&known(&[IDLE, IDLE]), &[4, 1], 0, false), 1);
+        assert_eq!(place(&known(&[IDLE, IDLE]), &[1, 1], 1, false), 1);
     }
 
     #[test]
@@ -671,10 +696,10 @@ mod tests {
         let now = Instant::now();
         balance.set_load(0, IDLE, now);
         balance.set_load(1, IDLE, now);
-        let guards: Vec<OpenConnection> = (0..64).map(|i| balance.assign(i % 2).1).collect();
+        let guards: Vec<OpenConnection> = (0..64).map(|i| balance.assign(i % 2, true).1).collect();
         assert_eq!(balance.open_counts(), [64, 0]);
         balance.set_load(0, SATURATED, now);
-        assert_eq!(balance.assign(0).0, 1);
+        assert_eq!(balance.assign(0, true).0, 1);
         drop(guards);
     }
 
@@ -729,15 +754,21 @@ mod tests {
             waited: 20,
         };
         assert_eq!(plan(&known(&[half, half]), &[8, 8], 1, true), None);
-        // a starved worker is not gathered, a busy one does not receive
-        let starving = Load {
-            ran: 100,
-            waited: 350,
-        };
-        assert_eq!(plan(&known(&[light, starving]), &[3, 5], 1, true), None);
+        // a busy worker does not receive
         assert_eq!(
             plan(&known(&[STARVED, light, IDLE]), &[9, 2, 4], 2, true),
             Some(Leaving { to: 1, count: 4 })
+        );
+        // one gathers at a time: the highest-numbered worker holding connections
+        let three = known(&[light, light, IDLE]);
+        assert_eq!(plan(&three, &[1, 4, 2], 1, true), None);
+        assert_eq!(
+            plan(&three, &[1, 4, 2], 2, true),
+            Some(Leaving { to: 0, count: 2 })
+        );
+        assert_eq!(
+            plan(&three, &[1, 4, 0], 1, true),
+            Some(Leaving { to: 0, count: 4 })
         );
         // unknown loads: nothing moves
         assert_eq!(plan(&[None, Some(light)], &[3, 5], 1, true), None);
@@ -789,6 +820,34 @@ mod tests {
                 waited: 300
             }
         );
+        // and a falling one to its own value, not above it (a rounded-up average would
+        // stop short, and read 992 for a true 985)
+        let mut meter = LoadMeter::new(times(0, 0), at(0));
+        let ran = |ms: u64, share: u64| ThreadTimes {
+            ran_ns: ms * share * 1_000,
+            waited_ns: 0,
+        };
+        for w in 1..=10 {
+            meter.sample(ran(w * 100, 1000), at(w * 100));
+        }
+        for w in 11..=200 {
+            let so_far = ran(1000, 1000).ran_ns + ran((w - 10) * 100, 985).ran_ns;
+            load = meter.sample(
+                ThreadTimes {
+                    ran_ns: so_far,
+                    waited_ns: 0,
+                },
+                at(w * 100),
+            );
+        }
+        assert_eq!(
+            load,
+            Load {
+                ran: 985,
+                waited: 0
+            }
+        );
+        assert!(!load.busy());
     }
 
     #[cfg(target_os = "linux")]
@@ -835,15 +894,15 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains("keypool_worker_load{worker=\"1\",kind=\"ran\"} 0.25\n"),
+            out.contains("keypool_worker_load_ratio{worker=\"1\",kind=\"ran\"} 0.25\n"),
             "{out}"
         );
         assert!(
-            out.contains("keypool_worker_load{worker=\"1\",kind=\"waited\"} 0.04\n"),
+            out.contains("keypool_worker_load_ratio{worker=\"1\",kind=\"waited\"} 0.04\n"),
             "{out}"
         );
         assert!(
-            !out.contains("keypool_worker_load{worker=\"0\""),
+            !out.contains("keypool_worker_load_ratio{worker=\"0\""),
             "unknown: {out}"
         );
     }
@@ -950,7 +1009,7 @@ mod tests {
             ) {
                 let me = me % loads.len();
                 let known: Vec<Option<Load>> = loads.iter().copied().map(Some).collect();
-                let to = place(&known, &open, me);
+                let to = place(&known, &open, me, true);
                 prop_assert!(to < loads.len());
                 if loads[to].busy() {
                     prop_assert!(loads.iter().all(|l| l.busy()));

@@ -175,8 +175,13 @@ async fn plain(
     drain: tokio::sync::watch::Receiver<bool>,
     open: Option<OpenConnection>,
 ) {
-    let Some((prefix, protocol)) = first_bytes(&mut stream, accepted.deadline, accepted.peer).await
-    else {
+    // A connection moved from another worker between two requests is HTTP/1.1, and its
+    // next request head is due: keypool's server waits for it (and for the drain).
+    let first = match open.as_ref().is_some_and(OpenConnection::moved) {
+        true => Some((Vec::new(), Protocol::Http1)),
+        false => first_bytes(&mut stream, accepted.deadline, accepted.peer).await,
+    };
+    let Some((prefix, protocol)) = first else {
         return;
     };
     let info = ClientInfo {

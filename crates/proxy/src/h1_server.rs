@@ -116,6 +116,7 @@ pub(crate) async fn serve(
             }
         }
         if conn.idle()
+            && !drain.draining()
             && let Some(to) = open.as_ref().and_then(OpenConnection::take_move)
             && let Some(open) = open.take()
         {

@@ -30,7 +30,8 @@
 //! # Layout
 //! - [`server`]: [`run`], the accept loops ([`Listeners`]: public, admin), graceful
 //!   drain; [`run_workers`], the same on one single-threaded runtime per worker thread.
-//! - `balance`: each accepted connection goes to the worker with the fewest open ones.
+//! - `balance`: which worker thread serves a connection: packed onto as few as the
+//!   load needs, spread from a saturated or starved one; moved between requests.
 //! - [`connection`]: one connection: TLS, HTTP/1.1 or HTTP/2 from its first bytes
 //!   (bounded by the header read timeout), [`connection::ClientInfo`]; plain-TCP
 //!   HTTP/1.1 goes to `h1_server`, TLS and HTTP/2 to hyper.

@@ -569,7 +569,7 @@ impl Metrics {
             "keypool_stream_failures_total {}",
             self.stream_failures.load(Ordering::Relaxed)
         );
-        out.push_str("# HELP keypool_connections_moved_total Client connections moved from one worker thread to another between two requests: gathered onto fewer threads at light load, spread when a thread is saturated.\n# TYPE keypool_connections_moved_total counter\n");
+        out.push_str("# HELP keypool_connections_moved_total Client connections moved from one worker thread to another between two requests: gathered onto fewer threads at light load, spread from a thread that is saturated or starved.\n# TYPE keypool_connections_moved_total counter\n");
         let _ = writeln!(
             out,
             "keypool_connections_moved_total {}",

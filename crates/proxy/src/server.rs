@@ -126,9 +126,9 @@ fn log_listening(
 /// request hops between threads, which on small machines costs more than the proxying
 /// itself (a cross-thread wake-up of an idle CPU is tens of microseconds in a VM). The
 /// kernel hands each new connection to whichever thread accepts first; the balance
-/// ([`crate::balance`]) keeps it there unless that thread is saturated, and between
-/// requests moves connections onto fewer threads while the load is light and spreads
-/// them when a thread is saturated. `workers` is `[server] workers` (0 there means one
+/// ([`crate::balance`]) gives it to the lowest-numbered thread that is not busy, and
+/// between requests moves connections onto fewer threads while the load is light and
+/// spreads them when a thread is saturated or starved. `workers` is `[server] workers` (0 there means one
 /// per CPU); `1` serves on this task alone.
 ///
 /// # Errors
@@ -337,7 +337,7 @@ async fn serve(
         match accepted {
             Ok((stream, peer)) => match (&share, side) {
                 (Some(share), Side::Public) => {
-                    let (worker, open) = share.balance.assign(share.me);
+                    let (worker, open) = share.balance.assign(share.me, tls.is_none());
                     if worker == share.me {
                         spawn(stream, peer, side, Some(open));
                     } else {
@@ -353,6 +353,9 @@ async fn serve(
         }
     }
     drop(load_watch);
+    if let Some(share) = &share {
+        share.balance.stop(share.me);
+    }
     // Connections handed over just before the shutdown are served (and drained) too;
     // from now on the other workers serve what they accept themselves.
     if let Some(share) = &mut share {
