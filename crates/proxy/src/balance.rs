@@ -782,44 +782,21 @@ mod tests {
             ran_ns: ran_ms * 1_000_000,
             waited_ns: waited_ms * 1_000_000,
         };
+        let share = |ran, waited| Load { ran, waited };
         let mut meter = LoadMeter::new(times(0, 0), at(0));
-        assert_eq!(
-            meter.sample(times(80, 10), at(100)),
-            Load {
-                ran: 800,
-                waited: 100
-            }
-        );
+        assert_eq!(meter.sample(times(80, 10), at(100)), share(800, 100));
         // a window of 100 % weighs an eighth
-        assert_eq!(
-            meter.sample(times(180, 10), at(200)),
-            Load {
-                ran: 825,
-                waited: 88
-            }
-        );
+        assert_eq!(meter.sample(times(180, 10), at(200)), share(825, 88));
         // shares are of the wall time between samples, capped at all of it
         let mut meter = LoadMeter::new(times(0, 0), at(0));
-        assert_eq!(
-            meter.sample(times(300, 0), at(200)),
-            Load {
-                ran: 1000,
-                waited: 0
-            }
-        );
+        assert_eq!(meter.sample(times(300, 0), at(200)), share(1000, 0));
         // a constant load is reached and held
         let mut meter = LoadMeter::new(times(0, 0), at(0));
         let mut load = IDLE;
         for w in 1..=100 {
             load = meter.sample(times(w * 50, w * 30), at(w * 100));
         }
-        assert_eq!(
-            load,
-            Load {
-                ran: 500,
-                waited: 300
-            }
-        );
+        assert_eq!(load, share(500, 300));
         // and a falling one to its own value, not above it (a rounded-up average would
         // stop short, and read 992 for a true 985)
         let mut meter = LoadMeter::new(times(0, 0), at(0));

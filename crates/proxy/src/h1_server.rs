@@ -115,9 +115,11 @@ pub(crate) async fn serve(
                 break;
             }
         }
+        // The drain's value (read under its lock) only when a move was planned: a
+        // request with none pays one relaxed load here.
         if conn.idle()
-            && !drain.draining()
             && let Some(to) = open.as_ref().and_then(OpenConnection::take_move)
+            && !drain.draining()
             && let Some(open) = open.take()
         {
             return conn.move_to(to, open, &app);
@@ -849,7 +851,7 @@ mod tests {
 
     /// A server connection on worker `worker` of `balance`, as `server::serve` spawns
     /// it, and the client's end.
-    async fn serve_on(
+    fn serve_on(
         app: &App,
         balance: &Arc<crate::balance::AcceptBalance>,
         worker: usize,
@@ -932,7 +934,7 @@ mod tests {
             .await
             .unwrap();
         let (stream, peer) = listener.accept().await.unwrap();
-        let first = serve_on(&app, &balance, 0, stream, peer, None).await;
+        let first = serve_on(&app, &balance, 0, stream, peer, None);
         assert_eq!(balance.open_counts(), [1, 0]);
 
         let mut got = Vec::new();
@@ -950,7 +952,7 @@ mod tests {
 
         // worker 1 serves the same socket from the next request on
         let stream = TcpStream::from_std(stream).unwrap();
-        let second = serve_on(&app, &balance, 1, stream, peer, Some(open)).await;
+        let second = serve_on(&app, &balance, 1, stream, peer, Some(open));
         for _ in 0..3 {
             client.write_all(READY).await.unwrap();
             assert_eq!(read_answer(&mut client, &mut got).await, "HTTP/1.1 200 OK");
@@ -965,7 +967,7 @@ mod tests {
             .await
             .unwrap();
         let (stream, peer) = listener.accept().await.unwrap();
-        let third = serve_on(&app, &balance, 0, stream, peer, None).await;
+        let third = serve_on(&app, &balance, 0, stream, peer, None);
         drop(shares.remove(1));
         balance.order(0, crate::balance::Leaving { to: 1, count: 1 });
         let mut got = Vec::new();
