@@ -360,6 +360,7 @@ async fn measure(
                 &fast_base,
                 &fast_base,
                 setup::UPSTREAM_SECRET,
+                false,
             ));
             std::fs::write(&conf, text)
                 .with_context(|| format!("cannot write {}", conf.display()))?;
@@ -987,6 +988,7 @@ totals: 190
             "http://127.0.0.1:2",
             "http://127.0.0.1:3",
             "sk",
+            false,
         ));
         assert!(n.contains("worker_processes 1;"), "{n}");
         assert!(n.contains("master_process off;"), "{n}");

@@ -806,7 +806,7 @@ struct FloorInputs<'a> {
     plain_baseline: bool,
 }
 
-/// Starts nginx, HAProxy and a keypool at log level `warn`, and runs [`floor::run`]
+/// Starts nginx (also with an access log), HAProxy and a keypool at log level `warn`, and runs [`floor::run`]
 /// over them, keypool and the simulators alone.
 async fn floor_comparison(
     client: &HttpClient,
@@ -852,7 +852,11 @@ async fn floor_comparison(
     for (name, started) in [
         (
             floor::NGINX,
-            floor::start_nginx(client, i.dir, i.fast_base, i.slow_base).await,
+            floor::start_nginx(client, i.dir, i.fast_base, i.slow_base, false).await,
+        ),
+        (
+            floor::NGINX_LOG,
+            floor::start_nginx(client, i.dir, i.fast_base, i.slow_base, true).await,
         ),
         (
             floor::HAPROXY,
