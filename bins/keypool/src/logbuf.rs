@@ -4,8 +4,11 @@
 //! a `write` system call and a turn on stderr's lock on the thread that served the
 //! request (at 30,000 requests a second, a sixth of keypool's system-call time and most
 //! of its lock waits). Request lines are therefore appended to a buffer that a
-//! background thread writes out every [`FLUSH_EVERY`] (or at once past
-//! [`FLUSH_BYTES`]); every other event (start-up, reloads, warnings, errors, shutdown)
+//! background thread writes out every [`FLUSH_EVERY`], or as soon as a request thread
+//! that took it past [`FLUSH_BYTES`] wakes it. A request thread writes a batch itself
+//! only past [`BACKLOG_BYTES`], when stderr is slower than the lines come (a full pipe,
+//! a stalled disk): that bounds the buffer, and below it a write to stderr, which may
+//! block, never holds up the connections of the thread serving them. Every other event (start-up, reloads, warnings, errors, shutdown)
 //! is written at once, after whatever request lines are pending, so the order of the
 //! log is kept. The buffer is written out when [`FlushGuard`] drops (the end of
 //! `main`) and before a panic message. A process killed outright loses at most the
@@ -20,8 +23,8 @@
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
 use tracing::Metadata;
@@ -29,8 +32,11 @@ use tracing_subscriber::fmt::MakeWriter;
 
 /// How often pending request lines are written out.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(50);
-/// Pending bytes that are written out at once, without waiting for the flusher.
+/// Pending bytes past which the request thread that appended them wakes the flusher.
 pub const FLUSH_BYTES: usize = 64 * 1024;
+/// Pending bytes past which a request thread writes them out itself, after the write in
+/// progress: the buffer's bound when stderr cannot keep up.
+pub const BACKLOG_BYTES: usize = 8 * 1024 * 1024;
 /// The `tracing` target of the per-request line (`keypool-proxy`'s `RequestLog`).
 const REQUEST_TARGET: &str = "keypool::request";
 
@@ -57,6 +63,8 @@ struct Shared {
     /// Held while a batch is written: batches go out in the order they were taken.
     sink: Mutex<Box<dyn Sink>>,
     stop: AtomicBool,
+    /// The flusher thread, once started.
+    flusher: OnceLock<Thread>,
 }
 
 impl Shared {
@@ -70,13 +78,18 @@ impl Shared {
         self.write_pending(sink);
     }
 
-    /// Writes out what is pending unless another thread is writing (its next round
-    /// takes it).
-    fn flush_unless_busy(&self) {
-        match self.sink.try_lock() {
-            Ok(sink) => self.write_pending(sink),
-            Err(std::sync::TryLockError::Poisoned(p)) => self.write_pending(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => {}
+    /// What a request thread does once its line took the pending bytes from `before`
+    /// to `after`: nothing, mostly; wake the flusher when they just passed
+    /// [`FLUSH_BYTES`]; write them out itself past [`BACKLOG_BYTES`], or when there is
+    /// no flusher (stopped, or never started).
+    fn appended(&self, before: usize, after: usize) {
+        if after >= BACKLOG_BYTES || self.stop.load(Ordering::Relaxed) {
+            self.flush();
+        } else if before < FLUSH_BYTES && after >= FLUSH_BYTES {
+            match self.flusher.get() {
+                Some(flusher) => flusher.unpark(),
+                None => self.flush(),
+            }
         }
     }
 
@@ -124,6 +137,7 @@ impl BatchedStderr {
             }),
             sink: Mutex::new(sink),
             stop: AtomicBool::new(false),
+            flusher: OnceLock::new(),
         });
         let flusher = {
             let shared = Arc::clone(&shared);
@@ -137,6 +151,9 @@ impl BatchedStderr {
                 })
                 .ok()
         };
+        if let Some(flusher) = &flusher {
+            let _ = shared.flusher.set(flusher.thread().clone());
+        }
         let writer = Self {
             shared: Arc::clone(&shared),
         };
@@ -165,8 +182,9 @@ impl BatchedStderr {
     pub fn write_request_line(&self, fields: &[u8]) {
         let stamp = crate::logfmt::timestamp();
         let label = crate::logfmt::level_label(tracing::Level::INFO);
-        let full = self.shared.with(|state| {
+        let (before, after) = self.shared.with(|state| {
             let line = &mut state.pending;
+            let before = line.len();
             line.reserve(stamp.len() + label.len() + REQUEST_TARGET.len() + fields.len() + 3);
             line.extend_from_slice(&stamp);
             line.extend_from_slice(label.as_bytes());
@@ -174,13 +192,9 @@ impl BatchedStderr {
             line.extend_from_slice(b": ");
             line.extend_from_slice(fields);
             line.push(b'\n');
-            line.len() >= FLUSH_BYTES
+            (before, line.len())
         });
-        if self.shared.stop.load(Ordering::Relaxed) {
-            self.shared.flush();
-        } else if full {
-            self.shared.flush_unless_busy();
-        }
+        self.shared.appended(before, after);
     }
 }
 
@@ -203,14 +217,15 @@ pub struct EventWriter<'a> {
 
 impl Write for EventWriter<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let full = self.shared.with(|state| {
+        let (before, after) = self.shared.with(|state| {
+            let before = state.pending.len();
             state.pending.extend_from_slice(buf);
-            state.pending.len() >= FLUSH_BYTES
+            (before, state.pending.len())
         });
-        if !self.batched {
+        if self.batched {
+            self.shared.appended(before, after);
+        } else {
             self.shared.flush();
-        } else if full {
-            self.shared.flush_unless_busy();
         }
         Ok(buf.len())
     }
@@ -428,19 +443,109 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_large_backlog_is_written_without_waiting() {
-        let capture = Capture::default();
-        let (writer, _guard) =
-            BatchedStderr::start_with(Box::new(capture.clone()), Duration::from_secs(3600));
-        emit(&writer, || {
-            for _ in 0..(FLUSH_BYTES / 40) {
-                tracing::info!(target: "keypool::request", status = 200, "request");
+    /// A sink that notes which thread made each write, and how long it was.
+    #[derive(Clone, Default)]
+    struct Writers(Arc<Mutex<Vec<(std::thread::ThreadId, usize)>>>);
+
+    impl Sink for Writers {
+        fn write_all(&mut self, bytes: &[u8]) {
+            let me = std::thread::current().id();
+            self.0.lock().unwrap().push((me, bytes.len()));
+        }
+    }
+
+    impl Writers {
+        /// Waits (bounded) until `bytes` were written in all.
+        fn wait_for(&self, bytes: usize) -> Vec<(std::thread::ThreadId, usize)> {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let writes = self.0.lock().unwrap().clone();
+                if writes.iter().map(|w| w.1).sum::<usize>() >= bytes {
+                    return writes;
+                }
+                assert!(std::time::Instant::now() < deadline, "{writes:?}");
+                std::thread::yield_now();
             }
-        });
+        }
+    }
+
+    /// 64 KiB of request lines wake the flusher at once (its period is an hour here),
+    /// and the request thread never writes them itself.
+    #[test]
+    fn a_full_buffer_is_written_by_the_flusher_not_the_request_thread() {
+        let writers = Writers::default();
+        let (writer, _guard) =
+            BatchedStderr::start_with(Box::new(writers.clone()), Duration::from_secs(3600));
+        let fields = [b'x'; 100];
+        writer.write_request_line(&fields);
+        // Each line's length, timestamp and all, read before the flusher may take it.
+        let line = writer.shared.with(|s| s.pending.len());
+        let mut total = line;
+        while total < FLUSH_BYTES {
+            writer.write_request_line(&fields);
+            total += line;
+        }
+        let writes = writers.wait_for(total);
+        let me = std::thread::current().id();
+        assert!(writes.iter().all(|(thread, _)| *thread != me), "{writes:?}");
+        assert_eq!(writes.iter().map(|w| w.1).sum::<usize>(), total);
+    }
+
+    /// With the flusher stuck in a write (stderr not read), request threads keep
+    /// appending without writing until the backlog reaches its bound; the thread that
+    /// passes it waits for the stuck write and writes the backlog itself, in order.
+    #[test]
+    fn past_the_backlog_bound_a_request_thread_waits_for_the_stuck_write() {
+        let capture = Capture::default();
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel();
+        let gate = Gate {
+            entered: entered_tx,
+            release: release_rx,
+            capture: capture.clone(),
+        };
+        let (writer, guard) = BatchedStderr::start_with(Box::new(gate), Duration::from_secs(3600));
+        let line = |n: usize| format!("request n={n:08} {}", "y".repeat(984));
+        writer.write_request_line(line(0).as_bytes());
+        let len = writer.shared.with(|s| s.pending.len());
+        let mut n = 1;
+        // The first 64 KiB wake the flusher, which is then held inside its write.
+        while n * len < FLUSH_BYTES {
+            writer.write_request_line(line(n).as_bytes());
+            n += 1;
+        }
+        entered.recv().unwrap();
+        // Below the bound nothing is written, and nothing waits.
+        while writer.shared.with(|s| s.pending.len()) + len < BACKLOG_BYTES {
+            writer.write_request_line(line(n).as_bytes());
+            n += 1;
+        }
+        assert_eq!(capture.writes().len(), 0);
+        // The line that passes the bound waits for the held write; then the backlog is
+        // written (by that thread, or by the flusher if it takes the lock first).
+        let passing = {
+            let writer = writer.clone();
+            let text = line(n);
+            std::thread::spawn(move || writer.write_request_line(text.as_bytes()))
+        };
+        n += 1;
+        release.send(()).unwrap();
+        entered.recv().unwrap();
+        release.send(()).unwrap();
+        passing.join().unwrap();
+        let writes = capture.writes();
+        assert_eq!(writes.len(), 2, "the held batch, then the backlog");
+        let backlog = writes[1].len();
         assert!(
-            !capture.writes().is_empty(),
-            "64 KiB of lines are written at once"
+            (BACKLOG_BYTES..BACKLOG_BYTES + len).contains(&backlog),
+            "{backlog}"
         );
+        let text = writes.concat();
+        for (i, l) in text.lines().enumerate() {
+            assert!(l.contains(&format!("n={i:08} ")), "line {i}: {l}");
+        }
+        assert_eq!(text.lines().count(), n);
+        drop(release);
+        drop(guard);
     }
 }
