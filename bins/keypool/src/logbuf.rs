@@ -8,18 +8,19 @@
 //! that took it past [`FLUSH_BYTES`] wakes it. A request thread writes a batch itself
 //! only past [`BACKLOG_BYTES`], when stderr is slower than the lines come (a full pipe,
 //! a stalled disk): that bounds the buffer, and below it a write to stderr, which may
-//! block, never holds up the connections of the thread serving them. Every other event (start-up, reloads, warnings, errors, shutdown)
-//! is written at once, after whatever request lines are pending, so the order of the
-//! log is kept. The buffer is written out when [`FlushGuard`] drops (the end of
-//! `main`) and before a panic message. A process killed outright loses at most the
-//! request lines of the last [`FLUSH_EVERY`].
+//! block, never holds up the connections of the thread serving them. Every other
+//! event (start-up, reloads, warnings, errors, shutdown) is written at once, after
+//! whatever request lines are pending, so the order of the log is kept (and such an
+//! event waits for a write in progress). The buffer is written out when [`FlushGuard`]
+//! drops (the end of `main`) and before a panic message. A process killed outright
+//! loses the request lines of its last [`FLUSH_EVERY`], or, when stderr was behind,
+//! the backlog.
 //!
 //! The `write` itself happens outside the lock of the buffer: the batch is swapped out
 //! under it, so a thread appending its line never waits for a system call (nor for a
 //! writer that lost its CPU in the middle of one). A second lock, around the sink,
-//! keeps the batches in order; a request thread whose line overflows the buffer while
-//! another thread is writing leaves the batch to that writer's next round instead of
-//! waiting.
+//! keeps the batches in order. Below [`BACKLOG_BYTES`] a request thread never takes
+//! it; past it, the thread waits for the write in progress and writes the backlog.
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +38,9 @@ pub const FLUSH_BYTES: usize = 64 * 1024;
 /// Pending bytes past which a request thread writes them out itself, after the write in
 /// progress: the buffer's bound when stderr cannot keep up.
 pub const BACKLOG_BYTES: usize = 8 * 1024 * 1024;
+/// The room a written batch's buffer keeps for the next one (more than a batch takes
+/// while the flusher wakes; less than a backlog's).
+const SPARE_BYTES: usize = 4 * FLUSH_BYTES;
 /// The `tracing` target of the per-request line (`keypool-proxy`'s `RequestLog`).
 const REQUEST_TARGET: &str = "keypool::request";
 
@@ -103,6 +107,8 @@ impl Shared {
         }
         drop(sink);
         batch.clear();
+        // A backlog's room is not kept: the spare becomes the next pending buffer.
+        batch.shrink_to(SPARE_BYTES);
         self.with(|state| {
             if state.spare.capacity() < batch.capacity() {
                 state.spare = batch;
@@ -469,6 +475,20 @@ mod tests {
         }
     }
 
+    /// The length of a request line of `fields` bytes: timestamp, level, target, the
+    /// fields and the newline.
+    fn line_len(fields: usize) -> usize {
+        let label = crate::logfmt::level_label(tracing::Level::INFO);
+        27 + label.len() + REQUEST_TARGET.len() + 2 + fields + 1
+    }
+
+    /// Waits (bounded) for the gated sink to be entered.
+    fn entered_within(entered: &std::sync::mpsc::Receiver<()>) {
+        entered
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the sink was not written to");
+    }
+
     /// 64 KiB of request lines wake the flusher at once (its period is an hour here),
     /// and the request thread never writes them itself.
     #[test]
@@ -477,9 +497,8 @@ mod tests {
         let (writer, _guard) =
             BatchedStderr::start_with(Box::new(writers.clone()), Duration::from_secs(3600));
         let fields = [b'x'; 100];
+        let line = line_len(fields.len());
         writer.write_request_line(&fields);
-        // Each line's length, timestamp and all, read before the flusher may take it.
-        let line = writer.shared.with(|s| s.pending.len());
         let mut total = line;
         while total < FLUSH_BYTES {
             writer.write_request_line(&fields);
@@ -506,15 +525,15 @@ mod tests {
         };
         let (writer, guard) = BatchedStderr::start_with(Box::new(gate), Duration::from_secs(3600));
         let line = |n: usize| format!("request n={n:08} {}", "y".repeat(984));
+        let len = line_len(line(0).len());
         writer.write_request_line(line(0).as_bytes());
-        let len = writer.shared.with(|s| s.pending.len());
         let mut n = 1;
         // The first 64 KiB wake the flusher, which is then held inside its write.
         while n * len < FLUSH_BYTES {
             writer.write_request_line(line(n).as_bytes());
             n += 1;
         }
-        entered.recv().unwrap();
+        entered_within(&entered);
         // Below the bound nothing is written, and nothing waits.
         while writer.shared.with(|s| s.pending.len()) + len < BACKLOG_BYTES {
             writer.write_request_line(line(n).as_bytes());
@@ -529,8 +548,16 @@ mod tests {
             std::thread::spawn(move || writer.write_request_line(text.as_bytes()))
         };
         n += 1;
+        // Its line is in (nobody can take the buffer while the flusher is held), and it
+        // is waiting.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while writer.shared.with(|s| s.pending.len()) < BACKLOG_BYTES {
+            assert!(std::time::Instant::now() < deadline, "the line never came");
+            std::thread::yield_now();
+        }
+        assert!(!passing.is_finished(), "it went on without waiting");
         release.send(()).unwrap();
-        entered.recv().unwrap();
+        entered_within(&entered);
         release.send(()).unwrap();
         passing.join().unwrap();
         let writes = capture.writes();

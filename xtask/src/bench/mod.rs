@@ -806,8 +806,8 @@ struct FloorInputs<'a> {
     plain_baseline: bool,
 }
 
-/// Starts nginx (also with an access log), HAProxy and a keypool at log level `warn`, and runs [`floor::run`]
-/// over them, keypool and the simulators alone.
+/// Starts nginx (also with an access log), HAProxy and a keypool at log level `warn`,
+/// and runs [`floor::run`] over them, keypool and the simulators alone.
 async fn floor_comparison(
     client: &HttpClient,
     i: &FloorInputs<'_>,
