@@ -13,9 +13,10 @@
 //! Each target serves one connection on one thread under `valgrind --tool=callgrind`:
 //! keypool with `workers = 1` (8 accounts at log level `info` and `warn`, and 1,000
 //! accounts), nginx with one worker and no master process. The driver sends
-//! `--warm` requests (not counted: connections, caches, lazy initialisation; 2,048 by
-//! default, two turns of the 1,000-account pool, so that every account's books exist
-//! before counting starts), zeroes the counters (`callgrind_control -z`), sends
+//! `--warm` requests (not counted: connections, caches, lazy initialisation; 6,144 by
+//! default: six turns of the 1,000-account pool and the usage ledger's first fold, at
+//! 4,096 records, which creates every account's totals, so that the count sees a
+//! long-running process's books and not their creation), zeroes the counters (`callgrind_control -z`), sends
 //! `--requests` requests one at a time (8,192 by default: the usage ledger folds its
 //! queue every 4,096 records, so the count holds exactly two folds), and dumps the
 //! counters (`callgrind_control -d`). Instructions per request are the
@@ -68,7 +69,7 @@ impl InstructionOptions {
     pub fn parse(args: &[String]) -> anyhow::Result<Self> {
         let mut o = Self {
             requests: 8_192,
-            warm: 2_048,
+            warm: 6_144,
             baseline: None,
             cache_sim: false,
         };
@@ -782,7 +783,7 @@ mod tests {
             args(&[]).unwrap(),
             InstructionOptions {
                 requests: 8_192,
-                warm: 2_048,
+                warm: 6_144,
                 baseline: None,
                 cache_sim: false,
             }
