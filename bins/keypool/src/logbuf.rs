@@ -403,8 +403,15 @@ mod tests {
         }
     }
 
-    #[test]
-    fn request_lines_do_not_wait_for_a_write_in_progress() {
+    /// A writer (its flusher's period an hour) into a [`Gate`]: what it let through, the
+    /// signal that a write began, and the sender that lets one write finish.
+    fn gated() -> (
+        BatchedStderr,
+        FlushGuard,
+        Capture,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
         let capture = Capture::default();
         let (entered_tx, entered) = std::sync::mpsc::channel();
         let (release, release_rx) = std::sync::mpsc::channel();
@@ -414,6 +421,12 @@ mod tests {
             capture: capture.clone(),
         };
         let (writer, guard) = BatchedStderr::start_with(Box::new(gate), Duration::from_secs(3600));
+        (writer, guard, capture, entered, release)
+    }
+
+    #[test]
+    fn request_lines_do_not_wait_for_a_write_in_progress() {
+        let (writer, guard, capture, entered, release) = gated();
         // Another thread writes an event at once and is held inside the write.
         let other = {
             let writer = writer.clone();
@@ -515,15 +528,7 @@ mod tests {
     /// passes it waits for the stuck write and writes the backlog itself, in order.
     #[test]
     fn past_the_backlog_bound_a_request_thread_waits_for_the_stuck_write() {
-        let capture = Capture::default();
-        let (entered_tx, entered) = std::sync::mpsc::channel();
-        let (release, release_rx) = std::sync::mpsc::channel();
-        let gate = Gate {
-            entered: entered_tx,
-            release: release_rx,
-            capture: capture.clone(),
-        };
-        let (writer, guard) = BatchedStderr::start_with(Box::new(gate), Duration::from_secs(3600));
+        let (writer, guard, capture, entered, release) = gated();
         let line = |n: usize| format!("request n={n:08} {}", "y".repeat(984));
         let len = line_len(line(0).len());
         writer.write_request_line(line(0).as_bytes());
