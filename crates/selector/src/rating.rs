@@ -252,33 +252,83 @@ impl Ewma {
     }
 }
 
-/// A ring of the most recent TTFT samples.
-#[derive(Debug, Clone, Copy, Default)]
-struct RecentTtft {
-    samples: [TtftSample; RECENT_TTFT_SAMPLES],
-    len: usize,
-    next: usize,
+/// The samples of one account's ring of recent TTFTs, in slot order (its [`Cursor`]
+/// says where it starts).
+type Samples = [TtftSample; RECENT_TTFT_SAMPLES];
+
+/// Where an account's ring of recent TTFTs stands: kept apart from its samples, in a
+/// dense array of two bytes per account. A sample's record then touches the one line
+/// the new sample goes in, not also the line the ring's cursor would share with its
+/// last samples: in a pool of 1,000 accounts served in turn both are cache misses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Cursor {
+    /// Samples held.
+    len: u8,
+    /// The slot the next sample goes in.
+    next: u8,
 }
 
-impl RecentTtft {
+const _: () = assert!(RECENT_TTFT_SAMPLES <= u8::MAX as usize);
+
+/// A ring of the most recent TTFT samples: its samples and its cursor.
+#[derive(Debug, Clone, Copy)]
+struct RecentTtft<'t> {
+    samples: &'t Samples,
+    cursor: Cursor,
+}
+
+/// [`RecentTtft`], to add samples to.
+struct RecentTtftMut<'t> {
+    samples: &'t mut Samples,
+    cursor: &'t mut Cursor,
+}
+
+impl RecentTtftMut<'_> {
     fn push(&mut self, sample: TtftSample) {
-        self.samples[self.next] = sample;
-        self.next = (self.next + 1) % RECENT_TTFT_SAMPLES;
-        self.len = (self.len + 1).min(RECENT_TTFT_SAMPLES);
+        push_sample(self.samples, self.cursor, sample);
     }
 
+    fn as_ref(&self) -> RecentTtft<'_> {
+        RecentTtft {
+            samples: self.samples,
+            cursor: *self.cursor,
+        }
+    }
+
+    /// Replaces the ring with the newest [`RECENT_TTFT_SAMPLES`] of `samples` (oldest
+    /// first).
+    fn replace(&mut self, samples: &[TtftSample]) {
+        *self.cursor = Cursor::default();
+        let skip = samples.len().saturating_sub(RECENT_TTFT_SAMPLES);
+        for &s in &samples[skip..] {
+            push_sample(self.samples, self.cursor, s);
+        }
+    }
+}
+
+fn push_sample(samples: &mut Samples, cursor: &mut Cursor, sample: TtftSample) {
+    let next = usize::from(cursor.next) % RECENT_TTFT_SAMPLES;
+    samples[next] = sample;
+    // Both stay below RECENT_TTFT_SAMPLES (asserted ≤ u8::MAX above).
+    cursor.next = ((next + 1) % RECENT_TTFT_SAMPLES) as u8;
+    cursor.len = (usize::from(cursor.len) + 1).min(RECENT_TTFT_SAMPLES) as u8;
+}
+
+impl<'t> RecentTtft<'t> {
     /// Oldest first.
-    fn iter(&self) -> impl Iterator<Item = TtftSample> + '_ {
-        let start = (self.next + RECENT_TTFT_SAMPLES - self.len) % RECENT_TTFT_SAMPLES;
-        (0..self.len).map(move |i| self.samples[(start + i) % RECENT_TTFT_SAMPLES])
+    fn iter(self) -> impl Iterator<Item = TtftSample> + 't {
+        let (len, next) = (usize::from(self.cursor.len), usize::from(self.cursor.next));
+        let start = (next + RECENT_TTFT_SAMPLES - len) % RECENT_TTFT_SAMPLES;
+        let samples = self.samples;
+        (0..len).map(move |i| samples[(start + i) % RECENT_TTFT_SAMPLES])
     }
 
-    fn newest_at(&self) -> Option<UnixMs> {
+    fn newest_at(self) -> Option<UnixMs> {
         self.iter().map(|s| s.at).max()
     }
 
     /// Nearest-rank p90 of the fresh samples.
-    fn p90(&self, now: UnixMs, max_age: u64) -> Option<u64> {
+    fn p90(self, now: UnixMs, max_age: u64) -> Option<u64> {
         let mut fresh = [0u32; RECENT_TTFT_SAMPLES];
         let mut n = 0;
         for s in self.iter().filter(|s| now.saturating_sub(s.at) <= max_age) {
@@ -297,7 +347,7 @@ impl RecentTtft {
 }
 
 /// The three averages of one account (48 bytes; the TTFT ring lives apart, it is read
-/// only for the primary).
+/// only for the p90 of the hedge delay).
 #[derive(Debug, Clone, Copy, Default)]
 struct Averages {
     ttft: Ewma,
@@ -312,7 +362,9 @@ const NO_SLOT: u32 = u32::MAX;
 struct Table {
     slots: HashMap<AccountId, u32, BuildHasherDefault<IdHasher>>,
     averages: Vec<Averages>,
-    recent: Vec<RecentTtft>,
+    /// Each slot's recent TTFT samples ([`Cursor`] says why apart from `cursors`).
+    samples: Vec<Samples>,
+    cursors: Vec<Cursor>,
     /// Bumped whenever an account gets a slot, so cached slot lists know to refresh.
     epoch: u64,
 }
@@ -326,12 +378,20 @@ impl Table {
         self.averages.get(slot as usize)
     }
 
-    fn get(&self, id: &AccountId) -> Option<(&Averages, &RecentTtft)> {
+    fn get(&self, id: &AccountId) -> Option<(&Averages, RecentTtft<'_>)> {
         let slot = *self.slots.get(id)? as usize;
-        Some((&self.averages[slot], &self.recent[slot]))
+        Some(self.at(slot))
     }
 
-    fn get_or_insert(&mut self, id: &AccountId) -> (&mut Averages, &mut RecentTtft) {
+    fn at(&self, slot: usize) -> (&Averages, RecentTtft<'_>) {
+        let recent = RecentTtft {
+            samples: &self.samples[slot],
+            cursor: self.cursors[slot],
+        };
+        (&self.averages[slot], recent)
+    }
+
+    fn get_or_insert(&mut self, id: &AccountId) -> (&mut Averages, RecentTtftMut<'_>) {
         let next = u32::try_from(self.averages.len()).unwrap_or(NO_SLOT);
         // Looked up first: the id is cloned (a count on an `Arc` every thread shares)
         // only for an account new to the table.
@@ -341,11 +401,16 @@ impl Table {
         };
         if slot == next {
             self.averages.push(Averages::default());
-            self.recent.push(RecentTtft::default());
+            self.samples.push(Samples::default());
+            self.cursors.push(Cursor::default());
             self.epoch += 1;
         }
         let slot = slot as usize;
-        (&mut self.averages[slot], &mut self.recent[slot])
+        let recent = RecentTtftMut {
+            samples: &mut self.samples[slot],
+            cursor: &mut self.cursors[slot],
+        };
+        (&mut self.averages[slot], recent)
     }
 }
 
@@ -503,7 +568,7 @@ impl RatingEngine {
         let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
         match sample {
             Sample::Success { ttft_ms, total_ms } => {
-                let (avg, recent) = table.get_or_insert(id);
+                let (avg, mut recent) = table.get_or_insert(id);
                 avg.ttft.observe(ttft_ms as f64, now, alpha, max_age);
                 avg.total.observe(total_ms as f64, now, alpha, max_age);
                 avg.error.observe(0.0, now, alpha, max_age);
@@ -675,7 +740,7 @@ impl RatingEngine {
         &self,
         id: &AccountId,
         s: &Averages,
-        recent: &RecentTtft,
+        recent: RecentTtft<'_>,
         now: UnixMs,
     ) -> Option<AccountRatingState> {
         let max_age = self.config.max_sample_age_ms;
@@ -703,8 +768,8 @@ impl RatingEngine {
             .slots
             .iter()
             .filter_map(|(id, &slot)| {
-                let slot = slot as usize;
-                self.export_stats(id, &table.averages[slot], &table.recent[slot], now)
+                let (avg, recent) = table.at(slot as usize);
+                self.export_stats(id, avg, recent, now)
             })
             .collect();
         accounts.sort_by(|a, b| a.id.cmp(&b.id));
@@ -717,21 +782,13 @@ impl RatingEngine {
     pub fn import(&self, state: &RatingState) {
         let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
         for account in &state.accounts {
-            let (avg, recent_ttft) = table.get_or_insert(&account.id);
+            let (avg, mut recent_ttft) = table.get_or_insert(&account.id);
             avg.ttft.merge(account.ttft);
             avg.total.merge(account.total);
             avg.error.merge(account.error);
             let imported_newest = account.recent_ttft.iter().map(|s| s.at).max();
-            if imported_newest > recent_ttft.newest_at() {
-                let mut recent = RecentTtft::default();
-                let skip = account
-                    .recent_ttft
-                    .len()
-                    .saturating_sub(RECENT_TTFT_SAMPLES);
-                account.recent_ttft[skip..]
-                    .iter()
-                    .for_each(|&s| recent.push(s));
-                *recent_ttft = recent;
+            if imported_newest > recent_ttft.as_ref().newest_at() {
+                recent_ttft.replace(&account.recent_ttft);
             }
         }
     }
@@ -819,6 +876,29 @@ mod tests {
             sort_by_score(&mut indices, &scores, &mut Vec::new(), &mut Vec::new());
             let expected: Vec<usize> = expected.into_iter().map(|e| e.1).collect();
             proptest::prop_assert_eq!(indices, expected);
+        }
+
+        /// The ring of recent TTFTs (its samples and its cursor apart) holds the newest
+        /// RECENT_TTFT_SAMPLES samples pushed, oldest first, however many wrapped it;
+        /// replacing it with a list keeps that list's newest ones.
+        #[test]
+        fn the_recent_ring_keeps_the_newest_samples_in_order(
+            ttfts in proptest::collection::vec(0u32..100_000, 0..60),
+            replaced in proptest::collection::vec(0u32..100_000, 0..40),
+        ) {
+            let sample = |(i, &ttft_ms): (usize, &u32)| TtftSample { at: i as u64, ttft_ms };
+            let newest = |all: &[TtftSample]| all[all.len().saturating_sub(RECENT_TTFT_SAMPLES)..].to_vec();
+            let pushed: Vec<TtftSample> = ttfts.iter().enumerate().map(sample).collect();
+            let (mut samples, mut cursor) = (Samples::default(), Cursor::default());
+            let mut ring = RecentTtftMut { samples: &mut samples, cursor: &mut cursor };
+            for &s in &pushed {
+                ring.push(s);
+            }
+            proptest::prop_assert_eq!(ring.as_ref().iter().collect::<Vec<_>>(), newest(&pushed));
+            proptest::prop_assert_eq!(ring.as_ref().newest_at(), pushed.last().map(|s| s.at));
+            let list: Vec<TtftSample> = replaced.iter().enumerate().map(sample).collect();
+            ring.replace(&list);
+            proptest::prop_assert_eq!(ring.as_ref().iter().collect::<Vec<_>>(), newest(&list));
         }
     }
 
