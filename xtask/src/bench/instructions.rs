@@ -13,10 +13,12 @@
 //! Each target serves one connection on one thread under `valgrind --tool=callgrind`:
 //! keypool with `workers = 1` (8 accounts at log level `info` and `warn`, and 1,000
 //! accounts), nginx with one worker and no master process. The driver sends
-//! `--warm` requests (not counted: connections, caches, lazy initialisation; 6,144 by
-//! default: six turns of the 1,000-account pool and the usage ledger's first fold, at
-//! 4,096 records, which creates every account's totals, so that the count sees a
-//! long-running process's books and not their creation), zeroes the counters (`callgrind_control -z`), sends
+//! `--warm` requests (not counted: connections, caches, lazy initialisation; 12,288 by
+//! default: twelve turns of the 1,000-account pool, the usage ledger's first folds, at
+//! every 4,096 records, the first of which creates every account's totals, and more
+//! than the 10,000 records the recent-requests ring keeps, so that the count sees a
+//! long-running process's books and ring, not their creation and growth), zeroes the
+//! counters (`callgrind_control -z`), sends
 //! `--requests` requests one at a time (8,192 by default: the usage ledger folds its
 //! queue every 4,096 records, so the count holds exactly two folds), and dumps the
 //! counters (`callgrind_control -d`). Instructions per request are the
@@ -69,7 +71,7 @@ impl InstructionOptions {
     pub fn parse(args: &[String]) -> anyhow::Result<Self> {
         let mut o = Self {
             requests: 8_192,
-            warm: 6_144,
+            warm: 12_288,
             baseline: None,
             cache_sim: false,
         };
@@ -783,7 +785,7 @@ mod tests {
             args(&[]).unwrap(),
             InstructionOptions {
                 requests: 8_192,
-                warm: 6_144,
+                warm: 12_288,
                 baseline: None,
                 cache_sim: false,
             }
