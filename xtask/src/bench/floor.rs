@@ -62,16 +62,6 @@ pub const DIRECT: &str = super::report::DIRECT;
 /// each target's ten slowest were first streams of a round, 0–1 ms into it).
 pub const STREAM_STAGGER: Duration = Duration::from_millis(80);
 
-/// Streams each target serves, one per worker and all at once, right before each of
-/// its measured stream samples, and that are not counted. Without them the first
-/// stream of every round was each target's slowest, the simulator's alone as well
-/// (2026-12-06 run: 1.4–2.6 ms net TTFT at 0 ms into the round, against at most
-/// 0.6 ms for any later stream but a few): the processes had idled through the other
-/// targets' measurements. With 7 rounds of ~72 streams, those 7 cold streams are the
-/// pooled p99 itself, which then compares one cold start with another rather than
-/// what a target adds to a stream in steady state.
-pub const STREAM_WARM_UP: u64 = 16;
-
 /// How many of a target's slowest streams the table lists.
 pub const SLOWEST_SHOWN: usize = 10;
 
@@ -998,15 +988,6 @@ pub async fn run(
                     duration: seconds,
                     pause: Duration::ZERO,
                 };
-                if scenario == FloorScenario::Stream {
-                    let warm = Bounds {
-                        requests: Some(STREAM_WARM_UP),
-                        duration: Duration::from_secs(10),
-                        pause: Duration::ZERO,
-                    };
-                    // Not counted: a failure here shows in the measured sample's errors.
-                    driver::closed_loop(client, ep, STREAM_WARM_UP as usize, warm).await;
-                }
                 let before = procs::group_usage(pgid).cpu_ticks;
                 let stagger = match scenario {
                     FloorScenario::Stream => STREAM_STAGGER,
