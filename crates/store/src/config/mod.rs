@@ -448,13 +448,15 @@ impl Org {
 
 /// One upstream account.
 ///
-/// `repr(C)`, its fields in the order an attempt reads them: the walk reads the
-/// provider and the concurrency cap right after it counts a reference to the account
-/// (`Arc::clone`), then the attempt the id, the secret and the URLs. In their declared
-/// order they fill the first two cache lines of the allocation, the reference count
-/// included, where the compiler's own order spread them over three; in a pool of
-/// 1,000 accounts served in turn each of those lines is a cache miss. The fields a
-/// request does not read (the org, the scheduling weights, the OAuth seed) come last.
+/// `repr(C)`, the fields a request reads first: the walk reads the provider and the
+/// concurrency cap right after it counts a reference to the account (`Arc::clone`),
+/// then the attempt the auth type, the id, the secret and the URLs. The small fields
+/// (the scheduling ones among them) pack into the first 16 bytes; the org and the
+/// OAuth seed, which a request reads only for an `oauth` account, come last. With the
+/// reference count, the reads of a request then lie in the allocation's first 128
+/// bytes (two cache lines when the allocator places it on a line, three otherwise)
+/// instead of the three or four the compiler's own order spread them over; in a pool
+/// of 1,000 accounts served in turn each of those lines is a cache miss.
 #[derive(Debug, Clone, PartialEq)]
 #[repr(C)]
 pub struct Account {
@@ -518,6 +520,12 @@ impl Account {
     /// An `oauth` account's refresh token and expiry (`refresh_token`, `expires_at`):
     /// keypool refreshes its access token (SPEC 14).
     pub fn oauth(&self) -> Option<&OAuthSeed> {
+        // Validation keeps a seed only on an `oauth` account. The auth type is on the
+        // allocation's first line and the seed on its last: every attempt asks, and
+        // only an `oauth` account's reads the seed's line.
+        if self.auth != AuthType::OAuth {
+            return None;
+        }
         self.oauth.as_ref()
     }
     /// Its `base_url` (`http://` or `https://`), if not the provider's default.
@@ -1099,6 +1107,8 @@ mod layout_tests {
     /// What [`Account`]'s `repr(C)` is for: with the `Arc`'s two counts before it, the
     /// fields the walk and the attempt read first (provider, cap, id, secret) lie in the
     /// allocation's first 64 bytes, and every field a request reads in its first 128.
+    /// (Bytes of the allocation: which cache lines they are depends on where the
+    /// allocator places it.)
     #[test]
     fn an_accounts_hot_fields_come_first() {
         const ARC_COUNTS: usize = 2 * size_of::<usize>();
