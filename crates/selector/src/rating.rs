@@ -378,6 +378,10 @@ impl Table {
         self.averages.get(slot as usize)
     }
 
+    fn averages_of(&self, id: &AccountId) -> Option<&Averages> {
+        self.averages(*self.slots.get(id)?)
+    }
+
     fn get(&self, id: &AccountId) -> Option<(&Averages, RecentTtft<'_>)> {
         let slot = *self.slots.get(id)? as usize;
         Some(self.at(slot))
@@ -590,8 +594,8 @@ impl RatingEngine {
     pub fn rating(&self, id: &AccountId, now: UnixMs) -> AccountRating {
         let max_age = self.config.max_sample_age_ms;
         self.read()
-            .get(id)
-            .map(|(s, _)| AccountRating {
+            .averages_of(id)
+            .map(|s| AccountRating {
                 ttft_ms: s.ttft.get(now, max_age),
                 total_ms: s.total.get(now, max_age),
                 error_rate: s.error.get(now, max_age),
@@ -611,9 +615,7 @@ impl RatingEngine {
     pub fn scores(&self, candidates: &[Candidate], now: UnixMs) -> Vec<f64> {
         let mut buffers = ScoreBuffers::default();
         let table = self.read();
-        let averages = candidates
-            .iter()
-            .map(|c| table.get(&c.id).map(|(avg, _)| avg));
+        let averages = candidates.iter().map(|c| table.averages_of(&c.id));
         self.score_group(averages, now, &mut buffers);
         buffers.scores
     }
