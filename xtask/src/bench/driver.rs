@@ -291,9 +291,10 @@ pub async fn closed_loop_staggered(
     let issued = Arc::new(AtomicU64::new(0));
     // Each worker's histograms are made before the run starts: four of ~230 KB each,
     // zeroed, per worker. Made by the workers themselves, the 16 workers' ~15 MB were
-    // being zeroed while worker 0's first request was in flight, on the CPUs the
-    // target and the simulator share with the driver: 1.4-4 ms of net TTFT on the
-    // first stream of every run, the simulator's alone as well (2026-12-06).
+    // zeroed inside the timed window, while worker 0's first request was in flight, on
+    // the CPUs the target and the simulator share with the driver. (It is not what makes
+    // a run's first stream slow when its connections are new: BENCHMARKS, "The first
+    // stream of a sample".)
     let outcomes: Vec<Outcome> = (0..concurrency.max(1))
         .map(|_| Outcome::default())
         .collect();

@@ -59,7 +59,10 @@ pub const DIRECT: &str = super::report::DIRECT;
 /// (each worker's next stream starts when its last one ends): every stream of the run
 /// then waits behind the others of its burst, and the first burst of a round, which
 /// meets cold caches as well, made every target's slowest streams (2026-12-05 run:
-/// each target's ten slowest were first streams of a round, 0–1 ms into it).
+/// each target's ten slowest were first streams of a round, 0–1 ms into it). The
+/// stagger spreads the bursts; it does not remove the stall of a sample's very first
+/// stream when its connections have to be made again, which still sets the pooled
+/// p99 (BENCHMARKS, "The first stream of a sample").
 pub const STREAM_STAGGER: Duration = Duration::from_millis(80);
 
 /// How many of a target's slowest streams the table lists.

@@ -13,11 +13,12 @@
 //! Each target serves one connection on one thread under `valgrind --tool=callgrind`:
 //! keypool with `workers = 1` (8 accounts at log level `info` and `warn`, and 1,000
 //! accounts), nginx with one worker and no master process. The driver sends
-//! `--warm` requests (not counted: connections, caches, lazy initialisation; 12,288 by
-//! default: twelve turns of the 1,000-account pool, the usage ledger's first folds, at
-//! every 4,096 records, the first of which creates every account's totals, and more
-//! than the 10,000 records the recent-requests ring keeps, so that the count sees a
-//! long-running process's books and ring, not their creation and growth), zeroes the
+//! `--warm` requests (not counted: connections, caches, lazy initialisation; 14,336 by
+//! default: fourteen turns of the 1,000-account pool, the usage ledger's first three
+//! folds, at every 4,096 records, the first of which creates every account's totals,
+//! and more than the 10,000 records the recent-requests ring keeps, so that the count
+//! sees a long-running process's books and ring, not their creation and growth; half
+//! way between two folds, so that neither end of the count falls on one), zeroes the
 //! counters (`callgrind_control -z`), sends
 //! `--requests` requests one at a time (8,192 by default: the usage ledger folds its
 //! queue every 4,096 records, so the count holds exactly two folds), and dumps the
@@ -71,7 +72,7 @@ impl InstructionOptions {
     pub fn parse(args: &[String]) -> anyhow::Result<Self> {
         let mut o = Self {
             requests: 8_192,
-            warm: 12_288,
+            warm: 14_336,
             baseline: None,
             cache_sim: false,
         };
@@ -785,7 +786,7 @@ mod tests {
             args(&[]).unwrap(),
             InstructionOptions {
                 requests: 8_192,
-                warm: 12_288,
+                warm: 14_336,
                 baseline: None,
                 cache_sim: false,
             }
