@@ -285,7 +285,11 @@ struct RecentTtftMut<'t> {
 
 impl RecentTtftMut<'_> {
     fn push(&mut self, sample: TtftSample) {
-        push_sample(self.samples, self.cursor, sample);
+        let next = usize::from(self.cursor.next) % RECENT_TTFT_SAMPLES;
+        self.samples[next] = sample;
+        // Both stay below RECENT_TTFT_SAMPLES (asserted ≤ u8::MAX above).
+        self.cursor.next = ((next + 1) % RECENT_TTFT_SAMPLES) as u8;
+        self.cursor.len = (usize::from(self.cursor.len) + 1).min(RECENT_TTFT_SAMPLES) as u8;
     }
 
     fn as_ref(&self) -> RecentTtft<'_> {
@@ -301,17 +305,9 @@ impl RecentTtftMut<'_> {
         *self.cursor = Cursor::default();
         let skip = samples.len().saturating_sub(RECENT_TTFT_SAMPLES);
         for &s in &samples[skip..] {
-            push_sample(self.samples, self.cursor, s);
+            self.push(s);
         }
     }
-}
-
-fn push_sample(samples: &mut Samples, cursor: &mut Cursor, sample: TtftSample) {
-    let next = usize::from(cursor.next) % RECENT_TTFT_SAMPLES;
-    samples[next] = sample;
-    // Both stay below RECENT_TTFT_SAMPLES (asserted ≤ u8::MAX above).
-    cursor.next = ((next + 1) % RECENT_TTFT_SAMPLES) as u8;
-    cursor.len = (usize::from(cursor.len) + 1).min(RECENT_TTFT_SAMPLES) as u8;
 }
 
 impl<'t> RecentTtft<'t> {
