@@ -214,7 +214,12 @@ impl Drop for KeypoolProcess {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-        let _ = std::fs::remove_file(&self.stderr);
+        // a failing test keeps the process's log to read
+        if std::thread::panicking() {
+            eprintln!("keypool's log is kept at {}", self.stderr.display());
+        } else {
+            let _ = std::fs::remove_file(&self.stderr);
+        }
     }
 }
 

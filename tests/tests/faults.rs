@@ -214,11 +214,22 @@ async fn sighup_reload_under_load_swaps_valid_files_and_keeps_serving_on_invalid
     let metrics = |client: Client, url: String| async move {
         client.request(http::Method::GET, url).send().await.text()
     };
+    // Each SIGHUP is waited for by its outcome in the reload counter, not for a fixed
+    // time (a loaded machine may take longer than any fixed wait).
+    let reloaded = async |outcome: &str, n: u32| {
+        let line = format!("keypool_config_reloads_total{{outcome=\"{outcome}\"}} {n}\n");
+        until(&line, Duration::from_secs(20), async || {
+            metrics(h.client().clone(), k.url("/metrics"))
+                .await
+                .contains(&line)
+        })
+        .await;
+    };
     for round in 0..4 {
         // invalid: rejected, logged, the old config keeps serving
         std::fs::write(&file, valid.replace("priority = 1", "priority = \"one\"")).unwrap();
         signal(&k.child, "HUP");
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        reloaded("rejected", round + 1).await;
         // valid: b taken out of rotation (active = false) on even rounds, back on odd ones
         let next = if round % 2 == 0 {
             valid.replace("priority = 1", "priority = 1\nactive = false")
@@ -227,7 +238,7 @@ async fn sighup_reload_under_load_swaps_valid_files_and_keeps_serving_on_invalid
         };
         std::fs::write(&file, &next).unwrap();
         signal(&k.child, "HUP");
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        reloaded("applied", round + 1).await;
         let m = metrics(h.client().clone(), k.url("/metrics")).await;
         // `active = false` shows in keypool_accounts_inactive (issue 21: the disabled
         // gauges count only runtime-disabled accounts)
@@ -248,6 +259,55 @@ async fn sighup_reload_under_load_swaps_valid_files_and_keeps_serving_on_invalid
     );
     k.assert_logs_clean(&h, &["a", "b"], &[ADMIN_TOKEN]);
     std::fs::remove_dir_all(&dir).unwrap();
+    h.finish().await;
+}
+
+/// The signals a process has caught (`SigCgt` of `/proc/<pid>/status`), as a bit set
+/// (signal `n` is bit `n - 1`).
+fn caught_signals(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .expect("SigCgt in /proc/<pid>/status");
+    u64::from_str_radix(mask.trim(), 16).unwrap()
+}
+
+/// A `SIGHUP` sent the moment the port accepts connections (as a deployment's reload
+/// right after a readiness check on the port may be) is a reload, never the default
+/// action, which ends the process. The handlers of `SIGHUP`, `SIGINT` and `SIGTERM`
+/// are installed before the port is bound. (Before the fix they came after the bind:
+/// 2 of 300 runs of the test above under two busy loops had every connection reset by
+/// a keypool killed by the first `SIGHUP`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_the_moment_the_port_accepts_reloads_and_does_not_end_the_process() {
+    const HUP: u64 = 1 << (1 - 1);
+    const INT: u64 = 1 << (2 - 1);
+    const TERM: u64 = 1 << (15 - 1);
+    let h = builder_with(vec![AccountSpec::new("a", Script::ok())])
+        .start()
+        .await;
+    for start in 0..3 {
+        let port = free_port();
+        let (dir, file) = config_file("early-hup", &binary_config(&h, port, &[]));
+        let mut k = KeypoolProcess::start(&file, port).await;
+        let caught = caught_signals(k.child.id());
+        assert_eq!(
+            caught & (HUP | INT | TERM),
+            HUP | INT | TERM,
+            "start {start}: SigCgt {caught:x} when the port accepts"
+        );
+        k.signal("HUP");
+        until("the reload", Duration::from_secs(20), async || {
+            k.logs().contains("configuration reloaded")
+        })
+        .await;
+        assert!(k.running(), "start {start}: ended by SIGHUP: {}", k.logs());
+        assert_eq!(k.send_message(&h, false).await.status, 200);
+        k.signal("TERM");
+        assert_eq!(k.wait_exit(Duration::from_secs(10)).await, Some(0));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
     h.finish().await;
 }
 

@@ -428,6 +428,11 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         n => usize::try_from(n).unwrap_or(1),
     };
     current_thread()?.block_on(async {
+        // Caught before the port is bound: from the moment keypool accepts connections,
+        // a SIGHUP reloads (its default action would end the process) and a SIGTERM
+        // drains. One that comes earlier waits for the tasks below.
+        let shutdown = signals::terminate_signal()?;
+        let hup = signals::hangup_signal()?;
         let store = Store::open(config)
             .await
             .context("cannot open the runtime state")?;
@@ -443,9 +448,8 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         }
         let listeners = bind(&store.config()).await?;
         let tls = listeners.1.clone();
-        let shutdown = signals::terminate_signal()?;
         let _reload =
-            signals::spawn_reload_with_tls_on_sighup(store.clone(), path.to_path_buf(), tls)?;
+            signals::spawn_reload_with_tls_on_sighup(hup, store.clone(), path.to_path_buf(), tls);
         let app = App::new(store).with_config_path(path);
         app.metrics()
             .set_build_info(keypool_proxy::metrics::BuildInfo {

@@ -10,7 +10,8 @@ use tokio::task::JoinHandle;
 use crate::{ProxyError, TlsCertificates};
 
 /// A future that completes at the first `SIGTERM` or `SIGINT`: pass it to
-/// [`run`](crate::run) as the shutdown future. Installs the handlers at once.
+/// [`run`](crate::run) as the shutdown future. Installs the handlers at once: make it
+/// before binding the listener (see [`HangUp`]).
 ///
 /// # Errors
 /// [`ProxyError::Signal`] when a handler cannot be installed.
@@ -31,31 +32,44 @@ pub fn terminate_signal() -> Result<impl Future<Output = ()> + Send + 'static, P
     })
 }
 
-/// Spawns a task that reloads `path` into `store` at every `SIGHUP`. An invalid file is
-/// rejected with every problem logged; the old configuration keeps serving.
+/// `SIGHUP`, caught from the moment this is made: one that arrives before the reload
+/// task runs is kept for it. Make it (with [`terminate_signal`]) before binding the
+/// listener: once the port accepts connections, a deployment may send `SIGHUP` at any
+/// moment, and the default action of an uncaught `SIGHUP` ends the process (every
+/// connection then reset).
+#[derive(Debug)]
+pub struct HangUp(tokio::signal::unix::Signal);
+
+/// Installs the `SIGHUP` handler now ([`HangUp`]).
 ///
 /// # Errors
 /// [`ProxyError::Signal`] when the handler cannot be installed.
-pub fn spawn_reload_on_sighup(store: Store, path: PathBuf) -> Result<JoinHandle<()>, ProxyError> {
-    spawn_reload_with_tls_on_sighup(store, path, None)
+pub fn hangup_signal() -> Result<HangUp, ProxyError> {
+    signal(SignalKind::hangup())
+        .map(HangUp)
+        .map_err(|source| ProxyError::Signal {
+            signal: "SIGHUP",
+            source,
+        })
+}
+
+/// Spawns a task that reloads `path` into `store` at every `SIGHUP` (`hup`). An invalid
+/// file is rejected with every problem logged; the old configuration keeps serving.
+pub fn spawn_reload_on_sighup(hup: HangUp, store: Store, path: PathBuf) -> JoinHandle<()> {
+    spawn_reload_with_tls_on_sighup(hup, store, path, None)
 }
 
 /// [`spawn_reload_on_sighup`], and at every `SIGHUP` also re-reads the TLS certificate
 /// and key of `tls` (a file that cannot be used is logged and the current certificate
 /// keeps serving).
-///
-/// # Errors
-/// [`ProxyError::Signal`] when the handler cannot be installed.
 pub fn spawn_reload_with_tls_on_sighup(
+    hup: HangUp,
     store: Store,
     path: PathBuf,
     tls: Option<TlsCertificates>,
-) -> Result<JoinHandle<()>, ProxyError> {
-    let mut hup = signal(SignalKind::hangup()).map_err(|source| ProxyError::Signal {
-        signal: "SIGHUP",
-        source,
-    })?;
-    Ok(tokio::spawn(async move {
+) -> JoinHandle<()> {
+    let HangUp(mut hup) = hup;
+    tokio::spawn(async move {
         while hup.recv().await.is_some() {
             match store.reload_config(&path).await {
                 Ok(()) => tracing::info!(config = %path.display(), "configuration reloaded"),
@@ -75,5 +89,5 @@ pub fn spawn_reload_with_tls_on_sighup(
                 }
             }
         }
-    }))
+    })
 }
