@@ -8,7 +8,9 @@
 //! median of its two measurements' ratio (or, for an added latency or cost, their
 //! difference) within a round: the paired comparison. The one exception is the added
 //! streaming TTFT: a round has only ~70 streams per target, so its p99 is taken over
-//! the streams of every round pooled. CPU per request (CPU time of the target's
+//! the streams of every round pooled, each worker's first stream of a round apart
+//! (over a connection the round opens: [`driver::Outcome::first_net_ttft`]; shown in
+//! the table beside the rest for every target). CPU per request (CPU time of the target's
 //! process group over the requests it served) is the headline: it is far less noisy
 //! than latency on a shared machine.
 //!
@@ -61,8 +63,8 @@ pub const DIRECT: &str = super::report::DIRECT;
 /// meets cold caches as well, made every target's slowest streams (2026-12-05 run:
 /// each target's ten slowest were first streams of a round, 0–1 ms into it). The
 /// stagger spreads the bursts; it does not remove the stall of a sample's very first
-/// stream when its connections have to be made again, which still sets the pooled
-/// p99 (BENCHMARKS, "The first stream of a sample").
+/// stream when its connections have to be made again, which is why each worker's
+/// first stream is counted apart (BENCHMARKS, "The first stream of a sample").
 pub const STREAM_STAGGER: Duration = Duration::from_millis(80);
 
 /// How many of a target's slowest streams the table lists.
@@ -208,6 +210,10 @@ pub struct FloorSample {
     /// TTFT verdict ([`FloorReport::pooled_net_ttft`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub net_ttft_recorded: Vec<(u64, u64)>,
+    /// Streams: the net TTFT of each worker's first stream of the run (ns, count), kept
+    /// out of `net_ttft` ([`driver::Outcome::first_net_ttft`]) and shown beside it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub first_net_ttft_recorded: Vec<(u64, u64)>,
     /// Streams: gaps between chunks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gap: Option<Percentiles>,
@@ -346,15 +352,31 @@ impl FloorReport {
     /// rounds interleave the targets, so a drift of the machine reaches each of them
     /// alike).
     pub fn pooled_net_ttft(&self, target: &str, scenario: FloorScenario) -> Option<Percentiles> {
+        self.pooled(target, scenario, |s| &s.net_ttft_recorded)
+    }
+
+    /// [`FloorReport::pooled_net_ttft`] of the workers' first streams of each round.
+    pub fn pooled_first_net_ttft(
+        &self,
+        target: &str,
+        scenario: FloorScenario,
+    ) -> Option<Percentiles> {
+        self.pooled(target, scenario, |s| &s.first_net_ttft_recorded)
+    }
+
+    fn pooled(
+        &self,
+        target: &str,
+        scenario: FloorScenario,
+        recorded: impl Fn(&FloorSample) -> &[(u64, u64)],
+    ) -> Option<Percentiles> {
         let mut pooled = super::stats::Latencies::new();
         for s in self
             .samples
             .iter()
             .filter(|s| s.target == target && s.scenario == scenario)
         {
-            pooled.merge(&super::stats::Latencies::from_recorded(
-                &s.net_ttft_recorded,
-            ));
+            pooled.merge(&super::stats::Latencies::from_recorded(recorded(s)));
         }
         pooled.summary()
     }
@@ -455,7 +477,7 @@ impl FloorReport {
                 || "n/a".into(),
                 |((k, a), d)| {
                     format!(
-                        "{a:+.1} us (p99 of the pooled streams: keypool {} of {}, simulator alone {} of {}{nginx})",
+                        "{a:+.1} us (p99 of the pooled streams, each worker's first of a round apart (table): keypool {} of {}, simulator alone {} of {}{nginx})",
                         us(k.p99_us),
                         k.samples,
                         us(d.p99_us),
@@ -598,9 +620,12 @@ impl FloorReport {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "| stream c16 | rounds | err | net TTFT p50 µs | net TTFT p99 µs | pooled streams | pooled p99 µs | added pooled p99 | gap p50 µs | gap p99 µs | CPU µs/stream |"
+            "| stream c16 | rounds | err | net TTFT p50 µs | net TTFT p99 µs | pooled streams | pooled p99 µs | added pooled p99 | first streams | first: p50 µs | first: max µs | gap p50 µs | gap p99 µs | CPU µs/stream |"
         );
-        let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+        let _ = writeln!(
+            out,
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        );
         let direct = self.pooled_net_ttft(DIRECT, FloorScenario::Stream);
         for target in FloorScenario::Stream.targets() {
             let md = self.medians(target, FloorScenario::Stream);
@@ -612,15 +637,19 @@ impl FloorReport {
                 (false, Some(t), Some(d)) => format!("{:+.1}", t.p99_us - d.p99_us),
                 _ => "-".into(),
             };
+            let first = self.pooled_first_net_ttft(target, FloorScenario::Stream);
             let _ = writeln!(
                 out,
-                "| {target} | {} | {} | {} | {} | {} | {} | {added} | {} | {} | {} |",
+                "| {target} | {} | {} | {} | {} | {} | {} | {added} | {} | {} | {} | {} | {} | {} |",
                 md.rounds,
                 md.errors,
                 cell(md.net_ttft_p50_us, 1),
                 cell(md.net_ttft_p99_us, 1),
                 pooled.map_or_else(|| "-".into(), |p| p.samples.to_string()),
                 cell(pooled.map(|p| p.p99_us), 1),
+                first.map_or_else(|| "-".into(), |p| p.samples.to_string()),
+                cell(first.map(|p| p.p50_us), 1),
+                cell(first.map(|p| p.max_us), 1),
                 cell(md.gap_p50_us, 1),
                 cell(md.gap_p99_us, 1),
                 cell(md.cpu_us, 1),
@@ -1020,6 +1049,7 @@ pub async fn run(
                     latency: out.latency.summary(),
                     net_ttft: out.net_ttft.summary(),
                     net_ttft_recorded: out.net_ttft.recorded(),
+                    first_net_ttft_recorded: out.first_net_ttft.recorded(),
                     gap: out.gap.summary(),
                     slowest_streams: out.slowest,
                 };
@@ -1077,6 +1107,7 @@ mod tests {
             latency: Some(pct(p99 / 3.0, p99)),
             net_ttft: None,
             net_ttft_recorded: Vec::new(),
+            first_net_ttft_recorded: Vec::new(),
             gap: None,
             slowest_streams: Vec::new(),
         }
@@ -1258,6 +1289,17 @@ mod tests {
         r.samples.push(ttft(KEYPOOL, 2, vec![(200_000, 100)]));
         r.samples
             .push(ttft(KEYPOOL, 3, vec![(200_000, 96), (2_000_000, 4)]));
+        // Each round's first streams (16, one of them 5 ms) are kept apart: shown in the
+        // table, not in the verdict's pool.
+        for s in r.samples.iter_mut().filter(|s| s.target == KEYPOOL) {
+            s.first_net_ttft_recorded = vec![(300_000, 15), (5_000_000, 1)];
+        }
+        let first = r
+            .pooled_first_net_ttft(KEYPOOL, FloorScenario::Stream)
+            .unwrap();
+        assert_eq!(first.samples, 48);
+        assert!((first.max_us - 5_000.0).abs() < 5.0, "{first:?}");
+        assert!((first.p50_us - 300.0).abs() < 1.0, "{first:?}");
         let pooled = r.pooled_net_ttft(KEYPOOL, FloorScenario::Stream).unwrap();
         assert_eq!(pooled.samples, 300);
         assert!((pooled.p99_us - 2_000.0).abs() < 2.0, "{pooled:?}");
@@ -1273,6 +1315,7 @@ mod tests {
         assert!(v.measured.contains("of 300"), "{v:?}");
         let table = r.table();
         assert!(table.contains("| 300 |"), "{table}");
+        assert!(table.contains("| 48 | 300.0 | 5001.2 |"), "{table}");
     }
 
     #[test]
@@ -1317,7 +1360,7 @@ mod tests {
         assert!(
             r.verdicts[6]
                 .measured
-                .starts_with("+102.1 us (p99 of the pooled streams: keypool 402.2 us of 300"),
+                .starts_with("+102.1 us (p99 of the pooled streams, each worker's first of a round apart (table): keypool 402.2 us of 300"),
             "{}",
             r.verdicts[6].measured
         );
