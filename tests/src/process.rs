@@ -102,6 +102,16 @@ impl KeypoolProcess {
         global: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        let k = Self::spawn_with(config, port, global, env);
+        k.wait_listening().await;
+        k
+    }
+
+    /// [`KeypoolProcess::start_with`] without waiting for the port.
+    ///
+    /// # Panics
+    /// When it does not start.
+    pub fn spawn_with(config: &Path, port: u16, global: &[&str], env: &[(&str, &str)]) -> Self {
         let stderr = config.with_extension(format!("stderr-{}", now_ms()));
         let mut command = Command::new(keypool_binary());
         command
@@ -121,11 +131,25 @@ impl KeypoolProcess {
         }
         command.envs(env.iter().copied());
         let child = command.spawn().expect("start keypool");
-        let k = Self {
+        Self {
             child,
             port,
             stderr,
-        };
+        }
+    }
+
+    /// [`KeypoolProcess::start`] without waiting for the port
+    /// ([`KeypoolProcess::wait_listening`]).
+    pub fn spawn(config: &Path, port: u16) -> Self {
+        Self::spawn_with(config, port, &[], &[("RUST_LOG", "debug")])
+    }
+
+    /// Waits (at most 20 s) until the port accepts connections.
+    ///
+    /// # Panics
+    /// When it does not.
+    pub async fn wait_listening(&self) {
+        let (k, port) = (self, self.port);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok(Ok(r)) = tokio::time::timeout(
@@ -144,7 +168,6 @@ impl KeypoolProcess {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        k
     }
 
     /// Sends `signal` (`HUP`, `TERM`, …) with `kill`.

@@ -430,7 +430,9 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     current_thread()?.block_on(async {
         // Caught before the port is bound: from the moment keypool accepts connections,
         // a SIGHUP reloads (its default action would end the process) and a SIGTERM
-        // drains. One that comes earlier waits for the tasks below.
+        // drains. One that comes during the start (the store's open may wait for Redis)
+        // takes effect once serving starts: a SIGHUP reloads, a SIGTERM or SIGINT binds
+        // and then drains at once.
         let shutdown = signals::terminate_signal()?;
         let hup = signals::hangup_signal()?;
         let store = Store::open(config)

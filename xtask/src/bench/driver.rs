@@ -73,12 +73,13 @@ pub struct Outcome {
     /// the upstream, without the upstream's timer jitter.
     pub net_ttft: Latencies,
     /// Streams: the net TTFT of each closed-loop worker's first stream of the run, kept
-    /// out of `net_ttft`. A run's first streams go over connections the run opens (the
-    /// pool's idle ones expired while the other targets were measured), through
-    /// processes that idled meanwhile; the first of them was the slowest of every run,
-    /// by 2–5 ms, for nginx and HAProxy as for keypool (BENCHMARKS, "The first stream of
-    /// a sample"). `net_ttft` is what a target adds to a stream on a client connection
-    /// that is open, as a client's keep-alive connection is; this is the rest.
+    /// out of `net_ttft`. When a target's samples are further apart than the pool's
+    /// idle timeout (a full floor run), a run's first streams open their connections,
+    /// through processes that idled meanwhile. In a traced quick run with a 5 s idle
+    /// timeout, the first stream of a sample took 2–5 ms in 7 of the 9 samples of
+    /// nginx, HAProxy and keypool (BENCHMARKS, "An AMD host, and the first stream of a
+    /// sample counted apart"). `net_ttft` is what a target adds to a stream on a
+    /// client connection that is (mostly) open, as a client's keep-alive one is.
     pub first_net_ttft: Latencies,
     /// Streams: gaps between body chunks.
     pub gap: Latencies,
@@ -149,8 +150,8 @@ impl Outcome {
 }
 
 /// Sends one request; records it into `out` measuring from `start`. Returns a stream's
-/// net TTFT when it was recorded (into `first_net_ttft` for a worker's `first` stream,
-/// else into `net_ttft`).
+/// net TTFT when it was recorded (into `first_net_ttft` when `first_of_worker`, else
+/// into `net_ttft`).
 async fn one(
     client: &HttpClient,
     ep: &Endpoint,

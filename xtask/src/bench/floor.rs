@@ -658,7 +658,7 @@ impl FloorReport {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "| stream c16 | slowest streams of all rounds: net TTFT µs (round, ms into the run, worker's nth request) |"
+            "| stream c16 | slowest streams of all rounds: net TTFT µs (round, ms into the run, worker's nth request; #0, a worker's first, is not in the pooled p99) |"
         );
         let _ = writeln!(out, "|---|---|");
         for target in FloorScenario::Stream.targets() {

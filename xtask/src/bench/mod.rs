@@ -1227,7 +1227,10 @@ async fn phase(
     r.req_per_s = stats::rate(out.ok, out.elapsed);
     r.latency = out.latency.summary();
     r.ttft = out.ttft.summary();
-    r.net_ttft = out.net_ttft.summary();
+    // every stream, each worker's first too (only the floor's verdict sets them apart)
+    let mut net_ttft = out.net_ttft.clone();
+    net_ttft.merge(&out.first_net_ttft);
+    r.net_ttft = net_ttft.summary();
     r.gap = out.gap.summary();
     r.cpu_s_per_1k =
         stats::cpu_seconds_per_1k(after.saturating_sub(before), ticks_per_second, out.ok);
