@@ -86,7 +86,9 @@ impl KeypoolProcess {
     /// Starts `keypool serve --config <config>` (which must listen on `port`) with debug
     /// logs on a file, and waits until it accepts connections.
     pub async fn start(config: &Path, port: u16) -> Self {
-        Self::start_with(config, port, &[], &[("RUST_LOG", "debug")]).await
+        let k = Self::spawn(config, port);
+        k.wait_listening().await;
+        k
     }
 
     /// Starts `keypool [global…] serve --config <config>` with `env` (and none of
@@ -149,12 +151,11 @@ impl KeypoolProcess {
     /// # Panics
     /// When it does not.
     pub async fn wait_listening(&self) {
-        let (k, port) = (self, self.port);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok(Ok(r)) = tokio::time::timeout(
                 Duration::from_secs(1),
-                tokio::net::TcpStream::connect(("127.0.0.1", port)),
+                tokio::net::TcpStream::connect(("127.0.0.1", self.port)),
             )
             .await
             {
@@ -164,7 +165,7 @@ impl KeypoolProcess {
             assert!(
                 Instant::now() < deadline,
                 "keypool did not listen within 20 s: {}",
-                k.logs()
+                self.logs()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
