@@ -224,6 +224,53 @@ pub struct FloorSample {
     /// Streams: the run's slowest streams by net TTFT and where they fell.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slowest_streams: Vec<SlowStream>,
+    /// keypool: where its worker threads' connections were (read from its `/metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<Threads>,
+}
+
+/// How a keypool target's connections sat on its worker threads in one sample: the
+/// connections it moved between threads during the sample, and each thread's open
+/// client connections right after it (the sample's own connections, still open, and
+/// the `/metrics` request's). Packed onto one thread or spread over both is a
+/// difference of a few µs per request (BENCHMARKS, "Connections packed onto the
+/// threads the load needs"), so the rounds of a scenario can be told apart by it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Threads {
+    /// `keypool_connections_moved_total` after the sample less before it.
+    pub moved: u64,
+    /// `keypool_worker_connections`, by worker number.
+    pub connections: Vec<u64>,
+}
+
+impl Threads {
+    /// `64/0, 0 moved`: each worker's connections, then the moves.
+    pub fn cell(&self) -> String {
+        let per_worker: Vec<String> = self.connections.iter().map(u64::to_string).collect();
+        format!("{}, {} moved", per_worker.join("/"), self.moved)
+    }
+}
+
+/// Each worker's `keypool_worker_connections{worker="N"}` in a `/metrics` text, by
+/// worker number (a worker absent from the text counts 0).
+pub fn worker_connections(metrics: &str) -> Vec<u64> {
+    let mut out: Vec<u64> = Vec::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("keypool_worker_connections{worker=\"") else {
+            continue;
+        };
+        let Some((worker, value)) = rest.split_once("\"} ") else {
+            continue;
+        };
+        let (Ok(worker), Ok(value)) = (worker.parse::<usize>(), value.trim().parse::<u64>()) else {
+            continue;
+        };
+        if out.len() <= worker {
+            out.resize(worker + 1, 0);
+        }
+        out[worker] = value;
+    }
+    out
 }
 
 /// Median of the finite values, `None` without any.
@@ -681,6 +728,7 @@ impl FloorReport {
                 .collect();
             let _ = writeln!(out, "| {target} | {} |", list.join("; "));
         }
+        self.threads_table(&mut out);
         let _ = writeln!(out);
         let _ = writeln!(out, "| target | setup |");
         let _ = writeln!(out, "|---|---|");
@@ -704,6 +752,63 @@ impl FloorReport {
             let _ = writeln!(out, "| {} | {} | {met} |", v.goal, v.measured);
         }
         out
+    }
+}
+
+impl FloorReport {
+    /// keypool's threads in each round's sample of the closed loops ([`Threads`]), when
+    /// they were read: next to a round's CPU per request, whether its connections were
+    /// packed or spread.
+    fn threads_table(&self, out: &mut String) {
+        let rows: Vec<(&str, FloorScenario, Vec<String>)> = [
+            FloorScenario::C16,
+            FloorScenario::C64,
+            FloorScenario::C64Busy,
+        ]
+        .into_iter()
+        .flat_map(|scenario| scenario.targets().iter().map(move |t| (*t, scenario)))
+        .filter_map(|(target, scenario)| {
+            let mut samples: Vec<&FloorSample> = self
+                .samples
+                .iter()
+                .filter(|s| s.target == target && s.scenario == scenario)
+                .collect();
+            samples.sort_by_key(|s| s.round);
+            let cells: Vec<String> = samples
+                .iter()
+                .map(|s| {
+                    let cpu = s
+                        .cpu_us
+                        .map_or_else(|| "-".into(), |c| format!("{c:.1} µs"));
+                    match &s.threads {
+                        Some(t) => format!("r{}: {}; {cpu}", s.round, t.cell()),
+                        None => format!("r{}: -; {cpu}", s.round),
+                    }
+                })
+                .collect();
+            samples
+                .iter()
+                .any(|s| s.threads.is_some())
+                .then_some((target, scenario, cells))
+        })
+        .collect();
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "| scenario | target | each round: connections per worker thread after the sample, moves during it; CPU per request |"
+        );
+        let _ = writeln!(out, "|---|---|---|");
+        for (target, scenario, cells) in rows {
+            let _ = writeln!(
+                out,
+                "| {} | {target} | {} |",
+                scenario.label(),
+                cells.join(" · ")
+            );
+        }
     }
 }
 
@@ -962,6 +1067,21 @@ pub struct FloorTarget {
     pub small: Endpoint,
     /// Stream (slow simulator), when the target is measured streaming.
     pub stream: Option<Endpoint>,
+    /// keypool's `/metrics`, read before and after each sample ([`Threads`]).
+    pub metrics: Option<http::Uri>,
+}
+
+/// keypool's moves so far and its connections per worker, from `/metrics` (`None` when
+/// it does not answer).
+async fn read_threads(client: &HttpClient, metrics: &http::Uri) -> Option<(f64, Vec<u64>)> {
+    let (status, text) = driver::get_text(client, metrics).await?;
+    if !status.is_success() {
+        return None;
+    }
+    Some((
+        driver::counter_sum(&text, "keypool_connections_moved_total"),
+        worker_connections(&text),
+    ))
 }
 
 /// Two busy loops, each its own process group (killed when dropped).
@@ -1024,6 +1144,11 @@ pub async fn run(
                     duration: seconds,
                     pause: Duration::ZERO,
                 };
+                // read before the CPU is, so that the reading is not counted
+                let threads_before = match &t.metrics {
+                    Some(m) => read_threads(client, m).await,
+                    None => None,
+                };
                 let before = procs::group_usage(pgid).cpu_ticks;
                 let stagger = match scenario {
                     FloorScenario::Stream => STREAM_STAGGER,
@@ -1039,6 +1164,17 @@ pub async fn run(
                 .await;
                 let after = procs::group_usage(pgid).cpu_ticks;
                 drop(busy);
+                let threads = match (&t.metrics, threads_before) {
+                    (Some(m), Some((moved_before, _))) => {
+                        read_threads(client, m)
+                            .await
+                            .map(|(moved, connections)| Threads {
+                                moved: (moved - moved_before).max(0.0) as u64,
+                                connections,
+                            })
+                    }
+                    _ => None,
+                };
                 let cpu_us =
                     super::stats::cpu_seconds_per_1k(after.saturating_sub(before), ticks, out.ok)
                         .map(|s| s * 1000.0);
@@ -1056,14 +1192,19 @@ pub async fn run(
                     first_net_ttft_recorded: out.first_net_ttft.recorded(),
                     gap: out.gap.summary(),
                     slowest_streams: out.slowest,
+                    threads,
                 };
                 eprintln!(
-                    "bench: floor round {round} {:<19} {:<17} {:>7.0} req/s p99 {:>8.1} µs CPU {:>6.1} µs/req{}",
+                    "bench: floor round {round} {:<19} {:<17} {:>7.0} req/s p99 {:>8.1} µs CPU {:>6.1} µs/req{}{}",
                     scenario.label(),
                     name,
                     sample.req_per_s,
                     sample.latency.map_or(0.0, |l| l.p99_us),
                     cpu_us.unwrap_or(f64::NAN),
+                    sample
+                        .threads
+                        .as_ref()
+                        .map_or_else(String::new, |t| format!("  threads {}", t.cell())),
                     out.first_errors
                         .first()
                         .map_or_else(String::new, |e| format!(
@@ -1114,6 +1255,7 @@ mod tests {
             first_net_ttft_recorded: Vec::new(),
             gap: None,
             slowest_streams: Vec::new(),
+            threads: None,
         }
     }
 
@@ -1433,6 +1575,57 @@ mod tests {
             "{t}"
         );
         assert!(!t.contains("| c64 | haproxy"), "{t}");
+    }
+
+    #[test]
+    fn worker_connections_are_read_by_worker_number() {
+        let text = "# HELP keypool_worker_connections Open client connections on each worker thread.\n\
+            # TYPE keypool_worker_connections gauge\n\
+            keypool_worker_connections{worker=\"1\"} 3\n\
+            keypool_worker_connections{worker=\"0\"} 61\n\
+            keypool_worker_connections_other{worker=\"0\"} 9\n\
+            keypool_worker_load_ratio{worker=\"0\",kind=\"ran\"} 0.9\n\
+            keypool_connections_moved_total 12\n";
+        assert_eq!(worker_connections(text), vec![61, 3]);
+        assert_eq!(
+            worker_connections("keypool_worker_connections{worker=\"2\"} 5\n"),
+            vec![0, 0, 5]
+        );
+        assert_eq!(worker_connections("keypool_up 1\n"), Vec::<u64>::new());
+        assert_eq!(
+            driver::counter_sum(text, "keypool_connections_moved_total"),
+            12.0
+        );
+    }
+
+    #[test]
+    fn the_threads_of_each_round_are_listed_beside_its_cpu() {
+        let mut r = report();
+        let t = r.table();
+        assert!(
+            !t.contains("connections per worker thread"),
+            "no readings, no table: {t}"
+        );
+        for s in r
+            .samples
+            .iter_mut()
+            .filter(|s| s.target == KEYPOOL && s.scenario == FloorScenario::C64)
+        {
+            s.threads = Some(Threads {
+                moved: u64::from(s.round == 2) * 32,
+                connections: if s.round == 2 {
+                    vec![33, 32]
+                } else {
+                    vec![65, 0]
+                },
+            });
+        }
+        let t = r.table();
+        assert!(
+            t.contains("| c64 | keypool-rr8 | r1: 65/0, 0 moved; 30.0 µs · r2: 33/32, 32 moved; 30.0 µs · r3: 65/0, 0 moved; 30.0 µs |"),
+            "{t}"
+        );
+        assert!(!t.contains("| c16 | keypool-rr8 | r1"), "{t}");
     }
 
     #[test]

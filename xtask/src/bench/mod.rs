@@ -836,6 +836,7 @@ async fn floor_comparison(
         pgid_stream: i.sims.1.pid(),
         small: small(uri(i.addrs.0, "/v1/messages")?, &direct_headers),
         stream: Some(stream(uri(i.addrs.1, "/v1/messages")?, &direct_headers)),
+        metrics: None,
     });
     report.targets.push(TargetInfo {
         name: floor::DIRECT.into(),
@@ -877,6 +878,7 @@ async fn floor_comparison(
                         uri(peer.addr, &format!("{}/v1/messages", floor::SLOW_PREFIX))?,
                         &kp_headers,
                     )),
+                    metrics: None,
                 };
                 let mut answers = smoke_endpoint(client, &target.small).await;
                 if answers.is_ok()
@@ -915,6 +917,7 @@ async fn floor_comparison(
         pgid_stream: i.keypool.pid(),
         small: small(uri(i.kp_addr, &kp_path("rr8"))?, &kp_headers),
         stream: Some(stream(uri(i.kp_addr, &kp_path("slow8"))?, &kp_headers)),
+        metrics: Some(uri(i.kp_addr, "/metrics")?),
     });
     targets.push(floor::FloorTarget {
         name: floor::KEYPOOL_1000,
@@ -922,6 +925,7 @@ async fn floor_comparison(
         pgid_stream: i.keypool.pid(),
         small: small(uri(i.kp_addr, &kp_path("rr1000"))?, &kp_headers),
         stream: None,
+        metrics: Some(uri(i.kp_addr, "/metrics")?),
     });
     // More keypools, each its own process on the same config: at log level warn, and
     // the --baseline-binary.
@@ -957,6 +961,7 @@ async fn floor_comparison(
             pgid_stream: proc.pid(),
             small: small(uri(addr, &kp_path("rr8"))?, &kp_headers),
             stream: None,
+            metrics: Some(uri(addr, "/metrics")?),
         };
         if let Err(e) = smoke_endpoint(client, &target.small).await {
             bail!("{name} does not answer as expected: {e}");
