@@ -19,7 +19,9 @@
 //! concurrency 16, the workers' first streams [`STREAM_STAGGER`] apart (net TTFT and
 //! inter-chunk gaps against the simulator alone; the table also lists each target's
 //! slowest streams with where they fell in their run). keypool
-//! also runs with 1,000 accounts and at log level `warn`, at concurrency 16.
+//! also runs with 1,000 accounts and at log level `warn`, at concurrency 16. Around each
+//! of keypool's samples its `/metrics` is read ([`Threads`]): how its connections sat
+//! on its worker threads, listed beside each round's CPU per request.
 //!
 //! The pure parts (configs, medians, verdicts, table) are unit-tested here; the run
 //! itself is [`run`].
