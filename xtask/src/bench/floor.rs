@@ -233,8 +233,8 @@ pub struct FloorSample {
 
 /// How a keypool target's connections sat on its worker threads in one sample: the
 /// connections it moved between threads during the sample, and each thread's open
-/// client connections right after it (the sample's own connections, still open, and
-/// the `/metrics` request's). Packed onto one thread or spread over both is a
+/// client connections right after it (every open one: the driver pools its idle
+/// connections, so the count can include those of earlier samples). Packed onto one thread or spread over both is a
 /// difference of a few µs per request (BENCHMARKS, "Connections packed onto the
 /// threads the load needs"), so the rounds of a scenario can be told apart by it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -1074,15 +1074,20 @@ pub struct FloorTarget {
 }
 
 /// keypool's moves so far and its connections per worker, from `/metrics` (`None` when
-/// it does not answer).
+/// it does not answer or reports no worker's connections).
 async fn read_threads(client: &HttpClient, metrics: &http::Uri) -> Option<(f64, Vec<u64>)> {
     let (status, text) = driver::get_text(client, metrics).await?;
     if !status.is_success() {
         return None;
     }
+    // a keypool older than its balancer (a `--baseline-binary`) has no such lines
+    let connections = worker_connections(&text);
+    if connections.is_empty() {
+        return None;
+    }
     Some((
         driver::counter_sum(&text, "keypool_connections_moved_total"),
-        worker_connections(&text),
+        connections,
     ))
 }
 
