@@ -234,9 +234,10 @@ pub struct FloorSample {
 /// How a keypool target's connections sat on its worker threads in one sample: the
 /// connections it moved between threads during the sample, and each thread's open
 /// client connections right after it (every open one: the driver pools its idle
-/// connections, so the count can include those of earlier samples). Packed onto one thread or spread over both is a
-/// difference of a few µs per request (BENCHMARKS, "Connections packed onto the
-/// threads the load needs"), so the rounds of a scenario can be told apart by it.
+/// connections, so the count can include those of earlier samples). Packed onto one
+/// thread or spread over both is a difference of a few µs per request (BENCHMARKS,
+/// "Connections packed onto the threads the load needs"), so the rounds of a scenario
+/// can be told apart by it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Threads {
     /// `keypool_connections_moved_total` after the sample less before it.
@@ -755,9 +756,7 @@ impl FloorReport {
         }
         out
     }
-}
 
-impl FloorReport {
     /// keypool's threads in each round's sample of the closed loops ([`Threads`]), when
     /// they were read: next to a round's CPU per request, whether its connections were
     /// packed or spread.
