@@ -244,14 +244,77 @@ pub struct Threads {
     pub moved: u64,
     /// `keypool_worker_connections`, by worker number.
     pub connections: Vec<u64>,
+    /// `keypool_worker_load_ratio` right after the sample, by worker number: what the
+    /// balancer judged the sample's end by (its moving average weighs about the last
+    /// two seconds). Empty where the kernel does not tell.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub load: Vec<WorkerLoad>,
+}
+
+/// One worker thread's load as keypool's `/metrics` reports it, in thousandths of the
+/// wall time: the share it ran on a CPU and the share it waited on a run queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerLoad {
+    /// Ran, ‰.
+    pub ran: u32,
+    /// Waited for a CPU, ‰.
+    pub waited: u32,
 }
 
 impl Threads {
-    /// `64/0, 0 moved`: each worker's connections, then the moves.
+    /// `64/0, 0 moved`: each worker's connections, then the moves; with loads,
+    /// `, ran 930/0 ‰, waited 50/0 ‰` after them.
     pub fn cell(&self) -> String {
         let per_worker: Vec<String> = self.connections.iter().map(u64::to_string).collect();
-        format!("{}, {} moved", per_worker.join("/"), self.moved)
+        let mut cell = format!("{}, {} moved", per_worker.join("/"), self.moved);
+        if !self.load.is_empty() {
+            let each = |share: fn(&WorkerLoad) -> u32| {
+                self.load
+                    .iter()
+                    .map(|l| share(l).to_string())
+                    .collect::<Vec<_>>()
+                    .join("/")
+            };
+            let _ = write!(
+                cell,
+                ", ran {} ‰, waited {} ‰",
+                each(|l| l.ran),
+                each(|l| l.waited)
+            );
+        }
+        cell
     }
+}
+
+/// Each worker's `keypool_worker_load_ratio{worker="N",kind="ran"|"waited"}` in a
+/// `/metrics` text, by worker number, in thousandths (a worker or kind absent from the
+/// text counts 0; no such line at all, an empty list).
+pub fn worker_loads(metrics: &str) -> Vec<WorkerLoad> {
+    let mut out: Vec<WorkerLoad> = Vec::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("keypool_worker_load_ratio{worker=\"") else {
+            continue;
+        };
+        let Some((worker, rest)) = rest.split_once("\",kind=\"") else {
+            continue;
+        };
+        let Some((kind, value)) = rest.split_once("\"} ") else {
+            continue;
+        };
+        let (Ok(worker), Ok(value)) = (worker.parse::<usize>(), value.trim().parse::<f64>()) else {
+            continue;
+        };
+        if out.len() <= worker {
+            out.resize(worker + 1, WorkerLoad::default());
+        }
+        let thousandths = (value * 1000.0).round().clamp(0.0, 1000.0) as u32;
+        match kind {
+            "ran" => out[worker].ran = thousandths,
+            "waited" => out[worker].waited = thousandths,
+            _ => {}
+        }
+    }
+    out
 }
 
 /// Each worker's `keypool_worker_connections{worker="N"}` in a `/metrics` text, by
@@ -1072,9 +1135,12 @@ pub struct FloorTarget {
     pub metrics: Option<http::Uri>,
 }
 
-/// keypool's moves so far and its connections per worker, from `/metrics` (`None` when
-/// it does not answer or reports no worker's connections).
-async fn read_threads(client: &HttpClient, metrics: &http::Uri) -> Option<(f64, Vec<u64>)> {
+/// keypool's moves so far, its connections per worker and its workers' loads, from
+/// `/metrics` (`None` when it does not answer or reports no worker's connections).
+async fn read_threads(
+    client: &HttpClient,
+    metrics: &http::Uri,
+) -> Option<(f64, Vec<u64>, Vec<WorkerLoad>)> {
     let (status, text) = driver::get_text(client, metrics).await?;
     if !status.is_success() {
         return None;
@@ -1087,6 +1153,7 @@ async fn read_threads(client: &HttpClient, metrics: &http::Uri) -> Option<(f64, 
     Some((
         driver::counter_sum(&text, "keypool_connections_moved_total"),
         connections,
+        worker_loads(&text),
     ))
 }
 
@@ -1171,12 +1238,13 @@ pub async fn run(
                 let after = procs::group_usage(pgid).cpu_ticks;
                 drop(busy);
                 let threads = match (&t.metrics, threads_before) {
-                    (Some(m), Some((moved_before, _))) => {
+                    (Some(m), Some((moved_before, _, _))) => {
                         read_threads(client, m)
                             .await
-                            .map(|(moved, connections)| Threads {
+                            .map(|(moved, connections, load)| Threads {
                                 moved: (moved - moved_before).max(0.0) as u64,
                                 connections,
+                                load,
                             })
                     }
                     _ => None,
@@ -1605,6 +1673,43 @@ mod tests {
     }
 
     #[test]
+    fn worker_loads_are_read_in_thousandths_by_worker_number() {
+        let text = "# HELP keypool_worker_load_ratio Share of the last seconds.\n\
+            # TYPE keypool_worker_load_ratio gauge\n\
+            keypool_worker_load_ratio{worker=\"1\",kind=\"waited\"} 0.004\n\
+            keypool_worker_load_ratio{worker=\"0\",kind=\"ran\"} 0.9305\n\
+            keypool_worker_load_ratio{worker=\"0\",kind=\"waited\"} 0.052\n\
+            keypool_worker_load_ratio{worker=\"1\",kind=\"ran\"} 0.25\n\
+            keypool_worker_load_ratio{worker=\"1\",kind=\"other\"} 0.5\n\
+            keypool_worker_connections{worker=\"0\"} 61\n";
+        assert_eq!(
+            worker_loads(text),
+            vec![
+                WorkerLoad {
+                    ran: 931,
+                    waited: 52
+                },
+                WorkerLoad {
+                    ran: 250,
+                    waited: 4
+                },
+            ]
+        );
+        // only the kind it names is set; a worker not reported counts 0
+        assert_eq!(
+            worker_loads("keypool_worker_load_ratio{worker=\"1\",kind=\"ran\"} 1.5\n"),
+            vec![
+                WorkerLoad::default(),
+                WorkerLoad {
+                    ran: 1000,
+                    waited: 0
+                }
+            ]
+        );
+        assert_eq!(worker_loads("keypool_up 1\n"), Vec::<WorkerLoad>::new());
+    }
+
+    #[test]
     fn the_threads_of_each_round_are_listed_beside_its_cpu() {
         let mut r = report();
         let t = r.table();
@@ -1624,11 +1729,22 @@ mod tests {
                 } else {
                     vec![65, 0]
                 },
+                load: if s.round == 3 {
+                    vec![
+                        WorkerLoad {
+                            ran: 930,
+                            waited: 52,
+                        },
+                        WorkerLoad::default(),
+                    ]
+                } else {
+                    Vec::new()
+                },
             });
         }
         let t = r.table();
         assert!(
-            t.contains("| c64 | keypool-rr8 | r1: 65/0, 0 moved; 30.0 µs · r2: 33/32, 32 moved; 30.0 µs · r3: 65/0, 0 moved; 30.0 µs |"),
+            t.contains("| c64 | keypool-rr8 | r1: 65/0, 0 moved; 30.0 µs · r2: 33/32, 32 moved; 30.0 µs · r3: 65/0, 0 moved, ran 930/0 ‰, waited 52/0 ‰; 30.0 µs |"),
             "{t}"
         );
         assert!(!t.contains("| c16 | keypool-rr8 | r1"), "{t}");
