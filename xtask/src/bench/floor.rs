@@ -232,9 +232,10 @@ pub struct FloorSample {
 }
 
 /// How a keypool target's connections sat on its worker threads in one sample: the
-/// connections it moved between threads during the sample, and each thread's open
-/// client connections right after it (every open one: the driver pools its idle
-/// connections, so the count can include those of earlier samples). Packed onto one
+/// connections it moved between threads during the sample, each thread's open client
+/// connections right after it (every open one: the driver pools its idle connections,
+/// so the count can include those of earlier samples), and each thread's load right
+/// after it, which its balancer places and moves connections by. Packed onto one
 /// thread or spread over both is a difference of a few µs per request (BENCHMARKS,
 /// "Connections packed onto the threads the load needs"), so the rounds of a scenario
 /// can be told apart by it.
@@ -244,11 +245,12 @@ pub struct Threads {
     pub moved: u64,
     /// `keypool_worker_connections`, by worker number.
     pub connections: Vec<u64>,
-    /// `keypool_worker_load_ratio` right after the sample, by worker number: what the
-    /// balancer judged the sample's end by (its moving average weighs about the last
-    /// two seconds). Empty where the kernel does not tell.
+    /// `keypool_worker_load_ratio` right after the sample, by worker number (as many
+    /// as `connections`): the moving average, over about the last two seconds, that
+    /// the balancer places and moves connections by. `None` for a worker whose load is
+    /// not known (keypool leaves it out); empty where the kernel tells no load.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub load: Vec<WorkerLoad>,
+    pub load: Vec<Option<WorkerLoad>>,
 }
 
 /// One worker thread's load as keypool's `/metrics` reports it, in thousandths of the
@@ -263,7 +265,7 @@ pub struct WorkerLoad {
 
 impl Threads {
     /// `64/0, 0 moved`: each worker's connections, then the moves; with loads,
-    /// `, ran 930/0 ‰, waited 50/0 ‰` after them.
+    /// `, ran 930/0 ‰, waited 50/0 ‰` after them (`-` for a load not known).
     pub fn cell(&self) -> String {
         let per_worker: Vec<String> = self.connections.iter().map(u64::to_string).collect();
         let mut cell = format!("{}, {} moved", per_worker.join("/"), self.moved);
@@ -271,7 +273,10 @@ impl Threads {
             let each = |share: fn(&WorkerLoad) -> u32| {
                 self.load
                     .iter()
-                    .map(|l| share(l).to_string())
+                    .map(|l| {
+                        l.as_ref()
+                            .map_or_else(|| "-".to_owned(), |l| share(l).to_string())
+                    })
                     .collect::<Vec<_>>()
                     .join("/")
             };
@@ -287,10 +292,11 @@ impl Threads {
 }
 
 /// Each worker's `keypool_worker_load_ratio{worker="N",kind="ran"|"waited"}` in a
-/// `/metrics` text, by worker number, in thousandths (a worker or kind absent from the
-/// text counts 0; no such line at all, an empty list).
-pub fn worker_loads(metrics: &str) -> Vec<WorkerLoad> {
-    let mut out: Vec<WorkerLoad> = Vec::new();
+/// `/metrics` text, by worker number, in thousandths, padded to `workers` (a worker
+/// with no such line is `None`: keypool leaves out a load it does not know; a kind
+/// absent beside the other counts 0). No such line at all: an empty list.
+pub fn worker_loads(metrics: &str, workers: usize) -> Vec<Option<WorkerLoad>> {
+    let mut out: Vec<Option<WorkerLoad>> = Vec::new();
     for line in metrics.lines() {
         let Some(rest) = line.strip_prefix("keypool_worker_load_ratio{worker=\"") else {
             continue;
@@ -304,15 +310,22 @@ pub fn worker_loads(metrics: &str) -> Vec<WorkerLoad> {
         let (Ok(worker), Ok(value)) = (worker.parse::<usize>(), value.trim().parse::<f64>()) else {
             continue;
         };
-        if out.len() <= worker {
-            out.resize(worker + 1, WorkerLoad::default());
-        }
         let thousandths = (value * 1000.0).round().clamp(0.0, 1000.0) as u32;
-        match kind {
-            "ran" => out[worker].ran = thousandths,
-            "waited" => out[worker].waited = thousandths,
-            _ => {}
+        if kind != "ran" && kind != "waited" {
+            continue;
         }
+        if out.len() <= worker {
+            out.resize(worker + 1, None);
+        }
+        let load = out[worker].get_or_insert_default();
+        if kind == "ran" {
+            load.ran = thousandths;
+        } else {
+            load.waited = thousandths;
+        }
+    }
+    if !out.is_empty() && out.len() < workers {
+        out.resize(workers, None);
     }
     out
 }
@@ -862,7 +875,7 @@ impl FloorReport {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "| scenario | target | each round: connections per worker thread after the sample, moves during it; CPU per request |"
+            "| scenario | target | each round: connections per worker thread after the sample, moves during it, each worker's load after it; CPU per request |"
         );
         let _ = writeln!(out, "|---|---|---|");
         for (target, scenario, cells) in rows {
@@ -1140,7 +1153,7 @@ pub struct FloorTarget {
 async fn read_threads(
     client: &HttpClient,
     metrics: &http::Uri,
-) -> Option<(f64, Vec<u64>, Vec<WorkerLoad>)> {
+) -> Option<(f64, Vec<u64>, Vec<Option<WorkerLoad>>)> {
     let (status, text) = driver::get_text(client, metrics).await?;
     if !status.is_success() {
         return None;
@@ -1150,10 +1163,11 @@ async fn read_threads(
     if connections.is_empty() {
         return None;
     }
+    let load = worker_loads(&text, connections.len());
     Some((
         driver::counter_sum(&text, "keypool_connections_moved_total"),
         connections,
-        worker_loads(&text),
+        load,
     ))
 }
 
@@ -1682,31 +1696,62 @@ mod tests {
             keypool_worker_load_ratio{worker=\"1\",kind=\"ran\"} 0.25\n\
             keypool_worker_load_ratio{worker=\"1\",kind=\"other\"} 0.5\n\
             keypool_worker_connections{worker=\"0\"} 61\n";
+        let load = |ran, waited| Some(WorkerLoad { ran, waited });
+        assert_eq!(worker_loads(text, 2), vec![load(931, 52), load(250, 4)]);
+        // padded to the workers: a worker keypool leaves out (its load not known) is
+        // `None`, beside one it reports
         assert_eq!(
-            worker_loads(text),
-            vec![
-                WorkerLoad {
-                    ran: 931,
-                    waited: 52
-                },
-                WorkerLoad {
-                    ran: 250,
-                    waited: 4
-                },
-            ]
+            worker_loads(text, 3),
+            vec![load(931, 52), load(250, 4), None]
         );
-        // only the kind it names is set; a worker not reported counts 0
         assert_eq!(
-            worker_loads("keypool_worker_load_ratio{worker=\"1\",kind=\"ran\"} 1.5\n"),
-            vec![
-                WorkerLoad::default(),
-                WorkerLoad {
-                    ran: 1000,
-                    waited: 0
-                }
-            ]
+            worker_loads(
+                "keypool_worker_load_ratio{worker=\"1\",kind=\"waited\"} 0.1\n",
+                2
+            ),
+            vec![None, load(0, 100)]
         );
-        assert_eq!(worker_loads("keypool_up 1\n"), Vec::<WorkerLoad>::new());
+        // a share is clamped to the whole of the time
+        assert_eq!(
+            worker_loads(
+                "keypool_worker_load_ratio{worker=\"0\",kind=\"ran\"} 1.5\n",
+                1
+            ),
+            vec![load(1000, 0)]
+        );
+        // no load at all (a kernel that does not tell): nothing, not a row of unknowns
+        assert_eq!(worker_loads("keypool_up 1\n", 2), Vec::new());
+        assert_eq!(
+            worker_loads(
+                "keypool_worker_load_ratio{worker=\"0\",kind=\"other\"} 0.5\n",
+                2
+            ),
+            Vec::new()
+        );
+    }
+
+    #[test]
+    fn threads_read_before_loads_were_kept_still_load() {
+        // a report.json written before the loads were read
+        let old: Threads = serde_json::from_str(r#"{"moved":3,"connections":[64,0]}"#).unwrap();
+        assert_eq!(
+            old,
+            Threads {
+                moved: 3,
+                connections: vec![64, 0],
+                load: Vec::new(),
+            }
+        );
+        assert_eq!(old.cell(), "64/0, 3 moved");
+        // and no loads are written as no key at all
+        let text = serde_json::to_string(&old).unwrap();
+        assert!(!text.contains("load"), "{text}");
+        let with = Threads {
+            load: vec![Some(WorkerLoad { ran: 5, waited: 6 }), None],
+            ..old
+        };
+        let back: Threads = serde_json::from_str(&serde_json::to_string(&with).unwrap()).unwrap();
+        assert_eq!(back, with);
     }
 
     #[test]
@@ -1731,11 +1776,11 @@ mod tests {
                 },
                 load: if s.round == 3 {
                     vec![
-                        WorkerLoad {
+                        Some(WorkerLoad {
                             ran: 930,
                             waited: 52,
-                        },
-                        WorkerLoad::default(),
+                        }),
+                        None,
                     ]
                 } else {
                     Vec::new()
@@ -1744,7 +1789,7 @@ mod tests {
         }
         let t = r.table();
         assert!(
-            t.contains("| c64 | keypool-rr8 | r1: 65/0, 0 moved; 30.0 µs · r2: 33/32, 32 moved; 30.0 µs · r3: 65/0, 0 moved, ran 930/0 ‰, waited 52/0 ‰; 30.0 µs |"),
+            t.contains("| c64 | keypool-rr8 | r1: 65/0, 0 moved; 30.0 µs · r2: 33/32, 32 moved; 30.0 µs · r3: 65/0, 0 moved, ran 930/- ‰, waited 52/- ‰; 30.0 µs |"),
             "{t}"
         );
         assert!(!t.contains("| c16 | keypool-rr8 | r1"), "{t}");
