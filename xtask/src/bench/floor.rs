@@ -21,7 +21,8 @@
 //! slowest streams with where they fell in their run). keypool
 //! also runs with 1,000 accounts and at log level `warn`, at concurrency 16. Around each
 //! of keypool's samples its `/metrics` is read ([`Threads`]): how its connections sat
-//! on its worker threads, listed beside each round's CPU per request.
+//! on its worker threads and each worker's load after the sample, listed beside each
+//! round's CPU per request.
 //!
 //! The pure parts (configs, medians, verdicts, table) are unit-tested here; the run
 //! itself is [`run`].
