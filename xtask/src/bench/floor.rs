@@ -298,23 +298,14 @@ impl Threads {
 /// absent beside the other counts 0). No such line at all: an empty list.
 pub fn worker_loads(metrics: &str, workers: usize) -> Vec<Option<WorkerLoad>> {
     let mut out: Vec<Option<WorkerLoad>> = Vec::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("keypool_worker_load_ratio{worker=\"") else {
-            continue;
-        };
-        let Some((worker, rest)) = rest.split_once("\",kind=\"") else {
-            continue;
-        };
-        let Some((kind, value)) = rest.split_once("\"} ") else {
-            continue;
-        };
-        let (Ok(worker), Ok(value)) = (worker.parse::<usize>(), value.trim().parse::<f64>()) else {
+    for (worker, labels, value) in worker_lines(metrics, "keypool_worker_load_ratio") {
+        let kind = labels
+            .strip_prefix(",kind=\"")
+            .and_then(|k| k.strip_suffix('"'));
+        let (Some(kind @ ("ran" | "waited")), Ok(value)) = (kind, value.parse::<f64>()) else {
             continue;
         };
         let thousandths = (value * 1000.0).round().clamp(0.0, 1000.0) as u32;
-        if kind != "ran" && kind != "waited" {
-            continue;
-        }
         if out.len() <= worker {
             out.resize(worker + 1, None);
         }
@@ -331,18 +322,26 @@ pub fn worker_loads(metrics: &str, workers: usize) -> Vec<Option<WorkerLoad>> {
     out
 }
 
+/// The `name{worker="N"…} value` lines of a `/metrics` text: each one's worker number,
+/// the labels after `worker` (`""`, or `,kind="ran"`), and its value.
+fn worker_lines<'a>(
+    metrics: &'a str,
+    name: &'a str,
+) -> impl Iterator<Item = (usize, &'a str, &'a str)> + 'a {
+    metrics.lines().filter_map(move |line| {
+        let rest = line.strip_prefix(name)?.strip_prefix("{worker=\"")?;
+        let (worker, rest) = rest.split_once('"')?;
+        let (labels, value) = rest.split_once("} ")?;
+        Some((worker.parse().ok()?, labels, value.trim()))
+    })
+}
+
 /// Each worker's `keypool_worker_connections{worker="N"}` in a `/metrics` text, by
 /// worker number (a worker absent from the text counts 0).
 pub fn worker_connections(metrics: &str) -> Vec<u64> {
     let mut out: Vec<u64> = Vec::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("keypool_worker_connections{worker=\"") else {
-            continue;
-        };
-        let Some((worker, value)) = rest.split_once("\"} ") else {
-            continue;
-        };
-        let (Ok(worker), Ok(value)) = (worker.parse::<usize>(), value.trim().parse::<u64>()) else {
+    for (worker, labels, value) in worker_lines(metrics, "keypool_worker_connections") {
+        let (true, Ok(value)) = (labels.is_empty(), value.parse::<u64>()) else {
             continue;
         };
         if out.len() <= worker {
