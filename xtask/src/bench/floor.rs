@@ -22,7 +22,10 @@
 //! also runs with 1,000 accounts and at log level `warn`, at concurrency 16. Around each
 //! of keypool's samples its `/metrics` is read ([`Threads`]): how its connections sat
 //! on its worker threads and each worker's load after the sample, listed beside each
-//! round's CPU per request.
+//! round's CPU per request. Around every sample the bench also reads where the
+//! machine's CPUs went ([`Machine`]): the simulator's and the driver's CPU per request
+//! and the share of the time the CPUs idled or were stolen, so that req/s can be set
+//! against all that a request costs the machine, not only the target's share.
 //!
 //! The pure parts (configs, medians, verdicts, table) are unit-tested here; the run
 //! itself is [`run`].
@@ -230,6 +233,56 @@ pub struct FloorSample {
     /// keypool: where its worker threads' connections were (read from its `/metrics`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<Threads>,
+    /// Where the machine's CPUs went during the sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<Machine>,
+}
+
+/// Where the machine's CPUs went during one sample: the simulator's and the bench's own
+/// (the load driver's) CPU per completed request, and the machine's idle and stolen time
+/// in thousandths of all its CPUs' time. In a closed loop on CPUs that the driver, the
+/// simulator and the target share, req/s is about the CPUs' time over what one request
+/// costs all three, unless the CPUs idle: at the same CPU per request of their own, two
+/// targets' req/s differ by the others' cost per request or by the idle share.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Machine {
+    /// CPU µs of the simulator per request (`None` when the target is the simulator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sim_cpu_us: Option<f64>,
+    /// CPU µs of the bench's own process (the driver) per request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_cpu_us: Option<f64>,
+    /// The CPUs' idle time (`idle + iowait`), ‰ of all their time.
+    pub idle_permille: u32,
+    /// The CPUs' stolen time, ‰ of all their time.
+    pub steal_permille: u32,
+}
+
+impl Machine {
+    /// The split of one sample, from the ticks counted during it: the simulator's
+    /// (`None` when the target is the simulator), the driver's, and the machine's;
+    /// `None` when the machine counted nothing or no request completed.
+    pub fn of(
+        sim_ticks: Option<u64>,
+        driver_ticks: Option<u64>,
+        machine: procs::MachineTicks,
+        ticks_per_s: u64,
+        requests: u64,
+    ) -> Option<Self> {
+        let total = machine.total();
+        if total == 0 || requests == 0 {
+            return None;
+        }
+        let per_request =
+            |t: u64| super::stats::cpu_seconds_per_1k(t, ticks_per_s, requests).map(|s| s * 1000.0);
+        let permille = |t: u64| u32::try_from(t * 1000 / total).unwrap_or(1000);
+        Some(Self {
+            sim_cpu_us: sim_ticks.and_then(per_request),
+            driver_cpu_us: driver_ticks.and_then(per_request),
+            idle_permille: permille(machine.idle),
+            steal_permille: permille(machine.steal),
+        })
+    }
 }
 
 /// How a keypool target's connections sat on its worker threads in one sample: the
@@ -390,6 +443,18 @@ pub struct FloorMedians {
     pub gap_p50_us: Option<f64>,
     /// See `gap_p50_us`.
     pub gap_p99_us: Option<f64>,
+    /// Median CPU µs per request of the simulator ([`Machine`]).
+    #[serde(default)]
+    pub sim_cpu_us: Option<f64>,
+    /// Median CPU µs per request of the driver ([`Machine`]).
+    #[serde(default)]
+    pub driver_cpu_us: Option<f64>,
+    /// Median idle share of the machine's CPUs, ‰ ([`Machine`]).
+    #[serde(default)]
+    pub idle_permille: Option<f64>,
+    /// Median stolen share of the machine's CPUs, ‰ ([`Machine`]).
+    #[serde(default)]
+    pub steal_permille: Option<f64>,
 }
 
 /// How [`FloorReport::paired`] compares two measurements of one round.
@@ -438,6 +503,10 @@ impl FloorReport {
             net_ttft_p99_us: of(&|s| s.net_ttft.map(|l| l.p99_us)),
             gap_p50_us: of(&|s| s.gap.map(|l| l.p50_us)),
             gap_p99_us: of(&|s| s.gap.map(|l| l.p99_us)),
+            sim_cpu_us: of(&|s| s.machine.and_then(|m| m.sim_cpu_us)),
+            driver_cpu_us: of(&|s| s.machine.and_then(|m| m.driver_cpu_us)),
+            idle_permille: of(&|s| s.machine.map(|m| f64::from(m.idle_permille))),
+            steal_permille: of(&|s| s.machine.map(|m| f64::from(m.steal_permille))),
         }
     }
 
@@ -808,6 +877,7 @@ impl FloorReport {
             let _ = writeln!(out, "| {target} | {} |", list.join("; "));
         }
         self.threads_table(&mut out);
+        self.machine_table(&mut out);
         let _ = writeln!(out);
         let _ = writeln!(out, "| target | setup |");
         let _ = writeln!(out, "|---|---|");
@@ -831,6 +901,57 @@ impl FloorReport {
             let _ = writeln!(out, "| {} | {} | {met} |", v.goal, v.measured);
         }
         out
+    }
+
+    /// Where the machine's CPUs went in the closed loops ([`Machine`]), medians over the
+    /// rounds, when they were read: every target's req/s beside what a request cost the
+    /// target, the simulator and the driver, and the share the CPUs idled.
+    fn machine_table(&self, out: &mut String) {
+        let cell = |v: Option<f64>, digits: usize| {
+            v.map_or_else(|| "-".into(), |v| format!("{v:.digits$}"))
+        };
+        let mut rows = Vec::new();
+        for scenario in [
+            FloorScenario::C16,
+            FloorScenario::C64,
+            FloorScenario::C64Busy,
+        ] {
+            for target in scenario.targets() {
+                let md = self.medians(target, scenario);
+                if md.rounds == 0 || md.idle_permille.is_none() {
+                    continue;
+                }
+                let all = match (md.cpu_us, md.sim_cpu_us, md.driver_cpu_us) {
+                    (Some(t), s, Some(d)) if *target == DIRECT || s.is_some() => {
+                        Some(t + s.unwrap_or(0.0) + d)
+                    }
+                    _ => None,
+                };
+                rows.push(format!(
+                    "| {} | {target} | {} | {} | {} | {} | {} | {} | {} |",
+                    scenario.label(),
+                    cell(md.req_per_s, 0),
+                    cell(md.cpu_us, 1),
+                    cell(md.sim_cpu_us, 1),
+                    cell(md.driver_cpu_us, 1),
+                    cell(all, 1),
+                    cell(md.idle_permille, 0),
+                    cell(md.steal_permille, 0),
+                ));
+            }
+        }
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "| scenario | target | req/s | target CPU µs/req | simulator | driver | all three | CPUs idle ‰ | stolen ‰ |"
+        );
+        let _ = writeln!(out, "|---|---|--:|--:|--:|--:|--:|--:|--:|");
+        for row in rows {
+            let _ = writeln!(out, "{row}");
+        }
     }
 
     /// keypool's threads in each round's sample of the closed loops ([`Threads`]), when
@@ -1204,6 +1325,11 @@ pub async fn run(
         };
         driver::closed_loop(client, &t.small, 64, warm).await;
     }
+    // the simulators every target forwards to: the bare target's processes
+    let sims = targets
+        .iter()
+        .find(|t| t.name == DIRECT)
+        .map(|t| (t.pgid, t.pgid_stream));
     let mut samples = Vec::new();
     for round in 1..=plan.rounds {
         for scenario in FloorScenario::ALL {
@@ -1236,6 +1362,15 @@ pub async fn run(
                     Some(m) => read_threads(client, m).await,
                     None => None,
                 };
+                let sim_pgid = sims
+                    .map(|(fast, slow)| match scenario {
+                        FloorScenario::Stream => slow,
+                        _ => fast,
+                    })
+                    .filter(|sim| *sim != pgid);
+                let sim_before = sim_pgid.map(|p| procs::group_usage(p).cpu_ticks);
+                let driver_before = procs::own_ticks();
+                let machine_before = procs::machine_ticks();
                 let before = procs::group_usage(pgid).cpu_ticks;
                 let stagger = match scenario {
                     FloorScenario::Stream => STREAM_STAGGER,
@@ -1250,7 +1385,22 @@ pub async fn run(
                 )
                 .await;
                 let after = procs::group_usage(pgid).cpu_ticks;
+                let machine_after = procs::machine_ticks();
+                let driver_after = procs::own_ticks();
+                let sim_after = sim_pgid.map(|p| procs::group_usage(p).cpu_ticks);
                 drop(busy);
+                let machine = match (machine_before, machine_after) {
+                    (Some(b), Some(a)) => Machine::of(
+                        sim_before.zip(sim_after).map(|(b, a)| a.saturating_sub(b)),
+                        driver_before
+                            .zip(driver_after)
+                            .map(|(b, a)| a.saturating_sub(b)),
+                        a.since(b),
+                        ticks,
+                        out.ok,
+                    ),
+                    _ => None,
+                };
                 let threads = match (&t.metrics, threads_before) {
                     (Some(m), Some((moved_before, _, _))) => {
                         read_threads(client, m)
@@ -1281,14 +1431,21 @@ pub async fn run(
                     gap: out.gap.summary(),
                     slowest_streams: out.slowest,
                     threads,
+                    machine,
                 };
                 eprintln!(
-                    "bench: floor round {round} {:<19} {:<17} {:>7.0} req/s p99 {:>8.1} µs CPU {:>6.1} µs/req{}{}",
+                    "bench: floor round {round} {:<19} {:<17} {:>7.0} req/s p99 {:>8.1} µs CPU {:>6.1} µs/req{}{}{}",
                     scenario.label(),
                     name,
                     sample.req_per_s,
                     sample.latency.map_or(0.0, |l| l.p99_us),
                     cpu_us.unwrap_or(f64::NAN),
+                    sample.machine.map_or_else(String::new, |m| format!(
+                        "  sim {:.1} driver {:.1} µs/req, idle {} ‰",
+                        m.sim_cpu_us.unwrap_or(f64::NAN),
+                        m.driver_cpu_us.unwrap_or(f64::NAN),
+                        m.idle_permille
+                    )),
                     sample
                         .threads
                         .as_ref()
@@ -1344,6 +1501,7 @@ mod tests {
             gap: None,
             slowest_streams: Vec::new(),
             threads: None,
+            machine: None,
         }
     }
 
@@ -1793,6 +1951,65 @@ mod tests {
             "{t}"
         );
         assert!(!t.contains("| c16 | keypool-rr8 | r1"), "{t}");
+    }
+
+    #[test]
+    fn the_machines_split_is_per_request_and_in_thousandths() {
+        let busy_idle = |busy, idle, steal| procs::MachineTicks { busy, idle, steal };
+        // 100 ticks a second, 1,000 requests: a tick is 10 µs per request
+        let m = Machine::of(Some(150), Some(80), busy_idle(700, 250, 50), 100, 1000).unwrap();
+        assert_eq!(m.sim_cpu_us, Some(1500.0));
+        assert_eq!(m.driver_cpu_us, Some(800.0));
+        assert_eq!((m.idle_permille, m.steal_permille), (250, 50));
+        // the target is the simulator: no simulator apart
+        let bare = Machine::of(None, Some(80), busy_idle(1, 0, 0), 100, 1000).unwrap();
+        assert_eq!((bare.sim_cpu_us, bare.idle_permille), (None, 0));
+        assert_eq!(
+            Machine::of(Some(1), Some(1), busy_idle(0, 0, 0), 100, 1000),
+            None
+        );
+        assert_eq!(
+            Machine::of(Some(1), Some(1), busy_idle(9, 1, 0), 100, 0),
+            None
+        );
+        // a sample read before the split existed still reads
+        let old =
+            serde_json::to_string(&sample(NGINX, FloorScenario::C64, 1, 1.0, 1.0, 1.0)).unwrap();
+        assert!(!old.contains("machine"), "{old}");
+        let back: FloorSample = serde_json::from_str(&old).unwrap();
+        assert_eq!(back.machine, None);
+    }
+
+    #[test]
+    fn the_machines_split_is_listed_by_target_with_its_medians() {
+        let mut r = report();
+        assert!(!r.table().contains("CPUs idle"), "no readings, no table");
+        for s in r
+            .samples
+            .iter_mut()
+            .filter(|s| s.scenario == FloorScenario::C64)
+        {
+            let keypool = s.target == KEYPOOL;
+            s.machine = Some(Machine {
+                sim_cpu_us: Some(if keypool { 20.0 } else { 19.0 } + f64::from(s.round)),
+                driver_cpu_us: Some(25.0),
+                idle_permille: if keypool { 40 + s.round } else { 5 },
+                steal_permille: 1,
+            });
+        }
+        let md = r.medians(KEYPOOL, FloorScenario::C64);
+        assert_eq!(md.sim_cpu_us, Some(22.0));
+        assert_eq!(md.idle_permille, Some(42.0));
+        let t = r.table();
+        assert!(
+            t.contains("| c64 | keypool-rr8 | 26000 | 30.0 | 22.0 | 25.0 | 77.0 | 42 | 1 |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| c64 | nginx | 25000 | 30.0 | 21.0 | 25.0 | 76.0 | 5 | 1 |"),
+            "{t}"
+        );
+        assert!(!t.contains("| c16 | keypool-rr8 | 2"), "{t}");
     }
 
     #[test]

@@ -142,6 +142,66 @@ pub struct Stat {
     pub ticks: u64,
 }
 
+/// The machine's CPU time as the first line of `/proc/stat` counts it, clock ticks
+/// summed over every CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MachineTicks {
+    /// `user + nice + system + irq + softirq`: running something.
+    pub busy: u64,
+    /// `idle + iowait`: nothing to run.
+    pub idle: u64,
+    /// `steal`: the hypervisor ran someone else.
+    pub steal: u64,
+}
+
+impl MachineTicks {
+    /// Every tick counted.
+    pub fn total(self) -> u64 {
+        self.busy + self.idle + self.steal
+    }
+
+    /// What was counted from `before` to `self`.
+    pub fn since(self, before: Self) -> Self {
+        Self {
+            busy: self.busy.saturating_sub(before.busy),
+            idle: self.idle.saturating_sub(before.idle),
+            steal: self.steal.saturating_sub(before.steal),
+        }
+    }
+}
+
+/// Parses the `cpu` line of `/proc/stat` (`cpu user nice system idle iowait irq softirq
+/// steal …`; a kernel that counts fewer fields counts the rest as 0).
+pub fn parse_machine_ticks(proc_stat: &str) -> Option<MachineTicks> {
+    let line = proc_stat.lines().find(|l| l.starts_with("cpu "))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let at = |i: usize| fields.get(i).copied().unwrap_or(0);
+    if fields.len() < 4 {
+        return None;
+    }
+    Some(MachineTicks {
+        busy: at(0) + at(1) + at(2) + at(5) + at(6),
+        idle: at(3) + at(4),
+        steal: at(7),
+    })
+}
+
+/// The machine's CPU time so far ([`parse_machine_ticks`]); `None` where `/proc/stat`
+/// cannot be read.
+pub fn machine_ticks() -> Option<MachineTicks> {
+    parse_machine_ticks(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// `utime + stime` of this process (every thread of it), clock ticks.
+pub fn own_ticks() -> Option<u64> {
+    parse_stat(&std::fs::read_to_string("/proc/self/stat").ok()?).map(|s| s.ticks)
+}
+
 /// Parses the text of `/proc/PID/stat`. The command name (field 2) may contain spaces
 /// and parentheses, so fields are counted after its last `)`.
 pub fn parse_stat(stat: &str) -> Option<Stat> {
@@ -221,6 +281,46 @@ pub fn free_addr() -> anyhow::Result<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_machines_ticks_are_split_into_busy_idle_and_stolen() {
+        let text = "cpu  100 2 30 400 5 6 7 8 0 0\ncpu0 50 1 15 200 2 3 3 4 0 0\nintr 1 2\n";
+        let t = parse_machine_ticks(text).unwrap();
+        assert_eq!(
+            t,
+            MachineTicks {
+                busy: 100 + 2 + 30 + 6 + 7,
+                idle: 400 + 5,
+                steal: 8,
+            }
+        );
+        assert_eq!(t.total(), 145 + 405 + 8);
+        let later = MachineTicks {
+            busy: 200,
+            idle: 405,
+            steal: 10,
+        };
+        assert_eq!(
+            later.since(t),
+            MachineTicks {
+                busy: 55,
+                idle: 0,
+                steal: 2,
+            }
+        );
+        // an old kernel's four fields
+        assert_eq!(
+            parse_machine_ticks("cpu 1 2 3 4\n").unwrap(),
+            MachineTicks {
+                busy: 6,
+                idle: 4,
+                steal: 0,
+            }
+        );
+        assert_eq!(parse_machine_ticks("cpu0 1 2 3 4\n"), None);
+        assert_eq!(parse_machine_ticks("cpu 1 x 3 4\n"), None);
+        assert_eq!(parse_machine_ticks("cpu 1 2 3\n"), None);
+    }
 
     #[test]
     fn stat_fields_are_counted_after_the_name() {
