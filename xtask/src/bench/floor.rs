@@ -239,11 +239,13 @@ pub struct FloorSample {
 }
 
 /// Where the machine's CPUs went during one sample: the simulator's and the bench's own
-/// (the load driver's) CPU per completed request, and the machine's idle and stolen time
-/// in thousandths of all its CPUs' time. In a closed loop on CPUs that the driver, the
-/// simulator and the target share, req/s is about the CPUs' time over what one request
-/// costs all three, unless the CPUs idle: at the same CPU per request of their own, two
-/// targets' req/s differ by the others' cost per request or by the idle share.
+/// (the load driver's) CPU per completed request (per stream in the stream scenario),
+/// and the machine's idle and stolen time in thousandths of all its CPUs' time. In a
+/// closed loop on CPUs that only the driver, the simulator and the target use, the
+/// CPUs' busy time is about what the three spent, so req/s is about the CPUs' time less
+/// the idle share over what one request costs all three: at the same CPU per request of
+/// their own, two targets' req/s differ by the others' cost per request or by the idle
+/// share. (Not so with other busy processes, such as the busy-loop scenario's.)
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Machine {
     /// CPU µs of the simulator per request (`None` when the target is the simulator).
@@ -449,6 +451,11 @@ pub struct FloorMedians {
     /// Median CPU µs per request of the driver ([`Machine`]).
     #[serde(default)]
     pub driver_cpu_us: Option<f64>,
+    /// Median over the rounds of the target's, the simulator's and the driver's CPU µs
+    /// per request added up in each round ([`Machine`]; not the sum of the three
+    /// medians).
+    #[serde(default)]
+    pub all_cpu_us: Option<f64>,
     /// Median idle share of the machine's CPUs, ‰ ([`Machine`]).
     #[serde(default)]
     pub idle_permille: Option<f64>,
@@ -505,6 +512,10 @@ impl FloorReport {
             gap_p99_us: of(&|s| s.gap.map(|l| l.p99_us)),
             sim_cpu_us: of(&|s| s.machine.and_then(|m| m.sim_cpu_us)),
             driver_cpu_us: of(&|s| s.machine.and_then(|m| m.driver_cpu_us)),
+            all_cpu_us: of(&|s| {
+                let m = s.machine?;
+                Some(s.cpu_us? + m.sim_cpu_us? + m.driver_cpu_us?)
+            }),
             idle_permille: of(&|s| s.machine.map(|m| f64::from(m.idle_permille))),
             steal_permille: of(&|s| s.machine.map(|m| f64::from(m.steal_permille))),
         }
@@ -905,7 +916,8 @@ impl FloorReport {
 
     /// Where the machine's CPUs went in the closed loops ([`Machine`]), medians over the
     /// rounds, when they were read: every target's req/s beside what a request cost the
-    /// target, the simulator and the driver, and the share the CPUs idled.
+    /// target, the simulator and the driver (each, and the three added up in each
+    /// round), and the share the CPUs idled.
     fn machine_table(&self, out: &mut String) {
         let cell = |v: Option<f64>, digits: usize| {
             v.map_or_else(|| "-".into(), |v| format!("{v:.digits$}"))
@@ -921,12 +933,6 @@ impl FloorReport {
                 if md.rounds == 0 || md.idle_permille.is_none() {
                     continue;
                 }
-                let all = match (md.cpu_us, md.sim_cpu_us, md.driver_cpu_us) {
-                    (Some(t), s, Some(d)) if *target == DIRECT || s.is_some() => {
-                        Some(t + s.unwrap_or(0.0) + d)
-                    }
-                    _ => None,
-                };
                 rows.push(format!(
                     "| {} | {target} | {} | {} | {} | {} | {} | {} | {} |",
                     scenario.label(),
@@ -934,7 +940,7 @@ impl FloorReport {
                     cell(md.cpu_us, 1),
                     cell(md.sim_cpu_us, 1),
                     cell(md.driver_cpu_us, 1),
-                    cell(all, 1),
+                    cell(md.all_cpu_us, 1),
                     cell(md.idle_permille, 0),
                     cell(md.steal_permille, 0),
                 ));
@@ -946,7 +952,7 @@ impl FloorReport {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "| scenario | target | req/s | target CPU µs/req | simulator | driver | all three | CPUs idle ‰ | stolen ‰ |"
+            "| scenario | target | req/s | target CPU µs/req | simulator | driver | all three, added up per round | CPUs idle ‰ | stolen ‰ |"
         );
         let _ = writeln!(out, "|---|---|--:|--:|--:|--:|--:|--:|--:|");
         for row in rows {
@@ -1990,9 +1996,12 @@ mod tests {
             .filter(|s| s.scenario == FloorScenario::C64)
         {
             let keypool = s.target == KEYPOOL;
+            // rounds 1–3: the simulator 21, 22, 23 (keypool), the driver 27, 24, 25: the
+            // three added up per round 78, 76, 78 (median 78), where the medians of the
+            // columns add up to 30 + 22 + 25 = 77
             s.machine = Some(Machine {
                 sim_cpu_us: Some(if keypool { 20.0 } else { 19.0 } + f64::from(s.round)),
-                driver_cpu_us: Some(25.0),
+                driver_cpu_us: Some([27.0, 24.0, 25.0][s.round as usize - 1]),
                 idle_permille: if keypool { 40 + s.round } else { 5 },
                 steal_permille: 1,
             });
@@ -2000,13 +2009,14 @@ mod tests {
         let md = r.medians(KEYPOOL, FloorScenario::C64);
         assert_eq!(md.sim_cpu_us, Some(22.0));
         assert_eq!(md.idle_permille, Some(42.0));
+        assert_eq!(md.all_cpu_us, Some(78.0), "the median of the rounds' sums");
         let t = r.table();
         assert!(
-            t.contains("| c64 | keypool-rr8 | 26000 | 30.0 | 22.0 | 25.0 | 77.0 | 42 | 1 |"),
+            t.contains("| c64 | keypool-rr8 | 26000 | 30.0 | 22.0 | 25.0 | 78.0 | 42 | 1 |"),
             "{t}"
         );
         assert!(
-            t.contains("| c64 | nginx | 25000 | 30.0 | 21.0 | 25.0 | 76.0 | 5 | 1 |"),
+            t.contains("| c64 | nginx | 25000 | 30.0 | 21.0 | 25.0 | 77.0 | 5 | 1 |"),
             "{t}"
         );
         assert!(!t.contains("| c16 | keypool-rr8 | 2"), "{t}");
