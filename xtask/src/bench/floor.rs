@@ -108,6 +108,13 @@ impl FloorScenario {
         FloorScenario::Stream,
     ];
 
+    /// The closed loops (every scenario but the streams), in the order of a round.
+    pub const CLOSED_LOOPS: [FloorScenario; 3] = [
+        FloorScenario::C16,
+        FloorScenario::C64,
+        FloorScenario::C64Busy,
+    ];
+
     /// Label for the table.
     pub fn label(self) -> &'static str {
         match self {
@@ -802,11 +809,7 @@ impl FloorReport {
             "| scenario | target | rounds | err | req/s | p50 µs | p99 µs | CPU µs/req | CPU range |"
         );
         let _ = writeln!(out, "|---|---|--:|--:|--:|--:|--:|--:|--:|");
-        for scenario in [
-            FloorScenario::C16,
-            FloorScenario::C64,
-            FloorScenario::C64Busy,
-        ] {
+        for scenario in FloorScenario::CLOSED_LOOPS {
             for target in scenario.targets() {
                 let md = self.medians(target, scenario);
                 if md.rounds == 0 {
@@ -923,11 +926,7 @@ impl FloorReport {
             v.map_or_else(|| "-".into(), |v| format!("{v:.digits$}"))
         };
         let mut rows = Vec::new();
-        for scenario in [
-            FloorScenario::C16,
-            FloorScenario::C64,
-            FloorScenario::C64Busy,
-        ] {
+        for scenario in FloorScenario::CLOSED_LOOPS {
             for target in scenario.targets() {
                 let md = self.medians(target, scenario);
                 if md.rounds == 0 || md.idle_permille.is_none() {
@@ -946,73 +945,69 @@ impl FloorReport {
                 ));
             }
         }
-        if rows.is_empty() {
-            return;
-        }
-        let _ = writeln!(out);
-        let _ = writeln!(
+        optional_table(
             out,
-            "| scenario | target | req/s | target CPU µs/req | simulator | driver | all three, added up per round | CPUs idle ‰ | stolen ‰ |"
+            "| scenario | target | req/s | target CPU µs/req | simulator | driver | all three, added up per round | CPUs idle ‰ | stolen ‰ |",
+            "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+            &rows,
         );
-        let _ = writeln!(out, "|---|---|--:|--:|--:|--:|--:|--:|--:|");
-        for row in rows {
-            let _ = writeln!(out, "{row}");
-        }
     }
 
     /// keypool's threads in each round's sample of the closed loops ([`Threads`]), when
     /// they were read: next to a round's CPU per request, whether its connections were
     /// packed or spread.
     fn threads_table(&self, out: &mut String) {
-        let rows: Vec<(&str, FloorScenario, Vec<String>)> = [
-            FloorScenario::C16,
-            FloorScenario::C64,
-            FloorScenario::C64Busy,
-        ]
-        .into_iter()
-        .flat_map(|scenario| scenario.targets().iter().map(move |t| (*t, scenario)))
-        .filter_map(|(target, scenario)| {
-            let mut samples: Vec<&FloorSample> = self
-                .samples
-                .iter()
-                .filter(|s| s.target == target && s.scenario == scenario)
-                .collect();
-            samples.sort_by_key(|s| s.round);
-            let cells: Vec<String> = samples
-                .iter()
-                .map(|s| {
-                    let cpu = s
-                        .cpu_us
-                        .map_or_else(|| "-".into(), |c| format!("{c:.1} µs"));
-                    match &s.threads {
-                        Some(t) => format!("r{}: {}; {cpu}", s.round, t.cell()),
-                        None => format!("r{}: -; {cpu}", s.round),
-                    }
+        let rows: Vec<String> = FloorScenario::CLOSED_LOOPS
+            .into_iter()
+            .flat_map(|scenario| scenario.targets().iter().map(move |t| (*t, scenario)))
+            .filter_map(|(target, scenario)| {
+                let mut samples: Vec<&FloorSample> = self
+                    .samples
+                    .iter()
+                    .filter(|s| s.target == target && s.scenario == scenario)
+                    .collect();
+                samples.sort_by_key(|s| s.round);
+                let cells: Vec<String> = samples
+                    .iter()
+                    .map(|s| {
+                        let cpu = s
+                            .cpu_us
+                            .map_or_else(|| "-".into(), |c| format!("{c:.1} µs"));
+                        match &s.threads {
+                            Some(t) => format!("r{}: {}; {cpu}", s.round, t.cell()),
+                            None => format!("r{}: -; {cpu}", s.round),
+                        }
+                    })
+                    .collect();
+                samples.iter().any(|s| s.threads.is_some()).then(|| {
+                    format!(
+                        "| {} | {target} | {} |",
+                        scenario.label(),
+                        cells.join(" · ")
+                    )
                 })
-                .collect();
-            samples
-                .iter()
-                .any(|s| s.threads.is_some())
-                .then_some((target, scenario, cells))
-        })
-        .collect();
-        if rows.is_empty() {
-            return;
-        }
-        let _ = writeln!(out);
-        let _ = writeln!(
+            })
+            .collect();
+        optional_table(
             out,
-            "| scenario | target | each round: connections per worker thread after the sample, moves during it, each worker's load after it; CPU per request |"
+            "| scenario | target | each round: connections per worker thread after the sample, moves during it, each worker's load after it; CPU per request |",
+            "|---|---|---|",
+            &rows,
         );
-        let _ = writeln!(out, "|---|---|---|");
-        for (target, scenario, cells) in rows {
-            let _ = writeln!(
-                out,
-                "| {} | {target} | {} |",
-                scenario.label(),
-                cells.join(" · ")
-            );
-        }
+    }
+}
+
+/// A table of `rows` under `header` and `separator`, after a blank line; nothing at all
+/// when there are no rows (the readings it shows were not taken).
+fn optional_table(out: &mut String, header: &str, separator: &str, rows: &[String]) {
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "{header}");
+    let _ = writeln!(out, "{separator}");
+    for row in rows {
+        let _ = writeln!(out, "{row}");
     }
 }
 
